@@ -1,0 +1,108 @@
+// Package bustest is the conformance suite every bus.Bus engine must pass.
+package bustest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/parley-im/parley/internal/bus"
+)
+
+// Run runs the suite; open returns a fresh bus per subtest.
+func Run(t *testing.T, open func(t *testing.T) bus.Bus) {
+	ctx := context.Background()
+	t.Run("RoutesToNode", func(t *testing.T) {
+		b := open(t)
+		got1, got2 := make(chan bus.Delivery, 4), make(chan bus.Delivery, 4)
+		c1, err := b.Subscribe(ctx, "n1", func(d bus.Delivery) { got1 <- d })
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c1()
+		c2, err := b.Subscribe(ctx, "n2", func(d bus.Delivery) { got2 <- d })
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c2()
+		want := bus.Delivery{Users: []string{"a", "b"}, Frame: []byte(`{"type":"msg"}`), ConvID: 9, Seq: 3}
+		if err := b.Publish(ctx, "n2", want); err != nil {
+			t.Fatal(err)
+		}
+		d := recv(t, got2)
+		if string(d.Frame) != string(want.Frame) || len(d.Users) != 2 || d.ConvID != 9 || d.Seq != 3 {
+			t.Fatalf("got %+v, want %+v", d, want)
+		}
+		select {
+		case d := <-got1:
+			t.Fatalf("n1 got %+v, want nothing", d)
+		case <-time.After(50 * time.Millisecond):
+		}
+	})
+	t.Run("KickTravels", func(t *testing.T) {
+		b := open(t)
+		got := make(chan bus.Delivery, 1)
+		c, _ := b.Subscribe(ctx, "n1", func(d bus.Delivery) { got <- d })
+		defer c()
+		if err := b.Publish(ctx, "n1", bus.Delivery{Kick: &bus.Kick{User: "u", Device: "d", Session: "s"}}); err != nil {
+			t.Fatal(err)
+		}
+		if d := recv(t, got); d.Kick == nil || d.Kick.Session != "s" {
+			t.Fatalf("got %+v, want kick of session s", d)
+		}
+	})
+	t.Run("NoSubscriber", func(t *testing.T) {
+		b := open(t)
+		err := b.Publish(ctx, "nobody", bus.Delivery{Frame: []byte("x")})
+		if !errors.Is(err, bus.ErrNoSubscriber) {
+			t.Fatalf("err = %v, want ErrNoSubscriber", err)
+		}
+	})
+	t.Run("ConcurrentPublish", func(t *testing.T) {
+		b := open(t)
+		var mu sync.Mutex
+		n := 0
+		done := make(chan struct{})
+		c, _ := b.Subscribe(ctx, "n1", func(bus.Delivery) {
+			mu.Lock()
+			n++
+			if n == 800 {
+				close(done)
+			}
+			mu.Unlock()
+		})
+		defer c()
+		var wg sync.WaitGroup
+		for i := 0; i < 8; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := 0; j < 100; j++ {
+					if err := b.Publish(ctx, "n1", bus.Delivery{Frame: []byte("x")}); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("received %d of 800", n)
+		}
+	})
+}
+
+func recv(t *testing.T, ch chan bus.Delivery) bus.Delivery {
+	t.Helper()
+	select {
+	case d := <-ch:
+		return d
+	case <-time.After(5 * time.Second):
+		t.Fatal("no delivery within 5s")
+	}
+	return bus.Delivery{}
+}

@@ -1,0 +1,223 @@
+package chat
+
+import (
+	"context"
+	"slices"
+
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/protocol"
+)
+
+// Caller is the authenticated sender of a request.
+type Caller struct {
+	User   string
+	Device string
+}
+
+// Handle runs one validated client frame. reply is called at most once, with
+// the response the frame's rid correlates to, or with an error frame; frames
+// that need no answer (delivered/read without rid) get none. For send, reply
+// is called as soon as the message is durable, before pushes go out.
+func (s *Service) Handle(ctx context.Context, c Caller, f *protocol.Frame, reply func(*protocol.Frame)) {
+	resp, perr := s.handle(ctx, c, f, reply)
+	switch {
+	case perr != nil:
+		reply(ErrorFrame(f.RID, perr))
+	case resp != nil:
+		resp.RID = f.RID
+		reply(resp)
+	}
+}
+
+// ErrorFrame builds the error frame for rid.
+func ErrorFrame(rid string, e *protocol.Error) *protocol.Frame {
+	return &protocol.Frame{Type: protocol.TypeError, RID: rid, Code: e.Code, Error: e.Msg, RetryAfter: e.RetryAfter}
+}
+
+func (s *Service) handle(ctx context.Context, c Caller, f *protocol.Frame, reply func(*protocol.Frame)) (*protocol.Frame, *protocol.Error) {
+	switch f.Type {
+	case protocol.TypePing:
+		return &protocol.Frame{Type: protocol.TypePong, ServerTime: s.now().UnixMilli()}, nil
+	case protocol.TypeSend, protocol.TypeEdit, protocol.TypeRecall:
+		return nil, s.send(ctx, c, f, reply)
+	case protocol.TypeDelivered:
+		return s.okIfAsked(f, s.delivered(ctx, c, f.ConvID, f.Seq))
+	case protocol.TypeRead:
+		return s.okIfAsked(f, s.read(ctx, c, f.ConvID, f.Seq))
+	case protocol.TypeSync:
+		snap, err := s.Snapshot(ctx, c, f.Convs, f.All)
+		if err != nil {
+			return nil, err
+		}
+		return &protocol.Frame{Type: protocol.TypeSnapshot, Snapshot: snap}, nil
+	case protocol.TypeHistory:
+		return s.history(ctx, c, f)
+	case protocol.TypeConvList:
+		list, err := s.conversations(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		return &protocol.Frame{Type: protocol.TypeConvList, List: list}, nil
+	case protocol.TypeOpenDirect:
+		return s.openDirect(ctx, c, f.Peer)
+	case protocol.TypeCreateGroup:
+		return s.createGroup(ctx, c, f.Name, f.Members)
+	case protocol.TypeAddMembers:
+		return s.addMembers(ctx, c, f.ConvID, f.Members)
+	}
+	return nil, protocol.Errorf(protocol.CodeUnknownType, "unknown frame type %q", f.Type)
+}
+
+func (s *Service) okIfAsked(f *protocol.Frame, err *protocol.Error) (*protocol.Frame, *protocol.Error) {
+	if err != nil || f.RID == "" {
+		return nil, err
+	}
+	return &protocol.Frame{Type: protocol.TypeOK}, nil
+}
+
+// member returns the caller's membership or not_member.
+func (s *Service) member(ctx context.Context, user string, conv uint64) (store.Member, *protocol.Error) {
+	m, err := s.store.Member(ctx, conv, user)
+	if err != nil {
+		return m, s.storeErr("member", err)
+	}
+	return m, nil
+}
+
+func (s *Service) history(ctx context.Context, c Caller, f *protocol.Frame) (*protocol.Frame, *protocol.Error) {
+	m, perr := s.member(ctx, c.User, f.ConvID)
+	if perr != nil {
+		return nil, perr
+	}
+	limit := f.Limit
+	if limit == 0 {
+		limit = s.cfg.HistoryDefault
+	}
+	floor := max(m.JoinSeq, 1)
+	var (
+		msgs []store.Message
+		more bool
+		err  error
+	)
+	if f.AfterSeq != 0 {
+		from := max(f.AfterSeq+1, floor)
+		// One extra tells whether more follow.
+		msgs, err = s.store.Messages(ctx, f.ConvID, from, ^uint64(0)>>1, limit+1)
+		if len(msgs) > limit {
+			msgs, more = msgs[:limit], true
+		}
+	} else {
+		msgs, err = s.store.Latest(ctx, f.ConvID, f.BeforeSeq, floor, limit+1)
+		if len(msgs) > limit {
+			msgs, more = msgs[1:], true
+		}
+	}
+	if err != nil {
+		return nil, s.storeErr("history", err)
+	}
+	return &protocol.Frame{Type: protocol.TypeHistory, ConvID: f.ConvID, Messages: wireMessages(msgs), HasMore: more}, nil
+}
+
+func (s *Service) openDirect(ctx context.Context, c Caller, peer string) (*protocol.Frame, *protocol.Error) {
+	if peer == c.User {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "a direct conversation needs another user")
+	}
+	conv, err := s.store.Direct(ctx, c.User, peer, s.ids.Next(), s.now().UnixMilli())
+	if err != nil {
+		return nil, s.storeErr("open direct", err)
+	}
+	return s.convFrame(ctx, conv, c.User)
+}
+
+func (s *Service) createGroup(ctx context.Context, c Caller, name string, users []string) (*protocol.Frame, *protocol.Error) {
+	users = uniqueWithout(users, c.User)
+	if len(users)+1 > s.cfg.Limits.MaxGroupMembers {
+		return nil, protocol.Errorf(protocol.CodeTooLarge, "a group has at most %d members", s.cfg.Limits.MaxGroupMembers)
+	}
+	conv := store.Conversation{ID: s.ids.Next(), Kind: store.Group, Name: name, CreatedAt: s.now().UnixMilli()}
+	members := make([]store.Member, 0, len(users)+1)
+	members = append(members, store.Member{ConvID: conv.ID, UserID: c.User, Role: store.RoleOwner, JoinSeq: 1})
+	for _, u := range users {
+		members = append(members, store.Member{ConvID: conv.ID, UserID: u, Role: store.RoleMember, JoinSeq: 1})
+	}
+	conv.Members = len(members)
+	if err := s.store.CreateConversation(ctx, conv, members); err != nil {
+		return nil, s.storeErr("create group", err)
+	}
+	return s.convFrame(ctx, conv, c.User)
+}
+
+func (s *Service) addMembers(ctx context.Context, c Caller, convID uint64, users []string) (*protocol.Frame, *protocol.Error) {
+	m, perr := s.member(ctx, c.User, convID)
+	if perr != nil {
+		return nil, perr
+	}
+	conv, err := s.store.Conversation(ctx, convID)
+	if err != nil {
+		return nil, s.storeErr("add members", err)
+	}
+	if conv.Kind != store.Group {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "members can only be added to a group")
+	}
+	if m.Role < store.RoleAdmin {
+		return nil, protocol.Errorf(protocol.CodeForbidden, "only the owner or an admin can add members")
+	}
+	users = uniqueWithout(users, "")
+	if conv.Members+len(users) > s.cfg.Limits.MaxGroupMembers {
+		return nil, protocol.Errorf(protocol.CodeTooLarge, "a group has at most %d members", s.cfg.Limits.MaxGroupMembers)
+	}
+	if _, err := s.store.AddMembers(ctx, convID, users, store.RoleMember); err != nil {
+		return nil, s.storeErr("add members", err)
+	}
+	conv, err = s.store.Conversation(ctx, convID)
+	if err != nil {
+		return nil, s.storeErr("add members", err)
+	}
+	return s.convFrame(ctx, conv, c.User)
+}
+
+func (s *Service) convFrame(ctx context.Context, conv store.Conversation, user string) (*protocol.Frame, *protocol.Error) {
+	members, err := s.store.Members(ctx, conv.ID)
+	if err != nil {
+		return nil, s.storeErr("members", err)
+	}
+	info := &protocol.ConvInfo{ConvID: conv.ID, Kind: conv.Kind.String(), Name: conv.Name, LastSeq: conv.LastSeq}
+	for _, m := range members {
+		info.Members = append(info.Members, m.UserID)
+		if m.UserID == user {
+			info.JoinSeq = m.JoinSeq
+		}
+	}
+	slices.Sort(info.Members)
+	return &protocol.Frame{Type: protocol.TypeConv, Conv: info}, nil
+}
+
+// uniqueWithout returns users without duplicates and without skip.
+func uniqueWithout(users []string, skip string) []string {
+	seen := make(map[string]bool, len(users))
+	out := make([]string, 0, len(users))
+	for _, u := range users {
+		if u == skip || seen[u] {
+			continue
+		}
+		seen[u] = true
+		out = append(out, u)
+	}
+	return out
+}
+
+func wireMessage(m store.Message) protocol.Message {
+	return protocol.Message{
+		ConvID: m.ConvID, Seq: m.Seq, MsgID: m.MsgID, Sender: m.Sender, SenderDevice: m.SenderDevice,
+		ClientMsgID: m.ClientMsgID, Kind: m.Kind, Body: m.Body, TargetSeq: m.TargetSeq,
+		ServerTime: m.ServerTime, Edited: m.Edited, Recalled: m.Recalled,
+	}
+}
+
+func wireMessages(ms []store.Message) []protocol.Message {
+	out := make([]protocol.Message, len(ms))
+	for i, m := range ms {
+		out[i] = wireMessage(m)
+	}
+	return out
+}

@@ -1,0 +1,132 @@
+package chat
+
+import (
+	"context"
+
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/protocol"
+)
+
+// Snapshot answers a batch sync (M22): in one request, the new messages of
+// every listed conversation (and, with all, every other conversation of the
+// user from its read position). Per conversation, with gap = last_seq − from:
+// 0 → left out; ≤ SnapshotRangeLimit → the whole range; more → the latest
+// SnapshotLatest and the count of the others.
+func (s *Service) Snapshot(ctx context.Context, c Caller, req []protocol.SyncConv, all bool) ([]protocol.ConvSnapshot, *protocol.Error) {
+	rows, err := s.store.UserConversations(ctx, c.User)
+	if err != nil {
+		return nil, s.storeErr("sync", err)
+	}
+	byID := make(map[uint64]store.ConvRow, len(rows))
+	for _, r := range rows {
+		byID[r.ConvID] = r
+	}
+	asked := make(map[uint64]uint64, len(req))
+	for _, rc := range req {
+		if _, ok := byID[rc.ConvID]; !ok {
+			return nil, protocol.Errorf(protocol.CodeNotMember, "not a member of conversation %d", rc.ConvID)
+		}
+		asked[rc.ConvID] = rc.AfterSeq
+	}
+	out := make([]protocol.ConvSnapshot, 0)
+	for _, r := range rows {
+		from, ok := asked[r.ConvID]
+		if !ok && !all {
+			continue
+		}
+		read, err := s.store.Read(ctx, c.User, s.readDevice(c), r.ConvID)
+		if err != nil {
+			return nil, s.storeErr("sync", err)
+		}
+		if !ok {
+			from = read
+		}
+		snap, perr := s.snapshotOne(ctx, r, from, read)
+		if perr != nil {
+			return nil, perr
+		}
+		if snap != nil {
+			out = append(out, *snap)
+		}
+	}
+	if s.obs.Snapshot != nil {
+		s.obs.Snapshot(len(out))
+	}
+	return out, nil
+}
+
+func (s *Service) snapshotOne(ctx context.Context, r store.ConvRow, from, read uint64) (*protocol.ConvSnapshot, *protocol.Error) {
+	floor := max(r.JoinSeq, 1) - 1 // the member has seen nothing below join_seq
+	from = max(from, floor)
+	if r.LastSeq <= from {
+		return nil, nil
+	}
+	gap := r.LastSeq - from
+	snap := &protocol.ConvSnapshot{
+		ConvID: r.ConvID, Kind: r.Kind.String(), LastSeq: r.LastSeq, ReadSeq: read, JoinSeq: r.JoinSeq,
+		Unread: r.LastSeq - max(read, floor), FromSeq: from,
+	}
+	var (
+		msgs []store.Message
+		err  error
+	)
+	if gap <= uint64(s.cfg.SnapshotRangeLimit) {
+		msgs, err = s.store.Messages(ctx, r.ConvID, from+1, r.LastSeq, int(gap))
+	} else {
+		msgs, err = s.store.Latest(ctx, r.ConvID, r.LastSeq+1, from+1, s.cfg.SnapshotLatest)
+		snap.MoreUnread = gap - uint64(len(msgs))
+	}
+	if err != nil {
+		return nil, s.storeErr("sync", err)
+	}
+	snap.Messages = wireMessages(msgs)
+	return snap, nil
+}
+
+// conversations is the conversation list (M23): every conversation of the
+// user with last_seq, unread and the last message.
+func (s *Service) conversations(ctx context.Context, c Caller) ([]protocol.ConvSummary, *protocol.Error) {
+	rows, err := s.store.UserConversations(ctx, c.User)
+	if err != nil {
+		return nil, s.storeErr("conversations", err)
+	}
+	out := make([]protocol.ConvSummary, 0, len(rows))
+	for _, r := range rows {
+		cv, err := s.store.Conversation(ctx, r.ConvID)
+		if err != nil {
+			return nil, s.storeErr("conversations", err)
+		}
+		read, err := s.store.Read(ctx, c.User, s.readDevice(c), r.ConvID)
+		if err != nil {
+			return nil, s.storeErr("conversations", err)
+		}
+		floor := max(r.JoinSeq, 1) - 1
+		sum := protocol.ConvSummary{
+			ConvID: r.ConvID, Kind: cv.Kind.String(), Name: cv.Name, LastSeq: r.LastSeq,
+			ReadSeq: read, JoinSeq: r.JoinSeq, Unread: r.LastSeq - min(max(read, floor), r.LastSeq),
+		}
+		if r.LastSeq > floor {
+			last, err := s.store.Latest(ctx, r.ConvID, r.LastSeq+1, floor+1, 1)
+			if err != nil {
+				return nil, s.storeErr("conversations", err)
+			}
+			if len(last) == 1 {
+				wm := wireMessage(last[0])
+				sum.LastMessage = &wm
+			}
+		}
+		if cv.Kind == store.Direct {
+			members, err := s.store.Members(ctx, r.ConvID)
+			if err != nil {
+				return nil, s.storeErr("conversations", err)
+			}
+			for _, m := range members {
+				if m.UserID != c.User {
+					sum.Peer = m.UserID
+				}
+			}
+		}
+		out = append(out, sum)
+	}
+	return out, nil
+}

@@ -1,0 +1,389 @@
+// Package config owns the configuration of `parley serve`: one Config for
+// the whole server, its defaults, its validation, and Load, which layers, in
+// increasing precedence, defaults < YAML file < PARLEY_* environment
+// variables < command-line flags.
+//
+// Every setting has one dotted path, its YAML key (gateway.idle_timeout),
+// from which the other two names follow: the variable PARLEY_ + the path in
+// upper snake case (PARLEY_GATEWAY_IDLE_TIMEOUT) and the flag with dashes
+// for underscores (--gateway.idle-timeout). Durations are Go durations
+// ("25s") everywhere.
+//
+// This is the only package that defines flags; libraries take their own
+// Config structs, filled from this one by cmd/parley.
+//
+// Concurrency: a Config is a plain value; Load and Validate keep no state.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/parley-im/parley/internal/auth"
+	"github.com/parley-im/parley/protocol"
+)
+
+// ErrInvalid is wrapped by every error Validate returns.
+var ErrInvalid = errors.New("invalid configuration")
+
+// Roles a node can run.
+const (
+	RoleAll     = "all"
+	RoleGateway = "gateway"
+	RoleChat    = "chat"
+)
+
+// Read scopes: whether a read receipt moves the read position of the user
+// (all devices) or only of the device that read.
+const (
+	ReadScopeUser   = "user"
+	ReadScopeDevice = "device"
+)
+
+// Log formats.
+const (
+	LogText = "text"
+	LogJSON = "json"
+)
+
+// Config is the whole server's configuration.
+type Config struct {
+	Listen  string `yaml:"listen"`
+	DataDir string `yaml:"data_dir"`
+	// NodeID names this node to its peers. Empty means derived from the
+	// host name and the listen port (see Load), which is stable across
+	// restarts as long as neither changes.
+	NodeID string `yaml:"node_id"`
+	// Roles is "all" or a comma-separated list of roles.
+	Roles   string  `yaml:"roles"`
+	Log     Log     `yaml:"log"`
+	Auth    Auth    `yaml:"auth"`
+	Gateway Gateway `yaml:"gateway"`
+	Limits  Limits  `yaml:"limits"`
+	Chat    Chat    `yaml:"chat"`
+	Metrics Metrics `yaml:"metrics"`
+}
+
+// Log configures the server's structured log.
+type Log struct {
+	Level  string `yaml:"level"`  // debug, info, warn, error
+	Format string `yaml:"format"` // text or json
+}
+
+// Auth says where token verification keys come from. With none of the three
+// key settings, the node uses the development HS256 key in data_dir (created
+// on first use), so that `parley token` works with no setup.
+type Auth struct {
+	HS256Key             string        `yaml:"hs256_key"` // hex
+	HS256KeyFile         string        `yaml:"hs256_key_file"`
+	Ed25519PublicKeyFile string        `yaml:"ed25519_public_key_file"`
+	Leeway               time.Duration `yaml:"leeway"`
+}
+
+// Gateway configures client connections.
+type Gateway struct {
+	// HeartbeatInterval is announced to clients, who ping at least this often.
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	// IdleTimeout closes a connection that sent nothing for this long.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// OutboundQueueBytes bounds a connection's unsent frames; a consumer
+	// that falls further behind is disconnected rather than slowing others.
+	OutboundQueueBytes int           `yaml:"outbound_queue_bytes"`
+	RetransmitAfter    time.Duration `yaml:"retransmit_after"`
+	RetransmitMax      int           `yaml:"retransmit_max"`
+	// MaxInflight bounds pushes awaiting a delivered ACK per connection.
+	MaxInflight  int           `yaml:"max_inflight"`
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// HandshakeRate and HandshakeBurst are the node's token bucket for new
+	// connections, so a reconnect storm queues instead of toppling the node.
+	HandshakeRate  float64 `yaml:"handshake_rate"` // per second
+	HandshakeBurst int     `yaml:"handshake_burst"`
+	MaxConnections int     `yaml:"max_connections"`
+}
+
+// Limits mirrors protocol.Limits with YAML keys.
+type Limits struct {
+	MaxFrameBytes   int `yaml:"max_frame_bytes"`
+	MaxBodyBytes    int `yaml:"max_body_bytes"`
+	MaxClientMsgID  int `yaml:"max_client_msg_id"`
+	MaxSyncConvs    int `yaml:"max_sync_convs"`
+	MaxHistory      int `yaml:"max_history"`
+	MaxGroupMembers int `yaml:"max_group_members"`
+	MaxNameBytes    int `yaml:"max_name_bytes"`
+}
+
+// Protocol returns the limits as the protocol package expresses them.
+func (l Limits) Protocol() protocol.Limits {
+	return protocol.Limits(l)
+}
+
+// Chat configures conversations and their storage.
+type Chat struct {
+	SnapshotRangeLimit int           `yaml:"snapshot_range_limit"`
+	SnapshotLatest     int           `yaml:"snapshot_latest"`
+	RecallWindow       time.Duration `yaml:"recall_window"`
+	ReadScope          string        `yaml:"read_scope"`
+	// BucketWidth is the time span of one message partition: wide enough
+	// that "latest N" usually reads one bucket, narrow enough that a busy
+	// conversation does not grow one unbounded partition.
+	BucketWidth time.Duration `yaml:"bucket_width"`
+}
+
+// Metrics configures the Prometheus endpoint.
+type Metrics struct {
+	Enabled bool `yaml:"enabled"`
+}
+
+// defaults is Default without the derived node id, so that Load can tell a
+// configured node id from one it must derive from the final listen address.
+func defaults() Config {
+	return Config{
+		Listen:  "127.0.0.1:7480",
+		DataDir: "./data",
+		Roles:   RoleAll,
+		Log:     Log{Level: "info", Format: LogText},
+		Auth:    Auth{Leeway: auth.DefaultLeeway},
+		Gateway: Gateway{
+			HeartbeatInterval:  25 * time.Second,
+			IdleTimeout:        75 * time.Second,
+			OutboundQueueBytes: 1 << 20,
+			RetransmitAfter:    5 * time.Second,
+			RetransmitMax:      3,
+			MaxInflight:        256,
+			DrainTimeout:       10 * time.Second,
+			HandshakeRate:      1000,
+			HandshakeBurst:     2000,
+			MaxConnections:     100000,
+		},
+		Limits: Limits(protocol.DefaultLimits),
+		Chat: Chat{
+			SnapshotRangeLimit: 200,
+			SnapshotLatest:     50,
+			RecallWindow:       24 * time.Hour,
+			ReadScope:          ReadScopeUser,
+			BucketWidth:        240 * time.Hour,
+		},
+		Metrics: Metrics{Enabled: true},
+	}
+}
+
+// Default returns the configuration of a server started with no settings.
+func Default() Config {
+	c := defaults()
+	c.NodeID = DeriveNodeID(hostname(), c.Listen)
+	return c
+}
+
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return ""
+	}
+	return h
+}
+
+// DeriveNodeID builds a node id from a host name and the port of listen,
+// replacing characters protocol.ValidID rejects with '-'. Two nodes on one
+// host differ by port; with port 0 (chosen by the kernel) the id is not
+// unique per process, so set node_id explicitly there.
+func DeriveNodeID(host, listen string) string {
+	port := "0"
+	if _, p, err := net.SplitHostPort(listen); err == nil && p != "" {
+		port = p
+	}
+	var b strings.Builder
+	for i := 0; i < len(host); i++ {
+		c := host[i]
+		if !protocol.ValidID(host[i : i+1]) {
+			c = '-'
+		}
+		b.WriteByte(c)
+	}
+	h := b.String()
+	if h == "" {
+		h = "parley"
+	}
+	if max := protocol.MaxUserIDBytes - 1 - len(port); len(h) > max {
+		h = h[:max]
+	}
+	return h + "-" + port
+}
+
+// RoleSet returns the roles this node runs, with "all" expanded.
+func (c Config) RoleSet() map[string]bool {
+	set := map[string]bool{}
+	for _, r := range strings.Split(c.Roles, ",") {
+		r = strings.TrimSpace(r)
+		if r == RoleAll {
+			for _, k := range knownRoles {
+				set[k] = true
+			}
+			continue
+		}
+		set[r] = true
+	}
+	return set
+}
+
+var knownRoles = []string{RoleGateway, RoleChat}
+
+// SlogLevel returns the configured log level.
+func (l Log) SlogLevel() slog.Level {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(l.Level)); err != nil {
+		return slog.LevelInfo // unreachable after Validate
+	}
+	return lv
+}
+
+// UsesDevKey reports whether ResolveAuth will fall back to the development
+// key, which cmd/parley should warn about.
+func (c Config) UsesDevKey() bool {
+	a := c.Auth
+	return a.HS256Key == "" && a.HS256KeyFile == "" && a.Ed25519PublicKeyFile == ""
+}
+
+// ResolveAuth reads the configured keys (or creates the development key) and
+// returns the verifier configuration.
+func (c Config) ResolveAuth() (auth.Config, error) {
+	out := auth.Config{Leeway: c.Auth.Leeway}
+	var err error
+	switch {
+	case c.Auth.HS256Key != "":
+		out.HS256Key, err = auth.ParseHS256Key(c.Auth.HS256Key)
+	case c.Auth.HS256KeyFile != "":
+		out.HS256Key, err = auth.LoadHS256KeyFile(c.Auth.HS256KeyFile)
+	case c.UsesDevKey():
+		out.HS256Key, err = auth.LoadOrCreateDevKey(c.DataDir)
+	}
+	if err != nil {
+		return auth.Config{}, fmt.Errorf("config: auth: %w", err)
+	}
+	if c.Auth.Ed25519PublicKeyFile != "" {
+		if out.Ed25519PublicKey, err = auth.LoadEd25519PublicKeyFile(c.Auth.Ed25519PublicKeyFile); err != nil {
+			return auth.Config{}, fmt.Errorf("config: auth: %w", err)
+		}
+	}
+	if err := out.Validate(); err != nil {
+		return auth.Config{}, fmt.Errorf("config: %w", err)
+	}
+	return out, nil
+}
+
+// Validate reports every bad setting at once, each with its path, so one run
+// shows all that needs fixing.
+func (c Config) Validate() error {
+	var p problems
+	if _, port, err := net.SplitHostPort(c.Listen); err != nil {
+		p.add("listen", "%q is not host:port: %v", c.Listen, err)
+	} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
+		p.add("listen", "port %q is not a number in 0-65535", port)
+	}
+	p.check(c.DataDir != "", "data_dir", "must not be empty")
+	p.check(protocol.ValidID(c.NodeID), "node_id", "%q must be 1-64 bytes of [A-Za-z0-9._@-]", c.NodeID)
+	c.validateRoles(&p)
+
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(c.Log.Level)); err != nil {
+		p.add("log.level", "%q is not one of debug, info, warn, error", c.Log.Level)
+	}
+	p.check(c.Log.Format == LogText || c.Log.Format == LogJSON, "log.format", "%q is not %s or %s", c.Log.Format, LogText, LogJSON)
+
+	c.validateAuth(&p)
+	c.validateGateway(&p)
+	c.validateLimits(&p)
+
+	ch := c.Chat
+	p.check(ch.SnapshotRangeLimit > 0, "chat.snapshot_range_limit", "must be positive, got %d", ch.SnapshotRangeLimit)
+	p.check(ch.SnapshotLatest > 0, "chat.snapshot_latest", "must be positive, got %d", ch.SnapshotLatest)
+	p.check(ch.RecallWindow > 0, "chat.recall_window", "must be positive, got %v", ch.RecallWindow)
+	p.check(ch.ReadScope == ReadScopeUser || ch.ReadScope == ReadScopeDevice, "chat.read_scope", "%q is not %s or %s", ch.ReadScope, ReadScopeUser, ReadScopeDevice)
+	p.check(ch.BucketWidth >= time.Second, "chat.bucket_width", "must be at least 1s, got %v", ch.BucketWidth)
+	return p.err()
+}
+
+func (c Config) validateRoles(p *problems) {
+	parts := strings.Split(c.Roles, ",")
+	for _, r := range parts {
+		r = strings.TrimSpace(r)
+		switch {
+		case r == RoleAll && len(parts) > 1:
+			p.add("roles", "%q: all cannot be combined with other roles", c.Roles)
+		case r == RoleAll, r == RoleGateway, r == RoleChat:
+		default:
+			p.add("roles", "unknown role %q (want all, or a list of %s)", r, strings.Join(knownRoles, ", "))
+		}
+	}
+}
+
+func (c Config) validateAuth(p *problems) {
+	a := c.Auth
+	if a.HS256Key != "" {
+		if _, err := auth.ParseHS256Key(a.HS256Key); err != nil {
+			p.add("auth.hs256_key", "%v", err)
+		}
+	}
+	p.check(a.HS256Key == "" || a.HS256KeyFile == "", "auth.hs256_key_file", "set either auth.hs256_key or auth.hs256_key_file, not both")
+	p.check(a.Leeway >= 0 && a.Leeway <= 5*time.Minute, "auth.leeway", "must be within 0-5m, got %v", a.Leeway)
+}
+
+func (c Config) validateGateway(p *problems) {
+	g := c.Gateway
+	p.check(g.HeartbeatInterval >= time.Second, "gateway.heartbeat_interval", "must be at least 1s, got %v", g.HeartbeatInterval)
+	// Clients ping every heartbeat interval; closing sooner than that would
+	// cut healthy idle connections.
+	p.check(g.IdleTimeout > g.HeartbeatInterval, "gateway.idle_timeout", "must exceed gateway.heartbeat_interval (%v), got %v", g.HeartbeatInterval, g.IdleTimeout)
+	p.check(g.OutboundQueueBytes >= c.Limits.MaxFrameBytes, "gateway.outbound_queue_bytes", "must hold one frame of limits.max_frame_bytes (%d), got %d", c.Limits.MaxFrameBytes, g.OutboundQueueBytes)
+	p.check(g.RetransmitAfter > 0, "gateway.retransmit_after", "must be positive, got %v", g.RetransmitAfter)
+	p.check(g.RetransmitMax >= 0, "gateway.retransmit_max", "must not be negative, got %d", g.RetransmitMax)
+	p.check(g.MaxInflight > 0, "gateway.max_inflight", "must be positive, got %d", g.MaxInflight)
+	p.check(g.DrainTimeout >= 0, "gateway.drain_timeout", "must not be negative, got %v", g.DrainTimeout)
+	p.check(g.HandshakeRate > 0, "gateway.handshake_rate", "must be positive, got %v", g.HandshakeRate)
+	p.check(g.HandshakeBurst > 0, "gateway.handshake_burst", "must be positive, got %d", g.HandshakeBurst)
+	p.check(g.MaxConnections > 0, "gateway.max_connections", "must be positive, got %d", g.MaxConnections)
+}
+
+func (c Config) validateLimits(p *problems) {
+	l := c.Limits
+	for _, f := range []struct {
+		path string
+		v    int
+	}{
+		{"limits.max_frame_bytes", l.MaxFrameBytes},
+		{"limits.max_body_bytes", l.MaxBodyBytes},
+		{"limits.max_client_msg_id", l.MaxClientMsgID},
+		{"limits.max_sync_convs", l.MaxSyncConvs},
+		{"limits.max_history", l.MaxHistory},
+		{"limits.max_group_members", l.MaxGroupMembers},
+		{"limits.max_name_bytes", l.MaxNameBytes},
+	} {
+		p.check(f.v > 0, f.path, "must be positive, got %d", f.v)
+	}
+	// The body travels inside a frame with its JSON envelope.
+	p.check(l.MaxBodyBytes < l.MaxFrameBytes, "limits.max_body_bytes", "must be below limits.max_frame_bytes (%d), got %d", l.MaxFrameBytes, l.MaxBodyBytes)
+}
+
+type problems []string
+
+func (p *problems) add(path, format string, args ...any) {
+	*p = append(*p, path+": "+fmt.Sprintf(format, args...))
+}
+
+func (p *problems) check(ok bool, path, format string, args ...any) {
+	if !ok {
+		p.add(path, format, args...)
+	}
+}
+
+func (p problems) err() error {
+	if len(p) == 0 {
+		return nil
+	}
+	return fmt.Errorf("config: %w: %s", ErrInvalid, strings.Join(p, "; "))
+}

@@ -1,0 +1,463 @@
+package config
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/parley-im/parley/internal/auth"
+	"github.com/parley-im/parley/protocol"
+)
+
+func writeFile(t *testing.T, name, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestDefault(t *testing.T) {
+	c := Default()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Default().Validate() = %v", err)
+	}
+	if c.Listen != "127.0.0.1:7480" || c.DataDir != "./data" || c.Roles != RoleAll {
+		t.Errorf("top-level defaults = %q %q %q", c.Listen, c.DataDir, c.Roles)
+	}
+	if c.Gateway.HeartbeatInterval != 25*time.Second || c.Gateway.OutboundQueueBytes != 1<<20 || c.Gateway.HandshakeBurst != 2000 {
+		t.Errorf("gateway defaults = %+v", c.Gateway)
+	}
+	if c.Limits.Protocol() != protocol.DefaultLimits {
+		t.Errorf("limits = %+v, want protocol.DefaultLimits", c.Limits)
+	}
+	if c.Chat.ReadScope != ReadScopeUser || c.Chat.BucketWidth != 240*time.Hour || !c.Metrics.Enabled {
+		t.Errorf("chat/metrics defaults = %+v %+v", c.Chat, c.Metrics)
+	}
+	if !strings.HasSuffix(c.NodeID, "-7480") {
+		t.Errorf("node id %q does not end in the default port", c.NodeID)
+	}
+}
+
+// TestPrecedence sets each key in some of the layers and checks which wins:
+// defaults < file < env < flags.
+func TestPrecedence(t *testing.T) {
+	file := writeFile(t, "parley.yaml", `
+listen: "127.0.0.1:1001"
+log:
+  level: warn
+gateway:
+  idle_timeout: 100s
+  heartbeat_interval: 20s
+chat:
+  read_scope: device
+metrics:
+  enabled: false
+`)
+	env := []string{
+		"HOME=/root",
+		"PARLEY_LISTEN=127.0.0.1:2002",
+		"PARLEY_GATEWAY_IDLE_TIMEOUT=200s",
+		"PARLEY_LOG_FORMAT=json",
+		"PARLEY_LIMITS_MAX_HISTORY=77",
+		"PARLEY_LIMITS_MAX_HISTORY=88", // a later entry wins
+		"PARLEY_UNRELATED_TOOL=x",      // other users of the prefix are ignored
+	}
+	args := []string{"--config", file, "--gateway.idle-timeout=300s", "-node-id", "n1", "--metrics.enabled"}
+	c, err := Load(args, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		key  string
+		got  any
+		want any
+	}{
+		{"default only", c.DataDir, "./data"},
+		{"file only", c.Log.Level, "warn"},
+		{"file only (nested)", c.Gateway.HeartbeatInterval, 20 * time.Second},
+		{"file only (string enum)", c.Chat.ReadScope, "device"},
+		{"file over default, env over file", c.Listen, "127.0.0.1:2002"},
+		{"env only", c.Log.Format, "json"},
+		{"env last entry", c.Limits.MaxHistory, 88},
+		{"flag over env over file", c.Gateway.IdleTimeout, 300 * time.Second},
+		{"flag only", c.NodeID, "n1"},
+		{"bool flag over file", c.Metrics.Enabled, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.key, func(t *testing.T) {
+			if tt.got != tt.want {
+				t.Errorf("got %v, want %v", tt.got, tt.want)
+			}
+		})
+	}
+}
+
+func TestConfigPathSources(t *testing.T) {
+	a := writeFile(t, "a.yaml", "node_id: from-a\n")
+	b := writeFile(t, "b.yaml", "node_id: from-b\n")
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		want string
+	}{
+		{"env", nil, []string{"PARLEY_CONFIG=" + a}, "from-a"},
+		{"flag over env", []string{"-config=" + b}, []string{"PARLEY_CONFIG=" + a}, "from-b"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Load(tt.args, tt.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.NodeID != tt.want {
+				t.Errorf("node_id = %q, want %q", c.NodeID, tt.want)
+			}
+		})
+	}
+}
+
+func TestNodeIDDerivedFromFinalListen(t *testing.T) {
+	c, err := Load([]string{"--listen", "127.0.0.1:9999"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(c.NodeID, "-9999") || !protocol.ValidID(c.NodeID) {
+		t.Errorf("node_id = %q, want a valid id ending in -9999", c.NodeID)
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		file string // YAML; empty = no file
+		args []string
+		env  []string
+		want string // substring of the error
+	}{
+		{"unknown top-level key", "lisen: x\n", nil, nil, "field lisen not found"},
+		{"unknown nested key", "gateway:\n  idel_timeout: 5s\n", nil, nil, "field idel_timeout not found"},
+		{"yaml duration not a duration", "gateway:\n  idle_timeout: soon\n", nil, nil, "line 2: cannot unmarshal !!str `soon` into time.Duration"},
+		// Bare numbers are refused rather than read as nanoseconds.
+		{"yaml bare integer duration", "gateway:\n  idle_timeout: 75\n", nil, nil, "line 2: cannot unmarshal !!int `75` into time.Duration"},
+		{"yaml wrong type", "limits:\n  max_history: lots\n", nil, nil, "line 2: cannot unmarshal !!str `lots` into int"},
+		{"missing file", "", []string{"--config", "/nonexistent/parley.yaml"}, nil, "no such file"},
+		{"bad env int", "", nil, []string{"PARLEY_GATEWAY_MAX_INFLIGHT=many"}, "PARLEY_GATEWAY_MAX_INFLIGHT"},
+		{"bad env duration", "", nil, []string{"PARLEY_AUTH_LEEWAY=30"}, "PARLEY_AUTH_LEEWAY"},
+		{"bad flag duration", "", []string{"--gateway.drain-timeout=10"}, nil, "gateway.drain-timeout"},
+		{"unknown flag", "", []string{"--gateway.idle_timeout=5s"}, nil, "flag provided but not defined"},
+		{"positional argument", "", []string{"extra"}, nil, `unexpected argument "extra"`},
+		{"valid syntax, invalid value", "", []string{"--chat.read-scope=team"}, nil, "chat.read_scope"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := tt.args
+			if tt.file != "" {
+				args = append([]string{"--config", writeFile(t, "c.yaml", tt.file)}, args...)
+			}
+			_, err := Load(args, tt.env)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Load err = %v, want it to mention %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestLoadHelp(t *testing.T) {
+	if _, err := Load([]string{"-h"}, nil); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("Load(-h) err = %v, want flag.ErrHelp", err)
+	}
+	var b bytes.Buffer
+	Usage(&b)
+	for _, want := range []string{"-gateway.idle-timeout duration", "1m15s", "PARLEY_GATEWAY_IDLE_TIMEOUT", "-config"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("usage lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+func TestEmptyAndNullYAML(t *testing.T) {
+	for _, body := range []string{"", "# nothing\n", "gateway:\n"} {
+		c, err := Load([]string{"--config", writeFile(t, "c.yaml", body)}, nil)
+		if err != nil {
+			t.Fatalf("%q: %v", body, err)
+		}
+		if c.Gateway.IdleTimeout != 75*time.Second {
+			t.Errorf("%q: idle_timeout = %v, want the default kept", body, c.Gateway.IdleTimeout)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*Config)
+		want string // substring of the error; "" = valid
+	}{
+		{"default", func(*Config) {}, ""},
+		{"roles list", func(c *Config) { c.Roles = "gateway, chat" }, ""},
+		{"ephemeral port", func(c *Config) { c.Listen = "127.0.0.1:0" }, ""},
+		{"listen no port", func(c *Config) { c.Listen = "localhost" }, "listen:"},
+		{"listen bad port", func(c *Config) { c.Listen = ":99999" }, "listen: port"},
+		{"empty data dir", func(c *Config) { c.DataDir = "" }, "data_dir: must not be empty"},
+		{"bad node id", func(c *Config) { c.NodeID = "node one" }, "node_id:"},
+		{"unknown role", func(c *Config) { c.Roles = "gateway,router" }, `unknown role "router"`},
+		{"all plus role", func(c *Config) { c.Roles = "all,chat" }, "all cannot be combined"},
+		{"log level", func(c *Config) { c.Log.Level = "loud" }, "log.level:"},
+		{"log format", func(c *Config) { c.Log.Format = "xml" }, "log.format:"},
+		{"short key", func(c *Config) { c.Auth.HS256Key = "abcd" }, "auth.hs256_key:"},
+		{"key and key file", func(c *Config) {
+			c.Auth.HS256Key = strings.Repeat("ab", 32)
+			c.Auth.HS256KeyFile = "/k"
+		}, "not both"},
+		{"leeway", func(c *Config) { c.Auth.Leeway = time.Hour }, "auth.leeway:"},
+		{"idle below heartbeat", func(c *Config) { c.Gateway.IdleTimeout = 10 * time.Second }, "gateway.idle_timeout: must exceed gateway.heartbeat_interval (25s), got 10s"},
+		{"queue below frame", func(c *Config) { c.Gateway.OutboundQueueBytes = 1024 }, "gateway.outbound_queue_bytes:"},
+		{"zero inflight", func(c *Config) { c.Gateway.MaxInflight = 0 }, "gateway.max_inflight:"},
+		{"negative retransmit", func(c *Config) { c.Gateway.RetransmitMax = -1 }, "gateway.retransmit_max:"},
+		{"zero rate", func(c *Config) { c.Gateway.HandshakeRate = 0 }, "gateway.handshake_rate:"},
+		{"zero max conns", func(c *Config) { c.Gateway.MaxConnections = 0 }, "gateway.max_connections:"},
+		{"zero limit", func(c *Config) { c.Limits.MaxSyncConvs = 0 }, "limits.max_sync_convs:"},
+		{"body over frame", func(c *Config) { c.Limits.MaxBodyBytes = c.Limits.MaxFrameBytes }, "limits.max_body_bytes:"},
+		{"read scope", func(c *Config) { c.Chat.ReadScope = "team" }, "chat.read_scope:"},
+		{"bucket width", func(c *Config) { c.Chat.BucketWidth = 0 }, "chat.bucket_width:"},
+		{"recall window", func(c *Config) { c.Chat.RecallWindow = -time.Second }, "chat.recall_window:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Default()
+			tt.edit(&c)
+			err := c.Validate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("Validate = %v, want nil", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Validate = %v, want ErrInvalid mentioning %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestValidateReportsAll(t *testing.T) {
+	c := Default()
+	c.DataDir = ""
+	c.Chat.ReadScope = "x"
+	err := c.Validate()
+	if err == nil || !strings.Contains(err.Error(), "data_dir") || !strings.Contains(err.Error(), "chat.read_scope") {
+		t.Fatalf("Validate = %v, want both problems", err)
+	}
+}
+
+// TestFieldsCoverConfig keeps the env/flag table in step with the struct:
+// every YAML leaf must be settable by env and flag, and nothing else.
+func TestFieldsCoverConfig(t *testing.T) {
+	var leaves []string
+	var walk func(reflect.Type, string)
+	walk = func(t reflect.Type, prefix string) {
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			key := prefix + f.Tag.Get("yaml")
+			if f.Type.Kind() == reflect.Struct {
+				walk(f.Type, key+".")
+				continue
+			}
+			leaves = append(leaves, key)
+		}
+	}
+	walk(reflect.TypeOf(Config{}), "")
+	var c Config
+	var paths []string
+	for _, f := range fields(&c) {
+		paths = append(paths, f.path)
+	}
+	sort.Strings(leaves)
+	sort.Strings(paths)
+	if !reflect.DeepEqual(leaves, paths) {
+		t.Fatalf("fields() paths\n%v\ndiffer from Config's YAML leaves\n%v", paths, leaves)
+	}
+}
+
+func TestSettersWriteTheirOwnField(t *testing.T) {
+	// Set each field through its setter to a distinctive value and check
+	// that exactly one YAML leaf changed, the one of the same path.
+	base := defaults()
+	for _, f := range fields(&base) {
+		t.Run(f.path, func(t *testing.T) {
+			c := defaults()
+			var val string
+			switch f.value.(type) {
+			case strVal:
+				val = "zz"
+			case intVal:
+				val = "12345"
+			case floatVal:
+				val = "12.5"
+			case boolVal:
+				val = strconvNot(f.value.String())
+			case durVal:
+				val = "1234s"
+			}
+			for _, g := range fields(&c) {
+				if g.path == f.path {
+					if err := g.value.Set(val); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			changed := diffLeaves(reflect.ValueOf(defaults()), reflect.ValueOf(c), "")
+			if len(changed) != 1 || changed[0] != f.path {
+				t.Fatalf("setting %s changed %v", f.path, changed)
+			}
+		})
+	}
+}
+
+func strconvNot(s string) string {
+	if s == "true" {
+		return "false"
+	}
+	return "true"
+}
+
+func diffLeaves(a, b reflect.Value, prefix string) []string {
+	var out []string
+	for i := 0; i < a.NumField(); i++ {
+		key := prefix + a.Type().Field(i).Tag.Get("yaml")
+		if a.Field(i).Kind() == reflect.Struct {
+			out = append(out, diffLeaves(a.Field(i), b.Field(i), key+".")...)
+			continue
+		}
+		if a.Field(i).Interface() != b.Field(i).Interface() {
+			out = append(out, key)
+		}
+	}
+	return out
+}
+
+func TestDeriveNodeID(t *testing.T) {
+	tests := []struct {
+		host, listen, want string
+	}{
+		{"web-1", "127.0.0.1:7480", "web-1-7480"},
+		{"web 1.example.com", ":8080", "web-1.example.com-8080"},
+		{"", "127.0.0.1:7480", "parley-7480"},
+		{"hôte", "[::1]:7000", "h--te-7000"},
+		{strings.Repeat("h", 100), "127.0.0.1:7480", strings.Repeat("h", 59) + "-7480"},
+	}
+	for _, tt := range tests {
+		got := DeriveNodeID(tt.host, tt.listen)
+		if got != tt.want || !protocol.ValidID(got) {
+			t.Errorf("DeriveNodeID(%q, %q) = %q, want %q (valid id)", tt.host, tt.listen, got, tt.want)
+		}
+	}
+}
+
+func TestRoleSet(t *testing.T) {
+	c := Default()
+	if s := c.RoleSet(); !s[RoleGateway] || !s[RoleChat] {
+		t.Errorf("all → %v", s)
+	}
+	c.Roles = "gateway"
+	if s := c.RoleSet(); !s[RoleGateway] || s[RoleChat] {
+		t.Errorf("gateway → %v", s)
+	}
+}
+
+func TestResolveAuth(t *testing.T) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hsHex := strings.Repeat("5a", 32)
+	pubFile := writeFile(t, "ed.pub", hex.EncodeToString(pub))
+	now := time.Now()
+	claims := auth.Claims{User: "u1", Expires: now.Add(time.Minute)}
+
+	t.Run("dev key", func(t *testing.T) {
+		c := Default()
+		c.DataDir = filepath.Join(t.TempDir(), "data")
+		if !c.UsesDevKey() {
+			t.Fatal("UsesDevKey = false with no keys configured")
+		}
+		ac, err := c.ResolveAuth()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The key `parley token` would load from the same data dir.
+		key, err := auth.LoadOrCreateDevKey(c.DataDir)
+		if err != nil || !bytes.Equal(key, ac.HS256Key) {
+			t.Fatalf("dev key mismatch (err %v)", err)
+		}
+	})
+	t.Run("hex key and ed25519 file", func(t *testing.T) {
+		c := Default()
+		c.DataDir = t.TempDir()
+		c.Auth.HS256Key = hsHex
+		c.Auth.Ed25519PublicKeyFile = pubFile
+		ac, err := c.ResolveAuth()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := auth.NewVerifier(ac)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, _ := hex.DecodeString(hsHex)
+		for name, mint := range map[string]func() (string, error){
+			"hs256": func() (string, error) { return auth.MintHS256(key, claims) },
+			"eddsa": func() (string, error) { return auth.MintEdDSA(priv, claims) },
+		} {
+			tok, err := mint()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := v.Verify(tok, now); err != nil {
+				t.Errorf("%s token rejected: %v", name, err)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(c.DataDir, auth.DevKeyFile)); !os.IsNotExist(err) {
+			t.Errorf("dev key created although keys are configured (stat err %v)", err)
+		}
+	})
+	t.Run("ed25519 only", func(t *testing.T) {
+		c := Default()
+		c.Auth.Ed25519PublicKeyFile = pubFile
+		ac, err := c.ResolveAuth()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ac.HS256Key != nil {
+			t.Error("ed25519-only config also accepts HS256")
+		}
+	})
+	t.Run("key file", func(t *testing.T) {
+		c := Default()
+		c.Auth.HS256KeyFile = writeFile(t, "hs.key", hsHex+"\n")
+		ac, err := c.ResolveAuth()
+		if err != nil || hex.EncodeToString(ac.HS256Key) != hsHex {
+			t.Fatalf("key %x, err %v", ac.HS256Key, err)
+		}
+	})
+	t.Run("missing key file", func(t *testing.T) {
+		c := Default()
+		c.Auth.HS256KeyFile = "/nonexistent/hs.key"
+		if _, err := c.ResolveAuth(); err == nil {
+			t.Fatal("missing key file accepted")
+		}
+	})
+}

@@ -1,0 +1,247 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lesismal/nbio/nbhttp/websocket"
+
+	"github.com/parley-im/parley/internal/auth"
+	"github.com/parley-im/parley/internal/bus"
+	"github.com/parley-im/parley/internal/chat"
+	"github.com/parley-im/parley/internal/registry"
+	"github.com/parley-im/parley/protocol"
+)
+
+// maxBadFrames consecutive bad frames close the connection with
+// CloseTooManyErrors: a client that only sends garbage gets cut off.
+const maxBadFrames = 10
+
+func timeMS(ms int64) time.Time { return time.UnixMilli(ms) }
+
+func (g *Gateway) newUpgrader() *websocket.Upgrader {
+	u := websocket.NewUpgrader()
+	// The sweeper owns the idle timeout, so no per-connection timers.
+	u.KeepaliveTime = 0
+	u.MessageLengthLimit = g.cfg.Limits.MaxFrameBytes
+	u.ReleasePayload = true
+	// Tokens travel in a header or the query, never in cookies, so a
+	// cross-origin page cannot ride on a user's session.
+	u.CheckOrigin = func(*http.Request) bool { return true }
+	u.OnMessage(g.onMessage)
+	u.OnClose(g.onClose)
+	return u
+}
+
+// httpError writes a handshake refusal as JSON.
+func httpError(w http.ResponseWriter, status int, code protocol.Code, msg string, retryAfter time.Duration) {
+	w.Header().Set("Content-Type", "application/json")
+	body := map[string]any{"code": code, "error": msg}
+	if retryAfter > 0 {
+		secs := int((retryAfter + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		body["retry_after_ms"] = retryAfter.Milliseconds()
+	}
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// BearerToken returns the token of an Authorization: Bearer header, or of
+// the token query parameter.
+func BearerToken(r *http.Request) string {
+	if h := r.Header.Get("Authorization"); len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:])
+	}
+	return r.URL.Query().Get("token")
+}
+
+// Authenticate verifies the request's token; on failure it writes the
+// refusal and returns ok=false.
+func Authenticate(v Verifier, w http.ResponseWriter, r *http.Request, now time.Time) (auth.Identity, bool) {
+	tok := BearerToken(r)
+	if tok == "" {
+		httpError(w, http.StatusUnauthorized, protocol.CodeUnauthorized, "no token: send Authorization: Bearer or ?token=", 0)
+		return auth.Identity{}, false
+	}
+	id, err := v.Verify(tok, now)
+	switch {
+	case errors.Is(err, auth.ErrExpired):
+		httpError(w, http.StatusUnauthorized, protocol.CodeTokenExpired, "token expired", 0)
+		return id, false
+	case err != nil:
+		httpError(w, http.StatusUnauthorized, protocol.CodeUnauthorized, "invalid token", 0)
+		return id, false
+	}
+	return id, true
+}
+
+// ServeHTTP upgrades GET /v1/ws?device=ID to a WebSocket after admission
+// control and authentication.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	now := g.now()
+	if g.draining.Load() {
+		g.refuse(w, "draining", protocol.CodeOverloaded, "node is draining; connect to another node", time.Second+rand.N(4*time.Second))
+		return
+	}
+	if g.conns.Load() >= int64(g.cfg.MaxConnections) {
+		g.refuse(w, "full", protocol.CodeOverloaded, "node is full", time.Second+rand.N(4*time.Second))
+		return
+	}
+	if ok, wait := g.admit.take(now); !ok {
+		// Jitter spreads a reconnect storm over time instead of
+		// synchronising everyone on the same retry instant (M31).
+		g.refuse(w, "rate_limited", protocol.CodeOverloaded, "too many handshakes; retry later", wait+rand.N(2*time.Second))
+		return
+	}
+	id, ok := Authenticate(g.verifier, w, r, now)
+	if !ok {
+		g.observeHandshake("unauthorized")
+		return
+	}
+	device := r.URL.Query().Get("device")
+	if !protocol.ValidID(device) {
+		g.observeHandshake("bad_request")
+		httpError(w, http.StatusBadRequest, protocol.CodeInvalidArgument, "device must be 1-64 bytes of [A-Za-z0-9._@-]", 0)
+		return
+	}
+	if id.Device != "" && id.Device != device {
+		g.observeHandshake("bad_request")
+		httpError(w, http.StatusBadRequest, protocol.CodeInvalidArgument, "device does not match the token", 0)
+		return
+	}
+	conn, err := g.up.Upgrade(w, r, nil)
+	if err != nil {
+		g.observeHandshake("upgrade_failed")
+		return
+	}
+	s := &session{g: g, id: g.node() + "-" + strconv.FormatUint(g.nextID.Add(1), 36), user: id.User, device: device, conn: conn}
+	s.lastSeen.Store(now.UnixMilli())
+	conn.SetSession(s)
+	g.conns.Add(1)
+	if g.obs.Connections != nil {
+		g.obs.Connections(1)
+	}
+	g.add(s)
+	g.observeHandshake("ok")
+	s.writeFrame(&protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{
+		Protocol: protocol.Version, SessionID: s.id, UserID: s.user, DeviceID: s.device, Node: g.cfg.Node,
+		ServerTime: now.UnixMilli(), HeartbeatMS: g.cfg.HeartbeatInterval.Milliseconds(),
+		IdleTimeoutMS: g.cfg.IdleTimeout.Milliseconds(), Limits: g.cfg.Limits,
+	}})
+	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.RequestTimeout)
+	defer cancel()
+	old, err := g.reg.Register(ctx, registry.Entry{User: s.user, Device: s.device, Node: g.cfg.Node, Session: s.id, Since: now.UnixMilli()})
+	if err != nil {
+		g.log.Error("registry register failed", "user", s.user, "err", err)
+		s.close(protocol.CloseInternal, "registry unavailable")
+		return
+	}
+	if old != nil {
+		g.kick(ctx, old)
+	}
+}
+
+func (g *Gateway) node() string { return g.cfg.Node }
+
+func (g *Gateway) refuse(w http.ResponseWriter, result string, code protocol.Code, msg string, after time.Duration) {
+	g.observeHandshake(result)
+	httpError(w, http.StatusServiceUnavailable, code, msg, after)
+}
+
+func (g *Gateway) observeHandshake(result string) {
+	if g.obs.Handshake != nil {
+		g.obs.Handshake(result)
+	}
+}
+
+// kick closes the session a newer connection of the same device replaced.
+func (g *Gateway) kick(ctx context.Context, old *registry.Entry) {
+	if old.Node == g.cfg.Node {
+		for _, s := range g.sessionsOf(old.User) {
+			if s.id == old.Session {
+				s.close(protocol.CloseReplaced, "replaced by a newer connection of this device")
+			}
+		}
+		return
+	}
+	err := g.bus.Publish(ctx, old.Node, bus.Delivery{Kick: &bus.Kick{User: old.User, Device: old.Device, Session: old.Session}})
+	if err != nil {
+		g.log.Warn("kick of replaced session failed", "node", old.Node, "err", err)
+	}
+}
+
+func (g *Gateway) onClose(c *websocket.Conn, _ error) {
+	s, ok := c.Session().(*session)
+	if !ok || s == nil {
+		return
+	}
+	s.closed.Store(true)
+	if !g.remove(s) {
+		return
+	}
+	g.conns.Add(-1)
+	if g.obs.Connections != nil {
+		g.obs.Connections(-1)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
+	defer cancel()
+	if err := g.reg.Unregister(ctx, s.user, s.device, s.id); err != nil {
+		g.log.Warn("registry unregister failed", "user", s.user, "err", err)
+	}
+}
+
+// onMessage handles one client frame. nbio runs a connection's frames one at
+// a time, in order, on its worker pool, so a request may block on the durable
+// write without stalling other connections.
+func (g *Gateway) onMessage(c *websocket.Conn, mt websocket.MessageType, data []byte) {
+	s, ok := c.Session().(*session)
+	if !ok || s == nil || s.closed.Load() {
+		return
+	}
+	s.lastSeen.Store(g.now().UnixMilli())
+	if mt != websocket.TextMessage {
+		s.close(protocol.CloseUnsupportedData, "frames are JSON text")
+		return
+	}
+	f, perr := protocol.DecodeClient(data, g.cfg.Limits)
+	if perr != nil {
+		rid := ""
+		if f != nil {
+			rid = f.RID
+		}
+		g.sendError(s, rid, perr)
+		s.badFrames++
+		if s.badFrames >= maxBadFrames {
+			s.close(protocol.CloseTooManyErrors, "too many bad frames")
+		}
+		return
+	}
+	s.badFrames = 0
+	if g.obs.FrameIn != nil {
+		g.obs.FrameIn(f.Type)
+	}
+	if f.Type == protocol.TypeDelivered {
+		s.ack(f.ConvID, f.Seq)
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.RequestTimeout)
+	defer cancel()
+	g.backend.Handle(ctx, chat.Caller{User: s.user, Device: s.device}, f, func(resp *protocol.Frame) {
+		if resp.Type == protocol.TypeError && g.obs.Error != nil {
+			g.obs.Error(resp.Code)
+		}
+		s.writeFrame(resp)
+	})
+}
+
+func (g *Gateway) sendError(s *session, rid string, e *protocol.Error) {
+	if g.obs.Error != nil {
+		g.obs.Error(e.Code)
+	}
+	s.writeFrame(chat.ErrorFrame(rid, e))
+}

@@ -1,0 +1,338 @@
+// Package gateway holds clients' long-lived WebSocket connections (M1) and
+// only moves bytes: it authenticates the handshake, registers the device in
+// the session registry (M3), hands each frame to the chat backend, and writes
+// the pushes the bus brings for its local users (M6).
+//
+// Connections run on an event loop (lesismal/nbio over epoll): an idle
+// connection has no goroutine and no buffers of its own, which keeps its fixed
+// cost low (M5). Per connection, frames are handled one at a time in arrival
+// order on a shared worker pool; writes never block (bytes waiting for a slow
+// reader are buffered up to a bound, past which the connection is dropped).
+//
+// One sweeper goroutine, owned by the Gateway and stopped by Shutdown,
+// enforces the idle timeout and re-sends unacknowledged pushes.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lesismal/nbio/nbhttp/websocket"
+
+	"github.com/parley-im/parley/internal/auth"
+	"github.com/parley-im/parley/internal/bus"
+	"github.com/parley-im/parley/internal/chat"
+	"github.com/parley-im/parley/internal/registry"
+	"github.com/parley-im/parley/protocol"
+)
+
+// Backend runs client requests; the chat service in-process, or a remote
+// chat tier.
+type Backend interface {
+	Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, reply func(*protocol.Frame))
+}
+
+// Verifier checks handshake tokens.
+type Verifier interface {
+	Verify(token string, now time.Time) (auth.Identity, error)
+}
+
+// Config tunes a gateway.
+type Config struct {
+	Node              string
+	Limits            protocol.Limits
+	HeartbeatInterval time.Duration // announced to clients
+	IdleTimeout       time.Duration // close after this long without a frame
+	RetransmitAfter   time.Duration // re-send an unacked push after this long
+	RetransmitMax     int           // re-sends before leaving the message to sync
+	MaxInflight       int           // unacked pushes tracked per connection
+	DrainTimeout      time.Duration // bound on Drain
+	MaxConnections    int
+	HandshakeRate     float64 // handshakes per second admitted (token bucket)
+	HandshakeBurst    int
+	RequestTimeout    time.Duration // bound on one request to the backend
+}
+
+// DefaultConfig returns the defaults documented in docs/protocol.md.
+func DefaultConfig() Config {
+	return Config{
+		Node:              "node1",
+		Limits:            protocol.DefaultLimits,
+		HeartbeatInterval: 25 * time.Second,
+		IdleTimeout:       75 * time.Second,
+		RetransmitAfter:   5 * time.Second,
+		RetransmitMax:     3,
+		MaxInflight:       256,
+		DrainTimeout:      10 * time.Second,
+		MaxConnections:    100000,
+		HandshakeRate:     1000,
+		HandshakeBurst:    2000,
+		RequestTimeout:    10 * time.Second,
+	}
+}
+
+// Validate reports a configuration the gateway cannot run with.
+func (c Config) Validate() error {
+	switch {
+	case c.Node == "":
+		return errors.New("gateway: node is required")
+	case c.HeartbeatInterval <= 0 || c.IdleTimeout <= c.HeartbeatInterval:
+		return errors.New("gateway: idle timeout must exceed a positive heartbeat interval")
+	case c.RetransmitAfter <= 0 || c.RetransmitMax < 0 || c.MaxInflight <= 0:
+		return errors.New("gateway: retransmit settings must be positive")
+	case c.MaxConnections <= 0 || c.HandshakeRate <= 0 || c.HandshakeBurst <= 0:
+		return errors.New("gateway: connection and handshake limits must be positive")
+	case c.RequestTimeout <= 0 || c.DrainTimeout <= 0:
+		return errors.New("gateway: timeouts must be positive")
+	}
+	return nil
+}
+
+// Observer receives the gateway's measurements; nil fields are skipped.
+type Observer struct {
+	Connections func(delta int)
+	Handshake   func(result string)
+	FrameIn     func(typ string)
+	Error       func(code protocol.Code)
+	Retransmit  func()
+	Drop        func(reason string)
+	Delivered   func(d time.Duration)
+}
+
+// Gateway is one gateway node.
+type Gateway struct {
+	cfg      Config
+	backend  Backend
+	verifier Verifier
+	reg      registry.Registry
+	bus      bus.Bus
+	log      *slog.Logger
+	obs      Observer
+	now      func() time.Time
+	up       *websocket.Upgrader
+
+	ctx      context.Context // canceled by Shutdown; parent of request contexts
+	cancel   context.CancelFunc
+	unsub    func()
+	sweeper  sync.WaitGroup
+	draining atomic.Bool
+	conns    atomic.Int64
+	nextID   atomic.Uint64
+	shutOnce sync.Once
+	admit    *bucket
+	shards   [64]shard
+}
+
+// shard indexes the local sessions of the users that hash to it.
+type shard struct {
+	mu    sync.Mutex
+	users map[string][]*session // guarded by mu
+}
+
+// Deps are the gateway's collaborators.
+type Deps struct {
+	Backend  Backend
+	Verifier Verifier
+	Registry registry.Registry
+	Bus      bus.Bus
+	Logger   *slog.Logger
+	Observer Observer
+	Now      func() time.Time
+}
+
+// New builds a gateway and subscribes it to its node's deliveries. Call
+// Shutdown to stop it.
+func New(cfg Config, d Deps) (*Gateway, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if d.Backend == nil || d.Verifier == nil || d.Registry == nil || d.Bus == nil {
+		return nil, errors.New("gateway: backend, verifier, registry and bus are required")
+	}
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	g := &Gateway{cfg: cfg, backend: d.Backend, verifier: d.Verifier, reg: d.Registry, bus: d.Bus,
+		log: d.Logger, obs: d.Observer, now: d.Now}
+	g.ctx, g.cancel = context.WithCancel(context.Background())
+	g.admit = newBucket(cfg.HandshakeRate, cfg.HandshakeBurst, d.Now())
+	for i := range g.shards {
+		g.shards[i].users = make(map[string][]*session)
+	}
+	g.up = g.newUpgrader()
+	unsub, err := d.Bus.Subscribe(g.ctx, cfg.Node, g.deliver)
+	if err != nil {
+		g.cancel()
+		return nil, fmt.Errorf("gateway: subscribe: %w", err)
+	}
+	g.unsub = unsub
+	g.sweeper.Add(1)
+	go g.sweep()
+	return g, nil
+}
+
+// Connections is the number of open connections on this node.
+func (g *Gateway) Connections() int { return int(g.conns.Load()) }
+
+// Draining reports whether Drain has started.
+func (g *Gateway) Draining() bool { return g.draining.Load() }
+
+func (g *Gateway) shardOf(user string) *shard {
+	h := uint32(2166136261)
+	for i := 0; i < len(user); i++ {
+		h ^= uint32(user[i])
+		h *= 16777619
+	}
+	return &g.shards[h%uint32(len(g.shards))]
+}
+
+func (g *Gateway) add(s *session) {
+	sh := g.shardOf(s.user)
+	sh.mu.Lock()
+	sh.users[s.user] = append(sh.users[s.user], s)
+	sh.mu.Unlock()
+}
+
+func (g *Gateway) remove(s *session) bool {
+	sh := g.shardOf(s.user)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	list := sh.users[s.user]
+	for i, x := range list {
+		if x == s {
+			list[i] = list[len(list)-1]
+			list = list[:len(list)-1]
+			if len(list) == 0 {
+				delete(sh.users, s.user)
+			} else {
+				sh.users[s.user] = list
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// sessionsOf returns a snapshot of user's local sessions.
+func (g *Gateway) sessionsOf(user string) []*session {
+	sh := g.shardOf(user)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return append([]*session(nil), sh.users[user]...)
+}
+
+// each calls f for every local session, one shard at a time, outside the
+// shard's lock.
+func (g *Gateway) each(f func(*session)) {
+	var buf []*session
+	for i := range g.shards {
+		sh := &g.shards[i]
+		sh.mu.Lock()
+		buf = buf[:0]
+		for _, l := range sh.users {
+			buf = append(buf, l...)
+		}
+		sh.mu.Unlock()
+		for _, s := range buf {
+			f(s)
+		}
+	}
+}
+
+// deliver writes a bus delivery to the local sessions of its users.
+func (g *Gateway) deliver(d bus.Delivery) {
+	if d.Kick != nil {
+		for _, s := range g.sessionsOf(d.Kick.User) {
+			if s.id == d.Kick.Session {
+				s.close(protocol.CloseReplaced, "replaced by a newer connection of this device")
+			}
+		}
+		return
+	}
+	for _, u := range d.Users {
+		for _, s := range g.sessionsOf(u) {
+			s.push(d.Frame, d.ConvID, d.Seq)
+		}
+	}
+}
+
+// sweep enforces idle timeouts and re-sends unacknowledged pushes.
+func (g *Gateway) sweep() {
+	defer g.sweeper.Done()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-g.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now := g.now()
+		idleBefore := now.Add(-g.cfg.IdleTimeout).UnixMilli()
+		resendBefore := now.Add(-g.cfg.RetransmitAfter).UnixMilli()
+		g.each(func(s *session) {
+			if s.lastSeen.Load() < idleBefore {
+				s.close(protocol.CloseIdleTimeout, "idle timeout")
+				return
+			}
+			s.retransmit(resendBefore, now.UnixMilli())
+		})
+	}
+}
+
+// Drain tells every client to move to another node, with delays spread
+// over half the drain timeout so they do not all reconnect at once (M32),
+// then waits for them to leave, at most until ctx ends or DrainTimeout
+// passes, and closes the rest with 1001.
+func (g *Gateway) Drain(ctx context.Context) {
+	if !g.draining.CompareAndSwap(false, true) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.DrainTimeout)
+	defer cancel()
+	spread := g.cfg.DrainTimeout / 2
+	n := max(g.conns.Load(), 1)
+	i := int64(0)
+	g.each(func(s *session) {
+		delay := time.Duration(i) * spread / time.Duration(n)
+		i++
+		s.writeFrame(&protocol.Frame{Type: protocol.TypeGoAway, RetryAfter: delay.Milliseconds()})
+	})
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for g.conns.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			g.each(func(s *session) { s.close(protocol.CloseGoingAway, "node is draining") })
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// Shutdown stops the sweeper, leaves the bus and closes every connection.
+// It is idempotent and bounded by ctx.
+func (g *Gateway) Shutdown(ctx context.Context) error {
+	g.shutOnce.Do(func() {
+		g.draining.Store(true)
+		g.unsub()
+		g.cancel()
+		g.each(func(s *session) { s.close(protocol.CloseGoingAway, "node is stopping") })
+	})
+	done := make(chan struct{})
+	go func() { g.sweeper.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

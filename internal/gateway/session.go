@@ -1,0 +1,148 @@
+package gateway
+
+import (
+	"encoding/json"
+	"sync"
+	"sync/atomic"
+
+	"github.com/lesismal/nbio/nbhttp/websocket"
+
+	"github.com/parley-im/parley/protocol"
+)
+
+// session is one authenticated connection. Its fields after creation are
+// read-only except those guarded by mu or atomic.
+type session struct {
+	g      *Gateway
+	id     string
+	user   string
+	device string
+	conn   *websocket.Conn
+
+	lastSeen  atomic.Int64 // unix ms of the last frame received
+	closed    atomic.Bool
+	badFrames int // consecutive bad frames; only touched by the connection's handler
+
+	mu struct {
+		sync.Mutex
+		// inflight are pushes not yet acknowledged by delivered, oldest
+		// first; allocated on the first push so idle connections carry none.
+		inflight []pending
+	}
+}
+
+// pending is a push waiting for the device's delivered ack.
+type pending struct {
+	conv, seq uint64
+	frame     []byte
+	sentMS    int64
+	tries     int
+}
+
+// push writes a delivery frame and, for messages, tracks it until acked.
+func (s *session) push(frame []byte, conv, seq uint64) {
+	if s.closed.Load() {
+		return
+	}
+	if seq != 0 {
+		s.mu.Lock()
+		if len(s.mu.inflight) >= s.g.cfg.MaxInflight {
+			// The oldest unacked push is left to the client's gap fill and
+			// sync; keeping the bound protects the node's memory.
+			s.mu.inflight[0] = pending{}
+			s.mu.inflight = s.mu.inflight[1:]
+			if s.g.obs.Drop != nil {
+				s.g.obs.Drop("inflight_overflow")
+			}
+		}
+		s.mu.inflight = append(s.mu.inflight, pending{conv: conv, seq: seq, frame: frame, sentMS: s.g.now().UnixMilli()})
+		s.mu.Unlock()
+	}
+	s.write(frame)
+}
+
+// ack drops tracked pushes of conv up to seq (delivered is cumulative).
+func (s *session) ack(conv, seq uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept := s.mu.inflight[:0]
+	for _, p := range s.mu.inflight {
+		if p.conv == conv && p.seq <= seq {
+			if s.g.obs.Delivered != nil {
+				s.g.obs.Delivered(s.g.now().Sub(timeMS(p.sentMS)))
+			}
+			continue
+		}
+		kept = append(kept, p)
+	}
+	clear(s.mu.inflight[len(kept):])
+	if len(kept) == 0 {
+		kept = nil // give the memory back once everything is acked
+	}
+	s.mu.inflight = kept
+}
+
+// retransmit re-sends pushes sent before resendBefore and gives up on those
+// re-sent RetransmitMax times (the device then catches up by sync).
+func (s *session) retransmit(resendBefore, nowMS int64) {
+	s.mu.Lock()
+	if len(s.mu.inflight) == 0 {
+		s.mu.Unlock()
+		return
+	}
+	var resend [][]byte
+	kept := s.mu.inflight[:0]
+	for _, p := range s.mu.inflight {
+		if p.sentMS >= resendBefore {
+			kept = append(kept, p)
+			continue
+		}
+		if p.tries >= s.g.cfg.RetransmitMax {
+			if s.g.obs.Drop != nil {
+				s.g.obs.Drop("retransmit_exhausted")
+			}
+			continue
+		}
+		p.tries++
+		p.sentMS = nowMS
+		resend = append(resend, p.frame)
+		kept = append(kept, p)
+	}
+	clear(s.mu.inflight[len(kept):])
+	s.mu.inflight = kept
+	s.mu.Unlock()
+	for _, f := range resend {
+		if s.g.obs.Retransmit != nil {
+			s.g.obs.Retransmit()
+		}
+		s.write(f)
+	}
+}
+
+func (s *session) writeFrame(f *protocol.Frame) {
+	data, err := json.Marshal(f)
+	if err != nil {
+		s.g.log.Error("encode frame", "type", f.Type, "err", err)
+		return
+	}
+	s.write(data)
+}
+
+// write never blocks: nbio buffers what the socket does not take, up to the
+// engine's MaxWriteBufferSize, and drops the connection beyond it (the
+// slow-consumer policy).
+func (s *session) write(data []byte) {
+	if err := s.conn.WriteMessage(websocket.TextMessage, data); err != nil && !s.closed.Load() {
+		s.g.log.Debug("write failed", "session", s.id, "err", err)
+		_ = s.conn.Close()
+	}
+}
+
+// close sends a close frame with code and closes the connection once.
+func (s *session) close(code int, reason string) {
+	if s.closed.Swap(true) {
+		return
+	}
+	_ = s.conn.WriteClose(code, reason)
+	_ = s.conn.Close()
+}

@@ -1,0 +1,105 @@
+package metrics
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func seriesCount(t *testing.T, c prometheus.Collector) int {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 1024)
+	c.Collect(ch)
+	close(ch)
+	return len(ch)
+}
+
+func TestNewRegistersAndGathers(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m := New(reg)
+	m.Connections.Inc()
+	m.Handshakes.WithLabelValues(ResultOK).Inc()
+	m.FrameIn("send")
+	m.Errors.WithLabelValues("bad_frame").Inc()
+	m.Stored.Inc()
+	m.SendAck.Observe(0.002)
+	m.Delivery.Observe(0.02)
+	m.Pushes.Inc()
+	m.Retransmits.Inc()
+	m.QueueDrops.WithLabelValues(ReasonSlowConsumer).Inc()
+	m.SnapshotConv.Observe(12)
+	m.StoreErrors.WithLabelValues("Append").Inc()
+
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	got := map[string]bool{}
+	for _, mf := range mfs {
+		got[mf.GetName()] = true
+	}
+	for _, name := range []string{
+		"parley_connections", "parley_handshakes_total", "parley_frames_in_total",
+		"parley_errors_total", "parley_messages_stored_total", "parley_send_ack_seconds",
+		"parley_delivery_seconds", "parley_pushes_total", "parley_retransmits_total",
+		"parley_queue_drops_total", "parley_snapshot_convs", "parley_store_errors_total",
+	} {
+		if !got[name] {
+			t.Errorf("metric %s not gathered", name)
+		}
+	}
+	if n := counterValue(t, m.FramesIn.WithLabelValues("send")); n != 1 {
+		t.Errorf("frames_in{type=send} = %v, want 1", n)
+	}
+}
+
+func TestFrameInUnknownTypesShareOneSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	before := seriesCount(t, m.FramesIn)
+	for _, typ := range []string{"x", "y", "hello", ""} {
+		m.FrameIn(typ)
+	}
+	if after := seriesCount(t, m.FramesIn); after != before {
+		t.Errorf("series %d → %d: unknown types created series", before, after)
+	}
+	if n := counterValue(t, m.FramesIn.WithLabelValues(frameUnknown)); n != 4 {
+		t.Errorf("frames_in{type=unknown} = %v, want 4", n)
+	}
+}
+
+func TestTwoNodesInOneProcess(t *testing.T) {
+	// Each server gets its own registry; New must not touch the global one.
+	New(prometheus.NewRegistry())
+	New(prometheus.NewRegistry())
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "parley_connections" {
+			t.Fatal("New registered on the default registry")
+		}
+	}
+}
+
+func TestDoubleRegisterPanics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	New(reg)
+	defer func() {
+		if recover() == nil {
+			t.Fatal("second New on one registry did not panic")
+		}
+	}()
+	New(reg)
+}

@@ -1,0 +1,368 @@
+package pebble
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	cpebble "github.com/cockroachdb/pebble/v2"
+
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/protocol"
+)
+
+// Append durably stores a.Msg with the next seq of its conversation.
+//
+// Users in a.Rows that are not members have no conversation row and are
+// skipped. A message with an empty ClientMsgID is never deduplicated. With
+// TargetSeq != 0 the target must exist; if a.Check is nil the event is stored
+// without rewriting the target. Check may change the target's content and
+// flags; its identity (conversation, seq, msg id, server time) is kept.
+func (s *Store) Append(ctx context.Context, a store.Append) (store.AppendResult, error) {
+	const op = "append"
+	if err := s.enterWrite(ctx, op); err != nil {
+		return store.AppendResult{}, err
+	}
+	defer s.gate.RUnlock()
+	m := a.Msg
+	switch {
+	case !protocol.ValidID(m.Sender):
+		return store.AppendResult{}, fmt.Errorf("pebble: %s: invalid sender %q", op, m.Sender)
+	case m.SenderDevice != "" && !protocol.ValidID(m.SenderDevice):
+		return store.AppendResult{}, fmt.Errorf("pebble: %s: invalid sender device %q", op, m.SenderDevice)
+	case m.MsgID == 0:
+		return store.AppendResult{}, fmt.Errorf("pebble: %s: msg id 0", op)
+	}
+	res, err := s.append(ctx, a)
+	if ce, ok := err.(checkError); ok {
+		return store.AppendResult{}, ce.err
+	}
+	if err != nil {
+		return store.AppendResult{}, fmt.Errorf("pebble: %s: %w", op, err)
+	}
+	return res, nil
+}
+
+// checkError carries an error of Append.Check, which Append returns
+// unchanged: the caller decides the policy and matches its own errors.
+type checkError struct{ err error }
+
+func (e checkError) Error() string { return e.err.Error() }
+
+func (s *Store) append(ctx context.Context, a store.Append) (store.AppendResult, error) {
+	conv := a.Msg.ConvID
+	var idem string
+	if a.Msg.ClientMsgID != "" {
+		idem = a.Msg.Sender + "\x00" + a.Msg.ClientMsgID
+	}
+	for {
+		if p := s.broken.Load(); p != nil {
+			return store.AppendResult{}, fmt.Errorf("store failed earlier: %w", *p)
+		}
+		st, err := s.lockState(conv, false)
+		if err != nil {
+			return store.AppendResult{}, err
+		}
+		if idem == "" {
+			return s.appendLocked(st, a, "")
+		}
+		if p := st.inflight[idem]; p != nil {
+			st.mu.Unlock()
+			select {
+			case <-p.done:
+			case <-ctx.Done():
+				return store.AppendResult{}, ctx.Err()
+			}
+			if p.err == nil {
+				return store.AppendResult{Msg: p.msg, Duplicate: true}, nil
+			}
+			continue // the original failed and stored nothing: take its place
+		}
+		v, found, err := s.get(idemKey(conv, a.Msg.Sender, a.Msg.ClientMsgID))
+		if err != nil {
+			st.mu.Unlock()
+			return store.AppendResult{}, err
+		}
+		if !found {
+			return s.appendLocked(st, a, idem)
+		}
+		st.mu.Unlock()
+		// Not in flight, so the original's fsync has completed.
+		seq, err := decodeUint(v)
+		if err != nil {
+			return store.AppendResult{}, err
+		}
+		orig, err := s.messageAt(conv, seq)
+		if err != nil {
+			return store.AppendResult{}, fmt.Errorf("original of %q: %w", a.Msg.ClientMsgID, err)
+		}
+		return store.AppendResult{Msg: orig, Duplicate: true}, nil
+	}
+}
+
+// appendLocked runs with st.mu held and releases it.
+func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res store.AppendResult, err error) {
+	conv := st.id
+	seq := st.row.LastSeq + 1
+	m := a.Msg
+	m.Seq = seq
+	locked, overlaid := true, false
+	defer func() {
+		if err != nil && overlaid {
+			st.dropRewrite(m.TargetSeq, seq)
+		}
+		if locked {
+			st.mu.Unlock()
+		}
+	}()
+	bucket := bucketOf(m.ServerTime, s.bucketMS)
+	mkey := msgKey(conv, bucket, m.MsgID)
+	taken, err := s.exists(mkey)
+	if err != nil {
+		return res, err
+	}
+	if taken {
+		return res, fmt.Errorf("msg id %d: %w", m.MsgID, store.ErrConflict)
+	}
+
+	b := s.db.NewBatch()
+	defer b.Close()
+	if m.TargetSeq != 0 {
+		if overlaid, err = s.rewriteTarget(st, b, a.Check, m.TargetSeq, seq); err != nil {
+			return res, err
+		}
+	}
+	row := st.row
+	row.LastSeq = seq
+	kvs := [][2][]byte{
+		{mkey, encodeMessage(m)},
+		{seqKey(conv, seq), encodeSeqRef(seqRef{bucket: bucket, msgID: m.MsgID})},
+		{convKey(conv), encodeConv(row)},
+	}
+	if idem != "" {
+		kvs = append(kvs, [2][]byte{idemKey(conv, m.Sender, m.ClientMsgID), encodeUint(seq)})
+	}
+	for _, kv := range kvs {
+		if err = b.Set(kv[0], kv[1], nil); err != nil {
+			return res, err
+		}
+	}
+	if err = s.fanOut(b, conv, seq, a.Rows); err != nil {
+		return res, err
+	}
+
+	var p *pendingAppend
+	if idem != "" {
+		p = &pendingAppend{done: make(chan struct{})}
+		st.inflight[idem] = p
+	}
+	if err = s.db.ApplyNoSyncWait(b, syncWrite); err != nil {
+		if p != nil {
+			delete(st.inflight, idem)
+			p.err = err
+			close(p.done)
+		}
+		return res, err
+	}
+	st.row = row
+	locked = false
+	st.mu.Unlock()
+
+	// Group commit: this fsync is shared with every batch written meanwhile.
+	serr := b.SyncWait()
+	if serr != nil {
+		s.fail(serr)
+	} else {
+		st.raiseDurable(seq)
+	}
+	if p != nil {
+		st.mu.Lock()
+		delete(st.inflight, idem)
+		st.mu.Unlock()
+		p.msg, p.err = m, serr
+		close(p.done)
+	}
+	if serr != nil {
+		return res, fmt.Errorf("wal sync: %w", serr)
+	}
+	return store.AppendResult{Msg: m}, nil
+}
+
+// rewriteTarget adds the target of an edit or recall, as check rewrites it,
+// to b, and records its pre-edit image until event is durable. It reports
+// whether it recorded an image.
+func (s *Store) rewriteTarget(st *convState, b *cpebble.Batch, check func(store.Message) (store.Message, error), target, event uint64) (bool, error) {
+	if target > st.row.LastSeq {
+		return false, fmt.Errorf("target %d: %w", target, store.ErrNotFound)
+	}
+	ref, old, err := s.seqEntry(st.id, target)
+	if err != nil {
+		return false, fmt.Errorf("target %d: %w", target, err)
+	}
+	if check == nil {
+		return false, nil
+	}
+	next, err := check(old)
+	if err != nil {
+		return false, checkError{err}
+	}
+	next.ConvID, next.Seq, next.MsgID, next.ServerTime = old.ConvID, old.Seq, old.MsgID, old.ServerTime
+	if err := b.Set(msgKey(st.id, ref.bucket, ref.msgID), encodeMessage(next), nil); err != nil {
+		return false, err
+	}
+	st.addRewrite(target, event, old)
+	return true, nil
+}
+
+// fanOut sets LastSeq = seq on the conversation rows of users (write
+// fan-out). Only Append and AddMembers write a conversation's U rows, both
+// under its mutex, so the read-modify-write is safe.
+func (s *Store) fanOut(b *cpebble.Batch, conv, seq uint64, users []string) error {
+	seen := make(map[string]bool, len(users))
+	for _, u := range users {
+		if seen[u] || !protocol.ValidID(u) {
+			continue
+		}
+		seen[u] = true
+		key := userConvKey(u, conv)
+		v, found, err := s.get(key)
+		if err != nil {
+			return err
+		}
+		if !found {
+			continue
+		}
+		r, err := decodeConvRow(u, conv, v)
+		if err != nil {
+			return err
+		}
+		r.LastSeq = seq
+		if err := b.Set(key, encodeConvRow(r), nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// seqEntry reads the S row and the message of seq.
+func (s *Store) seqEntry(conv, seq uint64) (seqRef, store.Message, error) {
+	v, found, err := s.get(seqKey(conv, seq))
+	if err != nil {
+		return seqRef{}, store.Message{}, err
+	}
+	if !found {
+		return seqRef{}, store.Message{}, store.ErrNotFound
+	}
+	ref, err := decodeSeqRef(v)
+	if err != nil {
+		return seqRef{}, store.Message{}, err
+	}
+	m, err := s.messageOf(conv, ref)
+	return ref, m, err
+}
+
+func (s *Store) messageAt(conv, seq uint64) (store.Message, error) {
+	_, m, err := s.seqEntry(conv, seq)
+	return m, err
+}
+
+func (s *Store) messageOf(conv uint64, ref seqRef) (store.Message, error) {
+	v, found, err := s.get(msgKey(conv, ref.bucket, ref.msgID))
+	if err != nil {
+		return store.Message{}, err
+	}
+	if !found {
+		return store.Message{}, fmt.Errorf("message %d of the seq index: %w", ref.msgID, errCorrupt)
+	}
+	return decodeMessage(conv, v)
+}
+
+// Messages returns the messages with from ≤ seq ≤ to, lowest first, at most
+// limit (limit ≤ 0 returns none).
+func (s *Store) Messages(ctx context.Context, convID, from, to uint64, limit int) ([]store.Message, error) {
+	const op = "messages"
+	if err := s.enter(ctx, op); err != nil {
+		return nil, err
+	}
+	defer s.gate.RUnlock()
+	msgs, err := s.messages(convID, from, to, limit, false)
+	if err != nil {
+		return nil, fmt.Errorf("pebble: %s %d: %w", op, convID, err)
+	}
+	return msgs, nil
+}
+
+// Latest returns the highest ≤ n messages with floor ≤ seq ≤ before (before
+// 0: no upper bound), in ascending order.
+func (s *Store) Latest(ctx context.Context, convID uint64, before, floor uint64, n int) ([]store.Message, error) {
+	const op = "latest"
+	if err := s.enter(ctx, op); err != nil {
+		return nil, err
+	}
+	defer s.gate.RUnlock()
+	to := before
+	if to == 0 {
+		to = ^uint64(0)
+	}
+	msgs, err := s.messages(convID, floor, to, n, true)
+	if err != nil {
+		return nil, fmt.Errorf("pebble: %s %d: %w", op, convID, err)
+	}
+	return msgs, nil
+}
+
+// messages walks the S index over [from, to] capped at the durable
+// watermark, from the low end or (newest) from the high end, and returns the
+// messages in ascending order.
+func (s *Store) messages(conv, from, to uint64, limit int, newest bool) ([]store.Message, error) {
+	st, err := s.readState(conv)
+	if err != nil {
+		return nil, err
+	}
+	d := st.durable.Load() // before the reads: everything ≤ d is durable
+	to = min(to, d)
+	if limit <= 0 || from > to {
+		return nil, nil
+	}
+	it, err := s.db.NewIter(&cpebble.IterOptions{
+		LowerBound: seqKey(conv, from),
+		UpperBound: seqKey(conv, to+1), // to ≤ d < MaxUint64
+	})
+	if err != nil {
+		return nil, err
+	}
+	refs := make([]seqRef, 0, min(limit, int(to-from+1), 256))
+	first, next := it.First, it.Next
+	if newest {
+		first, next = it.Last, it.Prev
+	}
+	for ok := first(); ok && len(refs) < limit; ok = next() {
+		v, verr := it.ValueAndErr()
+		if verr != nil {
+			return nil, errors.Join(verr, it.Close())
+		}
+		ref, derr := decodeSeqRef(v)
+		if derr != nil {
+			return nil, errors.Join(derr, it.Close())
+		}
+		refs = append(refs, ref)
+	}
+	if err := it.Close(); err != nil {
+		return nil, err
+	}
+	if newest {
+		for i, j := 0, len(refs)-1; i < j; i, j = i+1, j-1 {
+			refs[i], refs[j] = refs[j], refs[i]
+		}
+	}
+	out := make([]store.Message, 0, len(refs))
+	for _, ref := range refs {
+		m, err := s.messageOf(conv, ref)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	st.visible(out, d)
+	return out, nil
+}

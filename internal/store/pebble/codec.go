@@ -1,0 +1,280 @@
+package pebble
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/parley-im/parley/internal/store"
+)
+
+// Values are a version byte followed by uvarints/varints and length-prefixed
+// strings. Decoders validate every byte (lengths, enums, minimal varints,
+// trailing bytes), so a corrupt value is an error and never a panic or a huge
+// allocation, and a value that decodes re-encodes to the same bytes.
+
+const codecV1 = 1
+
+var errCorrupt = errors.New("corrupt value")
+
+const (
+	flagEdited   = 1 << 0
+	flagRecalled = 1 << 1
+	flagsKnown   = flagEdited | flagRecalled
+)
+
+type encoder struct{ b []byte }
+
+func (e *encoder) byte(v byte)      { e.b = append(e.b, v) }
+func (e *encoder) uvarint(v uint64) { e.b = binary.AppendUvarint(e.b, v) }
+func (e *encoder) varint(v int64)   { e.b = binary.AppendVarint(e.b, v) }
+func (e *encoder) string(s string)  { e.uvarint(uint64(len(s))); e.b = append(e.b, s...) }
+func newEncoder(size int) *encoder  { return &encoder{b: append(make([]byte, 0, size), codecV1)} }
+func (e *encoder) bytes() []byte    { return e.b }
+
+// decoder keeps the first error; every read after it returns zero values.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func newDecoder(b []byte) *decoder {
+	d := &decoder{b: b}
+	if v := d.byte(); d.err == nil && v != codecV1 {
+		d.fail()
+	}
+	return d
+}
+
+func (d *decoder) fail() { d.err = errCorrupt }
+
+func (d *decoder) byte() byte {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) == 0 {
+		d.fail()
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	return v
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 || n != uvarintLen(v) {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// uvarintLen is the length of v's minimal encoding; decoders reject longer
+// ones so that every value has exactly one encoding.
+func uvarintLen(v uint64) int {
+	var buf [binary.MaxVarintLen64]byte
+	return len(binary.AppendUvarint(buf[:0], v))
+}
+
+func (d *decoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	if n <= 0 || n != varintLen(v) {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) string() string {
+	n := d.uvarint()
+	if d.err != nil {
+		return ""
+	}
+	if n > uint64(len(d.b)) {
+		d.fail()
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+func varintLen(v int64) int {
+	var buf [binary.MaxVarintLen64]byte
+	return len(binary.AppendVarint(buf[:0], v))
+}
+
+// finish reports the first error, or an error if bytes are left over.
+func (d *decoder) finish(what string) error {
+	if d.err == nil && len(d.b) != 0 {
+		d.fail()
+	}
+	if d.err != nil {
+		return fmt.Errorf("%s: %w", what, d.err)
+	}
+	return nil
+}
+
+// encodeMessage stores everything but ConvID, which is in the key.
+func encodeMessage(m store.Message) []byte {
+	e := newEncoder(48 + len(m.Sender) + len(m.SenderDevice) + len(m.ClientMsgID) + len(m.Kind) + len(m.Body))
+	e.uvarint(m.Seq)
+	e.uvarint(m.MsgID)
+	e.uvarint(m.TargetSeq)
+	e.varint(m.ServerTime)
+	var flags byte
+	if m.Edited {
+		flags |= flagEdited
+	}
+	if m.Recalled {
+		flags |= flagRecalled
+	}
+	e.byte(flags)
+	e.string(m.Sender)
+	e.string(m.SenderDevice)
+	e.string(m.ClientMsgID)
+	e.string(m.Kind)
+	e.string(m.Body)
+	return e.bytes()
+}
+
+func decodeMessage(conv uint64, b []byte) (store.Message, error) {
+	d := newDecoder(b)
+	m := store.Message{ConvID: conv}
+	m.Seq = d.uvarint()
+	m.MsgID = d.uvarint()
+	m.TargetSeq = d.uvarint()
+	m.ServerTime = d.varint()
+	flags := d.byte()
+	if d.err == nil && flags&^flagsKnown != 0 {
+		d.fail()
+	}
+	m.Edited = flags&flagEdited != 0
+	m.Recalled = flags&flagRecalled != 0
+	m.Sender = d.string()
+	m.SenderDevice = d.string()
+	m.ClientMsgID = d.string()
+	m.Kind = d.string()
+	m.Body = d.string()
+	if err := d.finish("message"); err != nil {
+		return store.Message{}, err
+	}
+	return m, nil
+}
+
+// seqRef is the value of an S row: where the message lives. Keeping the
+// bucket here (not recomputing it) lets BucketWidth change between opens.
+type seqRef struct {
+	bucket uint32
+	msgID  uint64
+}
+
+func encodeSeqRef(r seqRef) []byte {
+	b := make([]byte, 0, 12)
+	b = binary.BigEndian.AppendUint32(b, r.bucket)
+	return binary.BigEndian.AppendUint64(b, r.msgID)
+}
+
+func decodeSeqRef(b []byte) (seqRef, error) {
+	if len(b) != 12 {
+		return seqRef{}, fmt.Errorf("seq ref: %w", errCorrupt)
+	}
+	return seqRef{bucket: binary.BigEndian.Uint32(b), msgID: binary.BigEndian.Uint64(b[4:])}, nil
+}
+
+func validKind(k store.ConvKind) bool { return k == store.Direct || k == store.Group }
+
+func encodeConv(c store.Conversation) []byte {
+	e := newEncoder(24 + len(c.Name))
+	e.byte(byte(c.Kind))
+	e.varint(c.CreatedAt)
+	e.uvarint(c.LastSeq)
+	e.uvarint(uint64(c.Members))
+	e.string(c.Name)
+	return e.bytes()
+}
+
+func decodeConv(id uint64, b []byte) (store.Conversation, error) {
+	d := newDecoder(b)
+	c := store.Conversation{ID: id}
+	c.Kind = store.ConvKind(d.byte())
+	if d.err == nil && !validKind(c.Kind) {
+		d.fail()
+	}
+	c.CreatedAt = d.varint()
+	c.LastSeq = d.uvarint()
+	members := d.uvarint()
+	if d.err == nil && members > 1<<40 {
+		d.fail()
+	}
+	c.Members = int(members)
+	c.Name = d.string()
+	if err := d.finish("conversation"); err != nil {
+		return store.Conversation{}, err
+	}
+	return c, nil
+}
+
+func encodeMember(m store.Member) []byte {
+	e := newEncoder(12)
+	e.byte(byte(m.Role))
+	e.uvarint(m.JoinSeq)
+	return e.bytes()
+}
+
+func decodeMember(conv uint64, user string, b []byte) (store.Member, error) {
+	d := newDecoder(b)
+	m := store.Member{ConvID: conv, UserID: user}
+	m.Role = store.Role(d.byte())
+	if d.err == nil && m.Role > store.RoleOwner {
+		d.fail()
+	}
+	m.JoinSeq = d.uvarint()
+	if err := d.finish("member"); err != nil {
+		return store.Member{}, err
+	}
+	return m, nil
+}
+
+func encodeConvRow(r store.ConvRow) []byte {
+	e := newEncoder(22)
+	e.byte(byte(r.Kind))
+	e.uvarint(r.JoinSeq)
+	e.uvarint(r.LastSeq)
+	return e.bytes()
+}
+
+func decodeConvRow(user string, conv uint64, b []byte) (store.ConvRow, error) {
+	d := newDecoder(b)
+	r := store.ConvRow{ConvID: conv, UserID: user}
+	r.Kind = store.ConvKind(d.byte())
+	if d.err == nil && !validKind(r.Kind) {
+		d.fail()
+	}
+	r.JoinSeq = d.uvarint()
+	r.LastSeq = d.uvarint()
+	if err := d.finish("conversation row"); err != nil {
+		return store.ConvRow{}, err
+	}
+	return r, nil
+}
+
+// encodeUint is the value of I (seq), D (conv id), R and V (positions) rows.
+func encodeUint(v uint64) []byte { return binary.AppendUvarint(nil, v) }
+
+func decodeUint(b []byte) (uint64, error) {
+	v, n := binary.Uvarint(b)
+	if n <= 0 || n != len(b) || n != uvarintLen(v) {
+		return 0, fmt.Errorf("integer: %w", errCorrupt)
+	}
+	return v, nil
+}

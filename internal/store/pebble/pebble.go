@@ -1,0 +1,308 @@
+// Package pebble is Parley's embedded store: store.Store on a local
+// cockroachdb/pebble LSM, the default backend of a single-process server.
+//
+// # Key layout
+//
+// Keys mirror the wide-column schema of M12 so the Cassandra adapter stores
+// the same rows. Integers are fixed-width big-endian (they sort); user ids
+// ([A-Za-z0-9._@-]{1,64}) are terminated by 0x00 unless they are the last
+// component. Values are a version byte plus varints and length-prefixed
+// strings (codec.go).
+//
+//	table  key                                  value                           wide-column equivalent
+//	M      M | conv | bucket u32 | ^msgid        message (all fields)            messages, partition (conv, bucket), clustering msg_id DESC
+//	S      S | conv | seq                        bucket u32 | msgid u64          seq index of a conversation
+//	C      C | conv                              kind, created, last_seq, members, name  conversations
+//	B      B | conv | user                       role, join_seq                  members, partition conv
+//	U      U | user 0 | conv                     kind, join_seq, last_seq        user_conversations, partition user (write fan-out target)
+//	D      D | lo 0 hi (sorted pair)             conv                            direct_pairs
+//	I      I | conv | sender 0 client_msg_id     seq                             idempotency
+//	R      R | user 0 | conv [| device]          read seq                        read_positions
+//	V      V | user 0 | conv                     delivered seq                   delivered_positions
+//
+// bucket = ServerTime (unix ms) / BucketWidth: a busy conversation spreads
+// over many partitions, and ^msgid makes the newest message of a bucket sort
+// first. Every seq query walks the S index and point-reads the M rows.
+//
+// # Durability and seq allocation
+//
+// Each conversation has an in-memory state (convState) whose mutex
+// serialises its writers. Append allocates seq = last_seq+1 and applies one
+// batch (M, S, C, I and the fan-out U rows, plus the rewritten target of an
+// edit or recall) with ApplyNoSyncWait while holding that mutex, so WAL order
+// equals seq order and a crash can only lose a suffix, never leave a hole or
+// let a seq be reused. The fsync is awaited after the mutex is released, so
+// concurrent appends, also to one conversation, share fsyncs (group commit).
+//
+// Pebble makes a batch readable before its WAL fsync completes. Readers
+// therefore never look past the conversation's durable watermark (the
+// highest seq whose fsync finished), and an edit's rewritten target is
+// hidden behind its pre-edit image until the edit is durable, so no client
+// can see a message that a crash could take back.
+//
+// Read and delivered positions are written without fsync: losing one on a
+// crash only re-shows a badge or re-sends a delivered mark, and they are
+// written on every read receipt, so syncing them would cost one fsync each.
+//
+// # Concurrency
+//
+// Store is safe for concurrent use. Lock order: Store.gate (read side, per
+// call) → direct-pair stripe → convState.mu → convState.ov.mu; Store.convs.mu
+// and position stripes are leaves. Close waits for calls in progress.
+package pebble
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	cpebble "github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/parley-im/parley/internal/store"
+)
+
+// Config configures Open.
+type Config struct {
+	// Dir is the database directory (on FS).
+	Dir string
+	// FS is the filesystem; nil means the OS disk. Tests use vfs.NewMem().
+	FS vfs.FS
+	// BucketWidth is the time span of one message partition. Default 240h.
+	BucketWidth time.Duration
+	// Logger receives the store's and pebble's logs. Default: discard.
+	Logger *slog.Logger
+	// CacheSize is pebble's block cache in bytes. Default 64 MiB.
+	CacheSize int64
+}
+
+const (
+	defaultBucketWidth = 240 * time.Hour
+	defaultCacheSize   = 64 << 20
+)
+
+// withDefaults returns c with zero fields set to their defaults.
+func (c Config) withDefaults() Config {
+	if c.BucketWidth == 0 {
+		c.BucketWidth = defaultBucketWidth
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.CacheSize == 0 {
+		c.CacheSize = defaultCacheSize
+	}
+	return c
+}
+
+// Validate reports a configuration Open would refuse.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.Dir == "":
+		return errors.New("pebble: config: Dir is required")
+	case c.BucketWidth < time.Millisecond:
+		return fmt.Errorf("pebble: config: BucketWidth %v is below 1ms", c.BucketWidth)
+	case c.CacheSize < 0:
+		return fmt.Errorf("pebble: config: CacheSize %d is negative", c.CacheSize)
+	}
+	return nil
+}
+
+// Log attribute keys.
+const (
+	logKeyComponent = "component"
+	logKeyErr       = "err"
+)
+
+var (
+	syncWrite   = cpebble.Sync
+	noSyncWrite = cpebble.NoSync
+)
+
+const (
+	directStripes   = 64
+	positionStripes = 256
+)
+
+// Store is store.Store on pebble.
+type Store struct {
+	db       *cpebble.DB
+	log      *slog.Logger
+	bucketMS int64
+	seed     maphash.Seed
+
+	// gate is held for reading by every call and for writing by Close, so
+	// Close never pulls the database from under a call in progress.
+	gate   sync.RWMutex
+	closed bool // guarded by gate
+
+	// convs holds one state per conversation touched since Open. States are
+	// never removed: two live states for one conversation would allocate
+	// the same seq twice.
+	convs struct {
+		mu sync.Mutex
+		m  map[uint64]*convState
+	}
+
+	// directLocks serialise Direct per user pair (striped).
+	directLocks [directStripes]sync.Mutex
+	// posLocks serialise read-modify-write of positions (striped by key).
+	posLocks [positionStripes]sync.Mutex
+
+	// broken is set once a WAL fsync failed; after that no write is
+	// acknowledged because its durability can no longer be known.
+	broken atomic.Pointer[error]
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open opens (creating if needed) the store in cfg.Dir.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("pebble: open: %w", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	cache := cpebble.NewCache(cfg.CacheSize)
+	defer cache.Unref() // the DB holds its own reference
+	opts := &cpebble.Options{
+		FS:                 cfg.FS,
+		Cache:              cache,
+		Logger:             pebbleLogger{cfg.Logger.With(logKeyComponent, "pebble")},
+		FormatMajorVersion: cpebble.FormatNewest,
+	}
+	db, err := cpebble.Open(cfg.Dir, opts)
+	if err != nil {
+		return nil, fmt.Errorf("pebble: open %s: %w", cfg.Dir, err)
+	}
+	s := &Store{
+		db:       db,
+		log:      cfg.Logger,
+		bucketMS: cfg.BucketWidth.Milliseconds(),
+		seed:     maphash.MakeSeed(),
+	}
+	s.convs.m = make(map[uint64]*convState)
+	return s, nil
+}
+
+// Close closes the database after the calls in progress return. Later calls
+// fail with store.ErrClosed. Closing twice is a no-op.
+func (s *Store) Close() error {
+	s.gate.Lock()
+	defer s.gate.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("pebble: close: %w", err)
+	}
+	return nil
+}
+
+// enter admits a call; the caller must defer s.gate.RUnlock() on success.
+func (s *Store) enter(ctx context.Context, op string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pebble: %s: %w", op, err)
+	}
+	s.gate.RLock()
+	if s.closed {
+		s.gate.RUnlock()
+		return fmt.Errorf("pebble: %s: %w", op, store.ErrClosed)
+	}
+	return nil
+}
+
+// enterWrite is enter for calls that write.
+func (s *Store) enterWrite(ctx context.Context, op string) error {
+	if err := s.enter(ctx, op); err != nil {
+		return err
+	}
+	if p := s.broken.Load(); p != nil {
+		s.gate.RUnlock()
+		return fmt.Errorf("pebble: %s: store failed earlier: %w", op, *p)
+	}
+	return nil
+}
+
+// fail records a WAL sync failure; see Store.broken.
+func (s *Store) fail(err error) {
+	if s.broken.CompareAndSwap(nil, &err) {
+		s.log.Error("pebble: WAL sync failed; refusing further writes", logKeyErr, err)
+	}
+}
+
+// get returns a copy of the value at key, or found=false.
+func (s *Store) get(key []byte) (val []byte, found bool, err error) {
+	v, closer, err := s.db.Get(key)
+	if errors.Is(err, cpebble.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	val = append([]byte(nil), v...)
+	if err := closer.Close(); err != nil {
+		return nil, false, err
+	}
+	return val, true, nil
+}
+
+// exists reports whether key is present without copying its value.
+func (s *Store) exists(key []byte) (bool, error) {
+	_, closer, err := s.db.Get(key)
+	if errors.Is(err, cpebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, closer.Close()
+}
+
+// scan calls fn for each key/value with the given prefix, in key order. The
+// slices are only valid during the call.
+func (s *Store) scan(prefix []byte, fn func(k, v []byte) error) error {
+	it, err := s.db.NewIter(&cpebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	if err != nil {
+		return err
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		v, err := it.ValueAndErr()
+		if err == nil {
+			err = fn(it.Key(), v)
+		}
+		if err != nil {
+			return errors.Join(err, it.Close())
+		}
+	}
+	return it.Close()
+}
+
+// pebbleLogger routes pebble's logs to slog. Pebble's routine messages
+// (flushes, compactions) go to Debug.
+type pebbleLogger struct{ l *slog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any) {
+	p.l.Debug(fmt.Sprintf(format, args...))
+}
+
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...))
+}
+
+// Fatalf must not return (pebble's contract): pebble calls it when its own
+// state can no longer be trusted, so the process stops.
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	p.l.Error(msg)
+	panic("pebble: fatal: " + msg)
+}

@@ -1,0 +1,103 @@
+package pebble
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+
+	"github.com/parley-im/parley/protocol"
+)
+
+// Positions are written with NoSync (see the package comment): a later
+// synced write or pebble's own WAL flush persists them.
+
+// SetRead raises the read position of (user, device, conv) to seq.
+func (s *Store) SetRead(ctx context.Context, user, device string, convID, seq uint64) (uint64, error) {
+	const op = "set read"
+	if err := s.enterWrite(ctx, op); err != nil {
+		return 0, err
+	}
+	defer s.gate.RUnlock()
+	if !protocol.ValidID(user) || (device != "" && !protocol.ValidID(device)) {
+		return 0, fmt.Errorf("pebble: %s: invalid user %q or device %q", op, user, device)
+	}
+	v, err := s.raise(readKey(user, convID, device), seq)
+	if err != nil {
+		return 0, fmt.Errorf("pebble: %s: %w", op, err)
+	}
+	return v, nil
+}
+
+// Read returns the read position of (user, device, conv), 0 if none.
+func (s *Store) Read(ctx context.Context, user, device string, convID uint64) (uint64, error) {
+	const op = "read"
+	if err := s.enter(ctx, op); err != nil {
+		return 0, err
+	}
+	defer s.gate.RUnlock()
+	if !protocol.ValidID(user) || (device != "" && !protocol.ValidID(device)) {
+		return 0, nil
+	}
+	v, err := s.position(readKey(user, convID, device))
+	if err != nil {
+		return 0, fmt.Errorf("pebble: %s: %w", op, err)
+	}
+	return v, nil
+}
+
+// SetDelivered raises the delivered position of (user, conv) to seq.
+func (s *Store) SetDelivered(ctx context.Context, user string, convID, seq uint64) (uint64, error) {
+	const op = "set delivered"
+	if err := s.enterWrite(ctx, op); err != nil {
+		return 0, err
+	}
+	defer s.gate.RUnlock()
+	if !protocol.ValidID(user) {
+		return 0, fmt.Errorf("pebble: %s: invalid user %q", op, user)
+	}
+	v, err := s.raise(deliveredKey(user, convID), seq)
+	if err != nil {
+		return 0, fmt.Errorf("pebble: %s: %w", op, err)
+	}
+	return v, nil
+}
+
+// Delivered returns the delivered position of (user, conv), 0 if none.
+func (s *Store) Delivered(ctx context.Context, user string, convID uint64) (uint64, error) {
+	const op = "delivered"
+	if err := s.enter(ctx, op); err != nil {
+		return 0, err
+	}
+	defer s.gate.RUnlock()
+	if !protocol.ValidID(user) {
+		return 0, nil
+	}
+	v, err := s.position(deliveredKey(user, convID))
+	if err != nil {
+		return 0, fmt.Errorf("pebble: %s: %w", op, err)
+	}
+	return v, nil
+}
+
+// raise sets the position at key to max(current, seq) and returns it.
+func (s *Store) raise(key []byte, seq uint64) (uint64, error) {
+	mu := &s.posLocks[maphash.Bytes(s.seed, key)%positionStripes]
+	mu.Lock()
+	defer mu.Unlock()
+	cur, err := s.position(key)
+	if err != nil || seq <= cur {
+		return cur, err
+	}
+	if err := s.db.Set(key, encodeUint(seq), noSyncWrite); err != nil {
+		return 0, err
+	}
+	return seq, nil
+}
+
+func (s *Store) position(key []byte) (uint64, error) {
+	v, found, err := s.get(key)
+	if err != nil || !found {
+		return 0, err
+	}
+	return decodeUint(v)
+}

@@ -1,0 +1,201 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"unicode/utf8"
+)
+
+// Error is a client-facing failure: a code from the documented table and a
+// human-readable message.
+type Error struct {
+	Code       Code
+	Msg        string
+	RetryAfter int64 // milliseconds; 0 when not applicable
+}
+
+func (e *Error) Error() string { return string(e.Code) + ": " + e.Msg }
+
+// Errorf builds an *Error.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
+}
+
+// DecodeClient parses and validates one client frame against lim. On failure
+// the returned *Error carries the code to send back; the frame's rid is still
+// returned when it could be read, so the error can be correlated.
+func DecodeClient(data []byte, lim Limits) (*Frame, *Error) {
+	if len(data) > lim.MaxFrameBytes {
+		return nil, Errorf(CodeTooLarge, "frame of %d bytes is over %d", len(data), lim.MaxFrameBytes)
+	}
+	if !utf8.Valid(data) {
+		return nil, Errorf(CodeBadFrame, "frame is not valid UTF-8")
+	}
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return nil, Errorf(CodeBadFrame, "frame is not a JSON object")
+	}
+	var f Frame
+	if err := json.Unmarshal(trimmed, &f); err != nil {
+		rid := peekRID(trimmed)
+		return &Frame{RID: rid}, Errorf(CodeBadFrame, "frame does not decode: %v", err)
+	}
+	if e := validate(&f, lim); e != nil {
+		return &f, e
+	}
+	return &f, nil
+}
+
+func peekRID(data []byte) string {
+	var probe struct {
+		RID string `json:"rid"`
+	}
+	if json.Unmarshal(data, &probe) != nil {
+		return ""
+	}
+	return probe.RID
+}
+
+func validate(f *Frame, lim Limits) *Error {
+	if len(f.RID) > 64 {
+		return Errorf(CodeInvalidArgument, "rid is over 64 bytes")
+	}
+	switch f.Type {
+	case TypePing, TypeConvList:
+		return nil
+	case TypeSend:
+		if e := needConv(f); e != nil {
+			return e
+		}
+		if e := needClientMsgID(f, lim); e != nil {
+			return e
+		}
+		if f.Kind == "" {
+			f.Kind = KindText
+		}
+		if f.Kind != KindText {
+			return Errorf(CodeInvalidArgument, "kind %q cannot be sent; use text, or the edit and recall frames", f.Kind)
+		}
+		return needBody(f, lim)
+	case TypeEdit:
+		if e := needConv(f); e != nil {
+			return e
+		}
+		if e := needClientMsgID(f, lim); e != nil {
+			return e
+		}
+		if f.TargetSeq == 0 {
+			return Errorf(CodeInvalidArgument, "target_seq is required")
+		}
+		f.Kind = KindEdit
+		return needBody(f, lim)
+	case TypeRecall:
+		if e := needConv(f); e != nil {
+			return e
+		}
+		if e := needClientMsgID(f, lim); e != nil {
+			return e
+		}
+		if f.TargetSeq == 0 {
+			return Errorf(CodeInvalidArgument, "target_seq is required")
+		}
+		if f.Body != "" {
+			return Errorf(CodeInvalidArgument, "recall takes no body")
+		}
+		f.Kind = KindRecall
+		return nil
+	case TypeDelivered, TypeRead:
+		if e := needConv(f); e != nil {
+			return e
+		}
+		if f.Seq == 0 {
+			return Errorf(CodeInvalidArgument, "seq is required")
+		}
+		return nil
+	case TypeSync:
+		if len(f.Convs) > lim.MaxSyncConvs {
+			return Errorf(CodeTooLarge, "%d conversations in one sync is over %d", len(f.Convs), lim.MaxSyncConvs)
+		}
+		if len(f.Convs) == 0 && !f.All {
+			return Errorf(CodeInvalidArgument, "sync needs convs, all, or both")
+		}
+		for _, c := range f.Convs {
+			if c.ConvID == 0 {
+				return Errorf(CodeInvalidArgument, "conv_id is required in every convs entry")
+			}
+		}
+		return nil
+	case TypeHistory:
+		if e := needConv(f); e != nil {
+			return e
+		}
+		if f.BeforeSeq != 0 && f.AfterSeq != 0 {
+			return Errorf(CodeInvalidArgument, "give before_seq or after_seq, not both")
+		}
+		if f.Limit < 0 || f.Limit > lim.MaxHistory {
+			return Errorf(CodeInvalidArgument, "limit must be 0..%d", lim.MaxHistory)
+		}
+		return nil
+	case TypeOpenDirect:
+		if !ValidID(f.Peer) {
+			return Errorf(CodeInvalidArgument, "peer is not a valid user id")
+		}
+		return nil
+	case TypeCreateGroup:
+		if len(f.Name) > lim.MaxNameBytes {
+			return Errorf(CodeTooLarge, "name is over %d bytes", lim.MaxNameBytes)
+		}
+		return needMembers(f, lim)
+	case TypeAddMembers:
+		if e := needConv(f); e != nil {
+			return e
+		}
+		if len(f.Members) == 0 {
+			return Errorf(CodeInvalidArgument, "members is required")
+		}
+		return needMembers(f, lim)
+	case "":
+		return Errorf(CodeBadFrame, "type is required")
+	}
+	return Errorf(CodeUnknownType, "unknown frame type %q", f.Type)
+}
+
+func needConv(f *Frame) *Error {
+	if f.ConvID == 0 {
+		return Errorf(CodeInvalidArgument, "conv_id is required")
+	}
+	return nil
+}
+
+func needClientMsgID(f *Frame, lim Limits) *Error {
+	if f.ClientMsgID == "" {
+		return Errorf(CodeInvalidArgument, "client_msg_id is required")
+	}
+	if len(f.ClientMsgID) > lim.MaxClientMsgID {
+		return Errorf(CodeInvalidArgument, "client_msg_id is over %d bytes", lim.MaxClientMsgID)
+	}
+	return nil
+}
+
+func needBody(f *Frame, lim Limits) *Error {
+	if f.Body == "" {
+		return Errorf(CodeInvalidArgument, "body is required")
+	}
+	if len(f.Body) > lim.MaxBodyBytes {
+		return Errorf(CodeTooLarge, "body of %d bytes is over %d", len(f.Body), lim.MaxBodyBytes)
+	}
+	return nil
+}
+
+func needMembers(f *Frame, lim Limits) *Error {
+	if len(f.Members) > lim.MaxGroupMembers {
+		return Errorf(CodeTooLarge, "%d members is over %d", len(f.Members), lim.MaxGroupMembers)
+	}
+	for _, m := range f.Members {
+		if !ValidID(m) {
+			return Errorf(CodeInvalidArgument, "member %q is not a valid user id", m)
+		}
+	}
+	return nil
+}

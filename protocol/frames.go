@@ -1,0 +1,184 @@
+package protocol
+
+import "encoding/json"
+
+// Frame types sent by clients.
+const (
+	TypePing        = "ping"
+	TypeSend        = "send"
+	TypeEdit        = "edit"
+	TypeRecall      = "recall"
+	TypeDelivered   = "delivered"
+	TypeRead        = "read"
+	TypeSync        = "sync"
+	TypeHistory     = "history"
+	TypeConvList    = "conv_list"
+	TypeOpenDirect  = "open_direct"
+	TypeCreateGroup = "create_group"
+	TypeAddMembers  = "add_members"
+)
+
+// Frame types sent by the server. TypeHistory and TypeConvList answer the
+// request of the same name.
+const (
+	TypeHello    = "hello"
+	TypePong     = "pong"
+	TypeAck      = "ack"
+	TypeOK       = "ok"
+	TypeError    = "error"
+	TypeMsg      = "msg"
+	TypeReceipt  = "receipt"
+	TypeSnapshot = "snapshot"
+	TypeConv     = "conv"
+	TypeGoAway   = "goaway"
+)
+
+// Message kinds. Edit and recall are events that take their own seq and name
+// the message they change in target_seq.
+const (
+	KindText   = "text"
+	KindEdit   = "edit"
+	KindRecall = "recall"
+	KindSystem = "system"
+)
+
+// Receipt states.
+const (
+	StateDelivered = "delivered"
+	StateRead      = "read"
+)
+
+// Conversation kinds.
+const (
+	ConvDirect = "direct"
+	ConvGroup  = "group"
+)
+
+// Frame is every frame of the protocol in one flat JSON object: "type" says
+// which fields apply (docs/protocol.md lists them per type). Absent fields are
+// zero. IDs that may exceed 2^53 (conv_id, msg_id) travel as decimal strings
+// so that JavaScript clients keep them exact.
+type Frame struct {
+	Type string `json:"type"`
+	// RID is the client's request id, echoed on the one response to that
+	// request (ack, ok, error, snapshot, history, conv_list, conv, pong).
+	RID string `json:"rid,omitempty"`
+
+	ConvID      uint64 `json:"conv_id,omitempty,string"`
+	ClientMsgID string `json:"client_msg_id,omitempty"`
+	Kind        string `json:"kind,omitempty"`
+	Body        string `json:"body,omitempty"`
+	TargetSeq   uint64 `json:"target_seq,omitempty"`
+	Seq         uint64 `json:"seq,omitempty"`
+
+	// sync
+	Convs []SyncConv `json:"convs,omitempty"`
+	All   bool       `json:"all,omitempty"`
+
+	// history
+	BeforeSeq uint64 `json:"before_seq,omitempty"`
+	AfterSeq  uint64 `json:"after_seq,omitempty"`
+	Limit     int    `json:"limit,omitempty"`
+
+	// open_direct, create_group, add_members
+	Peer    string   `json:"peer,omitempty"`
+	Name    string   `json:"name,omitempty"`
+	Members []string `json:"members,omitempty"`
+
+	// server → client
+	MsgID      uint64          `json:"msg_id,omitempty,string"`
+	ServerTime int64           `json:"server_time,omitempty"`
+	Duplicate  bool            `json:"duplicate,omitempty"`
+	Message    *Message        `json:"message,omitempty"`
+	Messages   []Message       `json:"messages,omitempty"`
+	HasMore    bool            `json:"has_more,omitempty"`
+	Snapshot   []ConvSnapshot  `json:"snapshot,omitempty"`
+	List       []ConvSummary   `json:"list,omitempty"`
+	Conv       *ConvInfo       `json:"conv,omitempty"`
+	UserID     string          `json:"user_id,omitempty"`
+	DeviceID   string          `json:"device_id,omitempty"`
+	State      string          `json:"state,omitempty"`
+	Code       Code            `json:"code,omitempty"`
+	Error      string          `json:"error,omitempty"`
+	RetryAfter int64           `json:"retry_after_ms,omitempty"`
+	Hello      *Hello          `json:"hello,omitempty"`
+	Extra      json.RawMessage `json:"extra,omitempty"`
+}
+
+// SyncConv is one entry of a sync request: the client has every message of
+// ConvID up to and including AfterSeq.
+type SyncConv struct {
+	ConvID   uint64 `json:"conv_id,string"`
+	AfterSeq uint64 `json:"after_seq"`
+}
+
+// Message is a stored message as clients see it. Edit and recall events are
+// messages too (Kind edit/recall, TargetSeq set); the message they target is
+// shown with Edited or Recalled set and, once recalled, an empty body.
+type Message struct {
+	ConvID       uint64 `json:"conv_id,string"`
+	Seq          uint64 `json:"seq"`
+	MsgID        uint64 `json:"msg_id,string"`
+	Sender       string `json:"sender"`
+	SenderDevice string `json:"sender_device,omitempty"`
+	ClientMsgID  string `json:"client_msg_id,omitempty"`
+	Kind         string `json:"kind"`
+	Body         string `json:"body,omitempty"`
+	TargetSeq    uint64 `json:"target_seq,omitempty"`
+	ServerTime   int64  `json:"server_time"`
+	Edited       bool   `json:"edited,omitempty"`
+	Recalled     bool   `json:"recalled,omitempty"`
+}
+
+// ConvSnapshot is one conversation in a snapshot (the answer to sync). A
+// conversation with nothing new is left out. Messages holds either the whole
+// range after the client's position (gap ≤ the range limit) or only the
+// latest ones, with MoreUnread counting those left out before them.
+type ConvSnapshot struct {
+	ConvID     uint64    `json:"conv_id,string"`
+	Kind       string    `json:"kind"`
+	LastSeq    uint64    `json:"last_seq"`
+	ReadSeq    uint64    `json:"read_seq"`
+	JoinSeq    uint64    `json:"join_seq"`
+	Unread     uint64    `json:"unread"`
+	FromSeq    uint64    `json:"from_seq"`
+	MoreUnread uint64    `json:"more_unread,omitempty"`
+	Messages   []Message `json:"messages"`
+}
+
+// ConvSummary is one row of the conversation list.
+type ConvSummary struct {
+	ConvID      uint64   `json:"conv_id,string"`
+	Kind        string   `json:"kind"`
+	Name        string   `json:"name,omitempty"`
+	Peer        string   `json:"peer,omitempty"`
+	LastSeq     uint64   `json:"last_seq"`
+	ReadSeq     uint64   `json:"read_seq"`
+	JoinSeq     uint64   `json:"join_seq"`
+	Unread      uint64   `json:"unread"`
+	LastMessage *Message `json:"last_message,omitempty"`
+}
+
+// ConvInfo describes a conversation (answer to open_direct, create_group and
+// add_members).
+type ConvInfo struct {
+	ConvID  uint64   `json:"conv_id,string"`
+	Kind    string   `json:"kind"`
+	Name    string   `json:"name,omitempty"`
+	Members []string `json:"members"`
+	LastSeq uint64   `json:"last_seq"`
+	JoinSeq uint64   `json:"join_seq"`
+}
+
+// Hello is the first frame on every connection.
+type Hello struct {
+	Protocol      int    `json:"protocol"`
+	SessionID     string `json:"session_id"`
+	UserID        string `json:"user_id"`
+	DeviceID      string `json:"device_id"`
+	Node          string `json:"node"`
+	ServerTime    int64  `json:"server_time"`
+	HeartbeatMS   int64  `json:"heartbeat_ms"`
+	IdleTimeoutMS int64  `json:"idle_timeout_ms"`
+	Limits        Limits `json:"limits"`
+}
