@@ -130,7 +130,7 @@ func validate(f *Frame, lim Limits) *Error {
 		if e := needConv(f); e != nil {
 			return e
 		}
-		if f.BeforeSeq != 0 && f.AfterSeq != 0 {
+		if f.BeforeSeq != 0 && f.AfterSeq != nil {
 			return Errorf(CodeInvalidArgument, "give before_seq or after_seq, not both")
 		}
 		if f.Limit < 0 || f.Limit > lim.MaxHistory {

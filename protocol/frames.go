@@ -75,9 +75,10 @@ type Frame struct {
 	Convs []SyncConv `json:"convs,omitempty"`
 	All   bool       `json:"all,omitempty"`
 
-	// history
-	BeforeSeq uint64 `json:"before_seq,omitempty"`
-	AfterSeq  uint64 `json:"after_seq,omitempty"`
+	// history: with after_seq present (0 included) the page runs forward
+	// from it; without, backward from before_seq (absent or 0: the newest).
+	BeforeSeq uint64  `json:"before_seq,omitempty"`
+	AfterSeq  *uint64 `json:"after_seq,omitempty"`
 	Limit     int    `json:"limit,omitempty"`
 
 	// open_direct, create_group, add_members

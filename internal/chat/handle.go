@@ -99,8 +99,8 @@ func (s *Service) history(ctx context.Context, c Caller, f *protocol.Frame) (*pr
 		more bool
 		err  error
 	)
-	if f.AfterSeq != 0 {
-		from := max(f.AfterSeq+1, floor)
+	if f.AfterSeq != nil {
+		from := max(*f.AfterSeq+1, floor)
 		// One extra tells whether more follow.
 		msgs, err = s.store.Messages(ctx, f.ConvID, from, ^uint64(0)>>1, limit+1)
 		if len(msgs) > limit {

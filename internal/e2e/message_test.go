@@ -17,7 +17,7 @@ func (c *rawConn) history(conv uint64) []protocol.Message {
 	var out []protocol.Message
 	after := uint64(0)
 	for {
-		r := mustOK(c.t, c.call(protocol.Frame{Type: protocol.TypeHistory, ConvID: conv, AfterSeq: after, Limit: 200}), protocol.TypeHistory)
+		r := mustOK(c.t, c.call(protocol.Frame{Type: protocol.TypeHistory, ConvID: conv, AfterSeq: &after, Limit: 200}), protocol.TypeHistory)
 		out = append(out, r.Messages...)
 		if !r.HasMore {
 			return out

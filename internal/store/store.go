@@ -100,7 +100,9 @@ type Message struct {
 // Append is one message to persist. The store assigns Seq (the conversation's
 // last seq + 1, dense and never reused) atomically with the write.
 type Append struct {
-	Msg Message // Seq is ignored; MsgID and ServerTime are the caller's
+	// Msg.Seq is ignored; MsgID (non-zero, unique in the conversation,
+	// else ErrConflict) and ServerTime are the caller's.
+	Msg Message
 	// Rows lists users whose conversation row gets LastSeq = the new seq in
 	// the same durable write (write fan-out). Empty means no row writes.
 	Rows []string
@@ -145,7 +147,7 @@ type Store interface {
 	// Messages returns messages with from ≤ seq ≤ to in ascending seq order,
 	// at most limit of them (the lowest seqs first).
 	Messages(ctx context.Context, convID, from, to uint64, limit int) ([]Message, error)
-	// Latest returns up to n messages with seq ≤ before (0: no bound) and
+	// Latest returns up to n messages with seq < before (0: no bound) and
 	// seq ≥ floor, the highest ones, in ascending seq order.
 	Latest(ctx context.Context, convID uint64, before, floor uint64, n int) ([]Message, error)
 

@@ -96,7 +96,10 @@ func (s *Store) append(ctx context.Context, a store.Append) (store.AppendResult,
 		if err != nil {
 			return store.AppendResult{}, fmt.Errorf("original of %q: %w", a.Msg.ClientMsgID, err)
 		}
-		return store.AppendResult{Msg: orig, Duplicate: true}, nil
+		// The original may have been edited since; show its durable version.
+		one := []store.Message{orig}
+		st.visible(one, st.durable.Load())
+		return store.AppendResult{Msg: one[0], Duplicate: true}, nil
 	}
 }
 
@@ -292,7 +295,7 @@ func (s *Store) Messages(ctx context.Context, convID, from, to uint64, limit int
 	return msgs, nil
 }
 
-// Latest returns the highest ≤ n messages with floor ≤ seq ≤ before (before
+// Latest returns the highest ≤ n messages with floor ≤ seq < before (before
 // 0: no upper bound), in ascending order.
 func (s *Store) Latest(ctx context.Context, convID uint64, before, floor uint64, n int) ([]store.Message, error) {
 	const op = "latest"
@@ -300,10 +303,8 @@ func (s *Store) Latest(ctx context.Context, convID uint64, before, floor uint64,
 		return nil, err
 	}
 	defer s.gate.RUnlock()
-	to := before
-	if to == 0 {
-		to = ^uint64(0)
-	}
+	to := before - 1 // before 0 wraps to no upper bound; before 1 leaves nothing
+
 	msgs, err := s.messages(convID, floor, to, n, true)
 	if err != nil {
 		return nil, fmt.Errorf("pebble: %s %d: %w", op, convID, err)

@@ -1,9 +1,9 @@
 // Package storetest is the conformance suite of store.Store. Every engine
 // runs it unchanged (Run), so it uses nothing but the interface.
 //
-// Run's subtests each open their own store through the Harness and may run
-// many goroutines against it; the Harness must be safe to call from
-// parallel subtests only if the caller marks them parallel (Run does not).
+// Run's subtests run one after another, each on a fresh store from
+// Harness.Open; within a subtest many goroutines use the store at once, so
+// the suite also checks the engine's concurrency contract (run it with -race).
 package storetest
 
 import (

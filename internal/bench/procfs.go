@@ -1,0 +1,119 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// ErrNotFound is returned when a /proc field or a metric is absent.
+var ErrNotFound = errors.New("not found")
+
+// ReadVmRSS returns the resident set size of process pid in bytes.
+func ReadVmRSS(pid int) (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read rss: %w", err)
+	}
+	defer f.Close()
+	return parseVmRSS(f)
+}
+
+// parseVmRSS reads the VmRSS line of a /proc/PID/status file, which the
+// kernel reports in kB (KiB).
+func parseVmRSS(r io.Reader) (int64, error) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:")
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(rest)
+		if len(fields) != 2 || fields[1] != "kB" {
+			return 0, fmt.Errorf("parse rss: unexpected line %q", sc.Text())
+		}
+		kb, err := strconv.ParseInt(fields[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("parse rss: %w", err)
+		}
+		return kb * 1024, nil
+	}
+	if err := sc.Err(); err != nil {
+		return 0, fmt.Errorf("parse rss: %w", err)
+	}
+	return 0, fmt.Errorf("parse rss: VmRSS: %w", ErrNotFound)
+}
+
+// Metrics is one scrape of a Prometheus text exposition: every sample's
+// value summed per metric name across its label sets.
+type Metrics map[string]float64
+
+// Get returns the value of name, and whether the scrape had it.
+func (m Metrics) Get(name string) (float64, bool) {
+	v, ok := m[name]
+	return v, ok
+}
+
+// ScrapeMetrics fetches and parses url (a node's /metrics).
+func ScrapeMetrics(ctx context.Context, client *http.Client, url string) (Metrics, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("scrape metrics: %w", err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scrape metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("scrape metrics: %s", resp.Status)
+	}
+	return parseMetrics(resp.Body)
+}
+
+// parseMetrics reads the Prometheus text format. Only what the benchmarks
+// need is kept: labels are dropped and same-named samples summed, so a
+// counter vector reads as its total.
+func parseMetrics(r io.Reader) (Metrics, error) {
+	m := Metrics{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, rest := line, ""
+		if i := strings.IndexAny(line, "{ "); i >= 0 {
+			name, rest = line[:i], line[i:]
+		}
+		if strings.HasPrefix(rest, "{") {
+			// Label values may hold spaces and braces only inside quotes,
+			// and '}' cannot appear unquoted, so the last '}' ends them.
+			j := strings.LastIndexByte(rest, '}')
+			if j < 0 {
+				return nil, fmt.Errorf("parse metrics: unterminated labels in %q", line)
+			}
+			rest = rest[j+1:]
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			return nil, fmt.Errorf("parse metrics: no value in %q", line)
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return nil, fmt.Errorf("parse metrics: %q: %w", line, err)
+		}
+		m[name] += v
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("parse metrics: %w", err)
+	}
+	return m, nil
+}
