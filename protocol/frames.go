@@ -79,7 +79,7 @@ type Frame struct {
 	// from it; without, backward from before_seq (absent or 0: the newest).
 	BeforeSeq uint64  `json:"before_seq,omitempty"`
 	AfterSeq  *uint64 `json:"after_seq,omitempty"`
-	Limit     int    `json:"limit,omitempty"`
+	Limit     int     `json:"limit,omitempty"`
 
 	// open_direct, create_group, add_members
 	Peer    string   `json:"peer,omitempty"`
