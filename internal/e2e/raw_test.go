@@ -27,6 +27,7 @@ type rawConn struct {
 	held  []*protocol.Frame // read while waiting for something else
 	done  chan struct{}
 	close *websocket.CloseError
+	stop  chan struct{} // closed by pause: the reader stops reading the socket
 }
 
 func dialRaw(t testing.TB, srv *servertest.Server, user, device string) *rawConn {
@@ -49,10 +50,15 @@ func dialRawErr(base, token, device string) (*websocket.Conn, *http.Response, er
 }
 
 func startRaw(t testing.TB, ws *websocket.Conn) *rawConn {
-	c := &rawConn{t: t, ws: ws, in: make(chan *protocol.Frame, 4096), done: make(chan struct{})}
+	c := &rawConn{t: t, ws: ws, in: make(chan *protocol.Frame, 4096), done: make(chan struct{}), stop: make(chan struct{})}
 	go func() {
 		defer close(c.done)
 		for {
+			select {
+			case <-c.stop:
+				return
+			default:
+			}
 			_, data, err := ws.ReadMessage()
 			if err != nil {
 				if ce, ok := err.(*websocket.CloseError); ok {
@@ -75,6 +81,9 @@ func startRaw(t testing.TB, ws *websocket.Conn) *rawConn {
 	return c
 }
 
+// pause stops reading from the socket (a client that hangs).
+func (c *rawConn) pause() { close(c.stop) }
+
 // next returns the next frame of type typ, skipping others.
 func (c *rawConn) next(typ string) *protocol.Frame {
 	c.t.Helper()
@@ -96,6 +105,30 @@ func (c *rawConn) next(typ string) *protocol.Frame {
 			}
 		case <-timeout:
 			c.t.Fatalf("no %s frame within 10s", typ)
+		}
+	}
+}
+
+// nextTimeout is next with a caller-chosen timeout; nil when it passes.
+func (c *rawConn) nextTimeout(typ string, d time.Duration) *protocol.Frame {
+	for i, f := range c.held {
+		if f.Type == typ {
+			c.held = append(c.held[:i:i], c.held[i+1:]...)
+			return f
+		}
+	}
+	timeout := time.After(d)
+	for {
+		select {
+		case f, ok := <-c.in:
+			if !ok {
+				return nil
+			}
+			if f.Type == typ {
+				return f
+			}
+		case <-timeout:
+			return nil
 		}
 	}
 }

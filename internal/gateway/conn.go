@@ -34,6 +34,12 @@ func (g *Gateway) newUpgrader() *websocket.Upgrader {
 	// Tokens travel in a header or the query, never in cookies, so a
 	// cross-origin page cannot ride on a user's session.
 	u.CheckOrigin = func(*http.Request) bool { return true }
+	// Only used when the engine runs in blocking mode (race-detector
+	// builds): writes go through a bounded queue instead of blocking the
+	// pusher, and a full queue drops the connection as MaxWriteBufferSize
+	// does on the event loop. nbio counts this queue in frames.
+	u.BlockingModAsyncWrite = true
+	u.BlockingModSendQueueMaxSize = uint16(min(65535, max(16, g.cfg.OutboundQueueBytes/1024)))
 	u.OnMessage(g.onMessage)
 	u.OnClose(g.onClose)
 	return u

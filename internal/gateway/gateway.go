@@ -56,23 +56,27 @@ type Config struct {
 	HandshakeRate     float64 // handshakes per second admitted (token bucket)
 	HandshakeBurst    int
 	RequestTimeout    time.Duration // bound on one request to the backend
+	// OutboundQueueBytes bounds the bytes waiting for one slow reader;
+	// past it the connection is dropped (the slow-consumer policy).
+	OutboundQueueBytes int
 }
 
 // DefaultConfig returns the defaults documented in docs/protocol.md.
 func DefaultConfig() Config {
 	return Config{
-		Node:              "node1",
-		Limits:            protocol.DefaultLimits,
-		HeartbeatInterval: 25 * time.Second,
-		IdleTimeout:       75 * time.Second,
-		RetransmitAfter:   5 * time.Second,
-		RetransmitMax:     3,
-		MaxInflight:       256,
-		DrainTimeout:      10 * time.Second,
-		MaxConnections:    100000,
-		HandshakeRate:     1000,
-		HandshakeBurst:    2000,
-		RequestTimeout:    10 * time.Second,
+		Node:               "node1",
+		Limits:             protocol.DefaultLimits,
+		HeartbeatInterval:  25 * time.Second,
+		IdleTimeout:        75 * time.Second,
+		RetransmitAfter:    5 * time.Second,
+		RetransmitMax:      3,
+		MaxInflight:        256,
+		DrainTimeout:       10 * time.Second,
+		MaxConnections:     100000,
+		HandshakeRate:      1000,
+		HandshakeBurst:     2000,
+		RequestTimeout:     10 * time.Second,
+		OutboundQueueBytes: 1 << 20,
 	}
 }
 
@@ -89,6 +93,8 @@ func (c Config) Validate() error {
 		return errors.New("gateway: connection and handshake limits must be positive")
 	case c.RequestTimeout <= 0 || c.DrainTimeout <= 0:
 		return errors.New("gateway: timeouts must be positive")
+	case c.OutboundQueueBytes < c.Limits.MaxFrameBytes:
+		return errors.New("gateway: outbound queue must hold at least one maximal frame")
 	}
 	return nil
 }

@@ -46,10 +46,7 @@ type Options struct {
 	Gateway     gateway.Config
 	Chat        chat.Config
 	BucketWidth time.Duration
-	// OutboundQueueBytes bounds the bytes waiting for one slow reader;
-	// beyond it the connection is dropped.
-	OutboundQueueBytes int
-	Logger             *slog.Logger
+	Logger      *slog.Logger
 }
 
 // Server is a running node.
@@ -151,10 +148,6 @@ func (s *Server) listen(o Options) error {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
-	queue := o.OutboundQueueBytes
-	if queue <= 0 {
-		queue = 1 << 20
-	}
 	s.engine = nbhttp.NewEngine(nbhttp.Config{
 		Network:                      "tcp",
 		Addrs:                        []string{ln.Addr().String()},
@@ -162,7 +155,7 @@ func (s *Server) listen(o Options) error {
 		Handler:                      mux,
 		MaxLoad:                      o.Gateway.MaxConnections + 1024,
 		ReleaseWebsocketPayload:      true,
-		MaxWriteBufferSize:           queue,
+		MaxWriteBufferSize:           o.Gateway.OutboundQueueBytes,
 		MaxWebsocketFramePayloadSize: o.Gateway.Limits.MaxFrameBytes,
 		ReadBufferSize:               4096,
 		IOMod:                        ioMod,

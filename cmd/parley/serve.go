@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/parley-im/parley/internal/auth"
+	"github.com/parley-im/parley/internal/chat"
+	"github.com/parley-im/parley/internal/config"
+	"github.com/parley-im/parley/internal/gateway"
+	"github.com/parley-im/parley/internal/server"
+)
+
+func runServe(ctx context.Context, args []string) error {
+	cfg, err := config.Load(args, os.Environ())
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg.Log)
+	if cfg.Roles != config.RoleAll {
+		return fmt.Errorf("roles %q: only %q runs in this version (separate roles come with cluster mode)", cfg.Roles, config.RoleAll)
+	}
+	authCfg, err := cfg.ResolveAuth()
+	if err != nil {
+		return err
+	}
+	if cfg.UsesDevKey() {
+		log.Warn("using the development token key in the data directory; configure auth.hs256_key_file or auth.ed25519_public_key_file for production", "data_dir", cfg.DataDir)
+	}
+	srv, err := server.Start(ctx, serverOptions(cfg, authCfg, log))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "parley: serving on ws://%s/v1/ws (node %s, data %s)\n", srv.Addr(), cfg.NodeID, cfg.DataDir)
+	<-ctx.Done()
+	log.Info("stopping: draining connections", "timeout", cfg.Gateway.DrainTimeout)
+	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Gateway.DrainTimeout+5*time.Second)
+	defer cancel()
+	srv.Drain(stopCtx)
+	return srv.Shutdown(stopCtx)
+}
+
+func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) server.Options {
+	g := cfg.Gateway
+	ch := chat.DefaultConfig()
+	ch.Limits = cfg.Limits.Protocol()
+	ch.SnapshotRangeLimit = cfg.Chat.SnapshotRangeLimit
+	ch.SnapshotLatest = cfg.Chat.SnapshotLatest
+	ch.RecallWindow = cfg.Chat.RecallWindow
+	ch.ReadScope = cfg.Chat.ReadScope
+	gw := gateway.DefaultConfig()
+	gw.Node = cfg.NodeID
+	gw.Limits = cfg.Limits.Protocol()
+	gw.HeartbeatInterval = g.HeartbeatInterval
+	gw.IdleTimeout = g.IdleTimeout
+	gw.RetransmitAfter = g.RetransmitAfter
+	gw.RetransmitMax = g.RetransmitMax
+	gw.MaxInflight = g.MaxInflight
+	gw.DrainTimeout = g.DrainTimeout
+	gw.MaxConnections = g.MaxConnections
+	gw.HandshakeRate = g.HandshakeRate
+	gw.HandshakeBurst = g.HandshakeBurst
+	gw.OutboundQueueBytes = g.OutboundQueueBytes
+	return server.Options{
+		Listen: cfg.Listen, DataDir: cfg.DataDir, Node: cfg.NodeID, Auth: authCfg,
+		Gateway: gw, Chat: ch, BucketWidth: cfg.Chat.BucketWidth,
+		Logger: log,
+	}
+}
+
+func newLogger(l config.Log) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: l.SlogLevel()}
+	if l.Format == config.LogJSON {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}

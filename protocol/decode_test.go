@@ -1,0 +1,103 @@
+package protocol
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestDecodeClient(t *testing.T) {
+	lim := DefaultLimits
+	tests := []struct {
+		name string
+		in   string
+		want Code // "" = valid
+	}{
+		{"ping", `{"type":"ping"}`, ""},
+		{"send", `{"type":"send","rid":"1","conv_id":"7","client_msg_id":"a","body":"hi"}`, ""},
+		{"send defaults kind", `{"type":"send","conv_id":"7","client_msg_id":"a","body":"hi","kind":""}`, ""},
+		{"send other kind", `{"type":"send","conv_id":"7","client_msg_id":"a","body":"hi","kind":"recall"}`, CodeInvalidArgument},
+		{"conv_id as number", `{"type":"send","conv_id":7,"client_msg_id":"a","body":"hi"}`, CodeBadFrame},
+		{"empty", ``, CodeBadFrame},
+		{"array", `[]`, CodeBadFrame},
+		{"truncated", `{"type":"send"`, CodeBadFrame},
+		{"no type", `{"rid":"1"}`, CodeBadFrame},
+		{"unknown type", `{"type":"nope"}`, CodeUnknownType},
+		{"server frame from client", `{"type":"ack"}`, CodeUnknownType},
+		{"no body", `{"type":"send","conv_id":"7","client_msg_id":"a"}`, CodeInvalidArgument},
+		{"long client_msg_id", `{"type":"send","conv_id":"7","client_msg_id":"` + strings.Repeat("a", 65) + `","body":"x"}`, CodeInvalidArgument},
+		{"long rid", `{"type":"ping","rid":"` + strings.Repeat("r", 65) + `"}`, CodeInvalidArgument},
+		{"recall with body", `{"type":"recall","conv_id":"7","client_msg_id":"a","target_seq":1,"body":"x"}`, CodeInvalidArgument},
+		{"edit without target", `{"type":"edit","conv_id":"7","client_msg_id":"a","body":"x"}`, CodeInvalidArgument},
+		{"read without seq", `{"type":"read","conv_id":"7"}`, CodeInvalidArgument},
+		{"sync empty", `{"type":"sync"}`, CodeInvalidArgument},
+		{"sync all", `{"type":"sync","all":true}`, ""},
+		{"sync zero conv", `{"type":"sync","convs":[{"conv_id":"0","after_seq":1}]}`, CodeInvalidArgument},
+		{"history both bounds", `{"type":"history","conv_id":"7","after_seq":0,"before_seq":5}`, CodeInvalidArgument},
+		{"history forward from 0", `{"type":"history","conv_id":"7","after_seq":0}`, ""},
+		{"history limit", `{"type":"history","conv_id":"7","limit":201}`, CodeInvalidArgument},
+		{"open_direct bad peer", `{"type":"open_direct","peer":"a b"}`, CodeInvalidArgument},
+		{"create_group bad member", `{"type":"create_group","members":["ok","bad/"]}`, CodeInvalidArgument},
+		{"add_members none", `{"type":"add_members","conv_id":"7"}`, CodeInvalidArgument},
+		{"invalid utf-8", "{\"type\":\"ping\",\"rid\":\"\xff\"}", CodeBadFrame},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := DecodeClient([]byte(tc.in), lim)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("got %v, want valid", err)
+			case tc.want != "" && (err == nil || err.Code != tc.want):
+				t.Fatalf("got %v, want code %s", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestDecodeKeepsRIDOnError(t *testing.T) {
+	f, err := DecodeClient([]byte(`{"type":"send","rid":"r42","conv_id":"7"}`), DefaultLimits)
+	if err == nil || f == nil || f.RID != "r42" {
+		t.Fatalf("got frame %+v err %v, want rid r42 and an error", f, err)
+	}
+}
+
+func TestFrameTooLarge(t *testing.T) {
+	lim := DefaultLimits
+	lim.MaxFrameBytes = 10
+	if _, err := DecodeClient([]byte(`{"type":"ping","x":"long"}`), lim); err == nil || err.Code != CodeTooLarge {
+		t.Fatalf("got %v, want too_large", err)
+	}
+}
+
+// FuzzDecodeClient: any input either fails with a documented code or yields
+// a frame that passes validation again after a JSON round trip.
+func FuzzDecodeClient(f *testing.F) {
+	for _, s := range []string{
+		`{"type":"ping"}`,
+		`{"type":"send","rid":"1","conv_id":"7","client_msg_id":"a","body":"hi"}`,
+		`{"type":"sync","all":true,"convs":[{"conv_id":"3","after_seq":9}]}`,
+		`{"type":"history","conv_id":"7","after_seq":0,"limit":5}`,
+		`{"type":"edit","conv_id":"7","client_msg_id":"a","target_seq":1,"body":"x"}`,
+		`{"type":"create_group","name":"n","members":["a","b"]}`,
+		`[`, ``, `{"type":null}`,
+	} {
+		f.Add([]byte(s))
+	}
+	known := map[Code]bool{CodeBadFrame: true, CodeUnknownType: true, CodeInvalidArgument: true, CodeTooLarge: true}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fr, err := DecodeClient(data, DefaultLimits)
+		if err != nil {
+			if !known[err.Code] {
+				t.Fatalf("undocumented code %q for %q", err.Code, data)
+			}
+			return
+		}
+		again, jerr := json.Marshal(fr)
+		if jerr != nil {
+			t.Fatalf("re-encode: %v", jerr)
+		}
+		if _, err := DecodeClient(again, DefaultLimits); err != nil {
+			t.Fatalf("accepted %q but rejected its re-encoding %q: %v", data, again, err)
+		}
+	})
+}
