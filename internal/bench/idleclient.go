@@ -148,6 +148,8 @@ type idleClient struct {
 
 type idleConn struct {
 	ws     *websocket.Conn
+	user   string
+	opened time.Time
 	closed atomic.Bool
 }
 
@@ -197,7 +199,7 @@ func (ic *idleClient) open(ctx context.Context, user string) error {
 		return err
 	}
 	ic.heartbeat.Store(int64(time.Duration(hello.HeartbeatMS) * time.Millisecond))
-	c := &idleConn{ws: ws}
+	c := &idleConn{ws: ws, user: user, opened: time.Now()}
 	ic.live.Add(1)
 	ic.readers.Add(1)
 	go ic.read(c)
@@ -215,7 +217,7 @@ func (ic *idleClient) read(c *idleConn) {
 		if _, _, err := c.ws.NextReader(); err != nil {
 			ic.live.Add(-1)
 			if !c.closed.Load() {
-				ic.cfg.Logger.Warn("idle connection closed by server", "err", err)
+				ic.cfg.Logger.Warn("idle connection closed by server", "user", c.user, "age", time.Since(c.opened).Round(time.Millisecond), "err", err)
 			}
 			return
 		}

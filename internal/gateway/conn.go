@@ -40,6 +40,12 @@ func (g *Gateway) newUpgrader() *websocket.Upgrader {
 	// does on the event loop. nbio counts this queue in frames.
 	u.BlockingModAsyncWrite = true
 	u.BlockingModSendQueueMaxSize = uint16(min(65535, max(16, g.cfg.OutboundQueueBytes/1024)))
+	u.SetPingHandler(func(c *websocket.Conn, data string) {
+		if s, ok := c.Session().(*session); ok && s != nil {
+			s.lastSeen.Store(g.now().UnixMilli())
+		}
+		_ = c.WriteMessage(websocket.PongMessage, []byte(data))
+	})
 	u.OnMessage(g.onMessage)
 	u.OnClose(g.onClose)
 	return u
@@ -90,35 +96,8 @@ func Authenticate(v Verifier, w http.ResponseWriter, r *http.Request, now time.T
 // ServeHTTP upgrades GET /v1/ws?device=ID to a WebSocket after admission
 // control and authentication.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	now := g.now()
-	if g.draining.Load() {
-		g.refuse(w, "draining", protocol.CodeOverloaded, "node is draining; connect to another node", time.Second+rand.N(4*time.Second))
-		return
-	}
-	if g.conns.Load() >= int64(g.cfg.MaxConnections) {
-		g.refuse(w, "full", protocol.CodeOverloaded, "node is full", time.Second+rand.N(4*time.Second))
-		return
-	}
-	if ok, wait := g.admit.take(now); !ok {
-		// Jitter spreads a reconnect storm over time instead of
-		// synchronising everyone on the same retry instant (M31).
-		g.refuse(w, "rate_limited", protocol.CodeOverloaded, "too many handshakes; retry later", wait+rand.N(2*time.Second))
-		return
-	}
-	id, ok := Authenticate(g.verifier, w, r, now)
+	id, device, ok := g.admitRequest(w, r)
 	if !ok {
-		g.observeHandshake("unauthorized")
-		return
-	}
-	device := r.URL.Query().Get("device")
-	if !protocol.ValidID(device) {
-		g.observeHandshake("bad_request")
-		httpError(w, http.StatusBadRequest, protocol.CodeInvalidArgument, "device must be 1-64 bytes of [A-Za-z0-9._@-]", 0)
-		return
-	}
-	if id.Device != "" && id.Device != device {
-		g.observeHandshake("bad_request")
-		httpError(w, http.StatusBadRequest, protocol.CodeInvalidArgument, "device does not match the token", 0)
 		return
 	}
 	conn, err := g.up.Upgrade(w, r, nil)
@@ -126,9 +105,59 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.observeHandshake("upgrade_failed")
 		return
 	}
-	s := &session{g: g, id: g.node() + "-" + strconv.FormatUint(g.nextID.Add(1), 36), user: id.User, device: device, conn: conn}
-	s.lastSeen.Store(now.UnixMilli())
+	s := g.newSession(id.User, device, nil)
+	s.tr = wsTransport{conn}
 	conn.SetSession(s)
+	g.open(s)
+}
+
+// admitRequest runs admission control, authentication and the device
+// check for a new session; on refusal it has written the answer.
+func (g *Gateway) admitRequest(w http.ResponseWriter, r *http.Request) (auth.Identity, string, bool) {
+	now := g.now()
+	if g.draining.Load() {
+		g.refuse(w, "draining", protocol.CodeOverloaded, "node is draining; connect to another node", time.Second+rand.N(4*time.Second))
+		return auth.Identity{}, "", false
+	}
+	if g.conns.Load() >= int64(g.cfg.MaxConnections) {
+		g.refuse(w, "full", protocol.CodeOverloaded, "node is full", time.Second+rand.N(4*time.Second))
+		return auth.Identity{}, "", false
+	}
+	if ok, wait := g.admit.take(now); !ok {
+		// Jitter spreads a reconnect storm over time instead of
+		// synchronising everyone on the same retry instant (M31).
+		g.refuse(w, "rate_limited", protocol.CodeOverloaded, "too many handshakes; retry later", wait+rand.N(2*time.Second))
+		return auth.Identity{}, "", false
+	}
+	id, ok := Authenticate(g.verifier, w, r, now)
+	if !ok {
+		g.observeHandshake("unauthorized")
+		return id, "", false
+	}
+	device := r.URL.Query().Get("device")
+	if !protocol.ValidID(device) {
+		g.observeHandshake("bad_request")
+		httpError(w, http.StatusBadRequest, protocol.CodeInvalidArgument, "device must be 1-64 bytes of [A-Za-z0-9._@-]", 0)
+		return id, "", false
+	}
+	if err := id.CheckDevice(device); err != nil {
+		g.observeHandshake("bad_request")
+		httpError(w, http.StatusBadRequest, protocol.CodeInvalidArgument, "device does not match the token", 0)
+		return id, "", false
+	}
+	return id, device, true
+}
+
+func (g *Gateway) newSession(user, device string, tr transport) *session {
+	s := &session{g: g, id: g.node() + "-" + strconv.FormatUint(g.nextID.Add(1), 36), user: user, device: device, tr: tr}
+	s.lastSeen.Store(g.now().UnixMilli())
+	return s
+}
+
+// open makes s live: counted, indexed for pushes, greeted, and registered
+// in the session registry (replacing an older session of the device).
+func (g *Gateway) open(s *session) {
+	now := g.now()
 	g.conns.Add(1)
 	if g.obs.Connections != nil {
 		g.obs.Connections(1)
@@ -187,6 +216,11 @@ func (g *Gateway) onClose(c *websocket.Conn, _ error) {
 	if !ok || s == nil {
 		return
 	}
+	g.gone(s)
+}
+
+// gone forgets a session whose transport has ended.
+func (g *Gateway) gone(s *session) {
 	s.closed.Store(true)
 	if !g.remove(s) {
 		return
@@ -215,20 +249,28 @@ func (g *Gateway) onMessage(c *websocket.Conn, mt websocket.MessageType, data []
 		s.close(protocol.CloseUnsupportedData, "frames are JSON text")
 		return
 	}
+	g.handleFrame(s, data, s.writeFrame)
+}
+
+// handleFrame decodes and runs one client frame of s, answering through
+// reply (the session's transport, or an HTTP response).
+func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Frame)) {
 	f, perr := protocol.DecodeClient(data, g.cfg.Limits)
 	if perr != nil {
 		rid := ""
 		if f != nil {
 			rid = f.RID
 		}
-		g.sendError(s, rid, perr)
-		s.badFrames++
-		if s.badFrames >= maxBadFrames {
+		if g.obs.Error != nil {
+			g.obs.Error(perr.Code)
+		}
+		reply(chat.ErrorFrame(rid, perr))
+		if s.badFrames.Add(1) >= maxBadFrames {
 			s.close(protocol.CloseTooManyErrors, "too many bad frames")
 		}
 		return
 	}
-	s.badFrames = 0
+	s.badFrames.Store(0)
 	if g.obs.FrameIn != nil {
 		g.obs.FrameIn(f.Type)
 	}
@@ -241,13 +283,6 @@ func (g *Gateway) onMessage(c *websocket.Conn, mt websocket.MessageType, data []
 		if resp.Type == protocol.TypeError && g.obs.Error != nil {
 			g.obs.Error(resp.Code)
 		}
-		s.writeFrame(resp)
+		reply(resp)
 	})
-}
-
-func (g *Gateway) sendError(s *session, rid string, e *protocol.Error) {
-	if g.obs.Error != nil {
-		g.obs.Error(e.Code)
-	}
-	s.writeFrame(chat.ErrorFrame(rid, e))
 }

@@ -131,6 +131,7 @@ type Gateway struct {
 	nextID   atomic.Uint64
 	shutOnce sync.Once
 	admit    *bucket
+	polls    sync.Map // poll session id → *mailbox
 	shards   [64]shard
 }
 

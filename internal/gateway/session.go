@@ -17,11 +17,11 @@ type session struct {
 	id     string
 	user   string
 	device string
-	conn   *websocket.Conn
+	tr     transport
 
 	lastSeen  atomic.Int64 // unix ms of the last frame received
 	closed    atomic.Bool
-	badFrames int // consecutive bad frames; only touched by the connection's handler
+	badFrames atomic.Int32 // consecutive bad frames
 
 	mu struct {
 		sync.Mutex
@@ -119,8 +119,10 @@ func (s *session) retransmit(resendBefore, nowMS int64) {
 	}
 }
 
+var jsonMarshal = json.Marshal
+
 func (s *session) writeFrame(f *protocol.Frame) {
-	data, err := json.Marshal(f)
+	data, err := jsonMarshal(f)
 	if err != nil {
 		s.g.log.Error("encode frame", "type", f.Type, "err", err)
 		return
@@ -128,21 +130,48 @@ func (s *session) writeFrame(f *protocol.Frame) {
 	s.write(data)
 }
 
-// write never blocks: nbio buffers what the socket does not take, up to the
-// engine's MaxWriteBufferSize, and drops the connection beyond it (the
-// slow-consumer policy).
+// transport carries a session's frames: a WebSocket, or a long-poll
+// mailbox for the HTTP fallback. Both never block the writer.
+type transport interface {
+	// write queues one frame; an error means the session is unusable.
+	write(data []byte) error
+	// close ends the transport with a close code (WebSocket) or marks
+	// the mailbox gone (poll).
+	close(code int, reason string)
+}
+
+// write never blocks (see transport); a failed write drops the session,
+// which is the slow-consumer policy when the queue is full.
 func (s *session) write(data []byte) {
-	if err := s.conn.WriteMessage(websocket.TextMessage, data); err != nil && !s.closed.Load() {
-		s.g.log.Debug("write failed", "session", s.id, "err", err)
-		_ = s.conn.Close()
+	if err := s.tr.write(data); err != nil && !s.closed.Load() {
+		s.g.log.Debug("write failed; dropping session", "session", s.id, "err", err)
+		if s.g.obs.Drop != nil {
+			s.g.obs.Drop("slow_consumer")
+		}
+		s.close(0, "")
 	}
 }
 
-// close sends a close frame with code and closes the connection once.
+// close ends the session once; code 0 drops it without a close frame.
 func (s *session) close(code int, reason string) {
 	if s.closed.Swap(true) {
 		return
 	}
-	_ = s.conn.WriteClose(code, reason)
-	_ = s.conn.Close()
+	s.tr.close(code, reason)
+}
+
+// wsTransport is a WebSocket connection. nbio buffers what the socket does
+// not take, up to the engine's MaxWriteBufferSize, and closes the
+// connection beyond it.
+type wsTransport struct{ c *websocket.Conn }
+
+func (w wsTransport) write(data []byte) error {
+	return w.c.WriteMessage(websocket.TextMessage, data)
+}
+
+func (w wsTransport) close(code int, reason string) {
+	if code != 0 {
+		_ = w.c.WriteClose(code, reason)
+	}
+	_ = w.c.Close()
 }

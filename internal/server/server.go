@@ -144,6 +144,8 @@ func (s *Server) listen(o Options) error {
 	s.ln = ln
 	mux := http.NewServeMux()
 	mux.Handle("GET /v1/ws", s.gw)
+	mux.HandleFunc("GET /v1/poll", s.gw.ServePoll)
+	mux.HandleFunc("POST /v1/rpc", s.gw.ServeRPC)
 	mux.HandleFunc("GET /v1/conversations/snapshot", s.handleSnapshot)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", s.handleReady)
