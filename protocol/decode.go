@@ -74,8 +74,25 @@ func validate(f *Frame, lim Limits) *Error {
 		if f.Kind == "" {
 			f.Kind = KindText
 		}
-		if f.Kind != KindText {
-			return Errorf(CodeInvalidArgument, "kind %q cannot be sent; use text, or the edit and recall frames", f.Kind)
+		switch f.Kind {
+		case KindText:
+			if f.CoalesceKey != "" {
+				return Errorf(CodeInvalidArgument, "coalesce_key needs kind state")
+			}
+		case KindState:
+			if f.CoalesceKey == "" || len(f.CoalesceKey) > lim.MaxClientMsgID {
+				return Errorf(CodeInvalidArgument, "kind state needs a coalesce_key of 1-%d bytes", lim.MaxClientMsgID)
+			}
+		default:
+			return Errorf(CodeInvalidArgument, "kind %q cannot be sent; use text or state, or the edit and recall frames", f.Kind)
+		}
+		if len(f.Mentions) > lim.MaxMentions {
+			return Errorf(CodeTooLarge, "%d mentions is over %d", len(f.Mentions), lim.MaxMentions)
+		}
+		for _, m := range f.Mentions {
+			if !ValidID(m) {
+				return Errorf(CodeInvalidArgument, "mention %q is not a valid user id", m)
+			}
 		}
 		return needBody(f, lim)
 	case TypeEdit:
@@ -147,7 +164,7 @@ func validate(f *Frame, lim Limits) *Error {
 			return Errorf(CodeTooLarge, "name is over %d bytes", lim.MaxNameBytes)
 		}
 		return needMembers(f, lim)
-	case TypeAddMembers:
+	case TypeAddMembers, TypeRemove:
 		if e := needConv(f); e != nil {
 			return e
 		}
@@ -155,6 +172,37 @@ func validate(f *Frame, lim Limits) *Error {
 			return Errorf(CodeInvalidArgument, "members is required")
 		}
 		return needMembers(f, lim)
+	case TypeLeave, TypeTyping:
+		return needConv(f)
+	case TypeSetRole:
+		if e := needConv(f); e != nil {
+			return e
+		}
+		if !ValidID(f.UserID) {
+			return Errorf(CodeInvalidArgument, "user_id is not a valid user id")
+		}
+		if f.Role != RoleMember && f.Role != RoleAdmin {
+			return Errorf(CodeInvalidArgument, "role must be member or admin")
+		}
+		return nil
+	case TypeMute:
+		if e := needConv(f); e != nil {
+			return e
+		}
+		if !ValidID(f.UserID) {
+			return Errorf(CodeInvalidArgument, "user_id is not a valid user id")
+		}
+		return nil
+	case TypePresenceSub:
+		if len(f.Users) > lim.MaxPresenceSubs {
+			return Errorf(CodeTooLarge, "%d users is over %d", len(f.Users), lim.MaxPresenceSubs)
+		}
+		for _, u := range f.Users {
+			if !ValidID(u) {
+				return Errorf(CodeInvalidArgument, "user %q is not a valid user id", u)
+			}
+		}
+		return nil
 	case "":
 		return Errorf(CodeBadFrame, "type is required")
 	}

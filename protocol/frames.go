@@ -16,6 +16,12 @@ const (
 	TypeOpenDirect  = "open_direct"
 	TypeCreateGroup = "create_group"
 	TypeAddMembers  = "add_members"
+	TypeRemove      = "remove_members"
+	TypeLeave       = "leave"
+	TypeSetRole     = "set_role"
+	TypeMute        = "mute"
+	TypePresenceSub = "presence_sub"
+	TypeTyping      = "typing"
 )
 
 // Frame types sent by the server. TypeHistory and TypeConvList answer the
@@ -31,6 +37,7 @@ const (
 	TypeSnapshot = "snapshot"
 	TypeConv     = "conv"
 	TypeGoAway   = "goaway"
+	TypePresence = "presence"
 )
 
 // Message kinds. Edit and recall are events that take their own seq and name
@@ -40,6 +47,18 @@ const (
 	KindEdit   = "edit"
 	KindRecall = "recall"
 	KindSystem = "system"
+	// KindState is a coalescible state update (a red packet's remaining
+	// amount, a flash sale's stock): only the latest message with the same
+	// coalesce_key carries its body on reads, and intermediate pushes to a
+	// lagging device may be dropped.
+	KindState = "state"
+)
+
+// Roles of group members.
+const (
+	RoleMember = "member"
+	RoleAdmin  = "admin"
+	RoleOwner  = "owner"
 )
 
 // Receipt states.
@@ -81,10 +100,21 @@ type Frame struct {
 	AfterSeq  *uint64 `json:"after_seq,omitempty"`
 	Limit     int     `json:"limit,omitempty"`
 
-	// open_direct, create_group, add_members
+	// open_direct, create_group, add_members, remove_members, set_role, mute
 	Peer    string   `json:"peer,omitempty"`
 	Name    string   `json:"name,omitempty"`
 	Members []string `json:"members,omitempty"`
+	Role    string   `json:"role,omitempty"`
+	Muted   bool     `json:"muted,omitempty"`
+
+	// send: mentions, @everyone, coalescible state
+	Mentions    []string `json:"mentions,omitempty"`
+	MentionAll  bool     `json:"mention_all,omitempty"`
+	CoalesceKey string   `json:"coalesce_key,omitempty"`
+
+	// presence_sub (users), presence (states)
+	Users  []string        `json:"users,omitempty"`
+	States []PresenceState `json:"states,omitempty"`
 
 	// server → client
 	MsgID      uint64          `json:"msg_id,omitempty,string"`
@@ -117,18 +147,42 @@ type SyncConv struct {
 // messages too (Kind edit/recall, TargetSeq set); the message they target is
 // shown with Edited or Recalled set and, once recalled, an empty body.
 type Message struct {
-	ConvID       uint64 `json:"conv_id,string"`
-	Seq          uint64 `json:"seq"`
-	MsgID        uint64 `json:"msg_id,string"`
-	Sender       string `json:"sender"`
-	SenderDevice string `json:"sender_device,omitempty"`
-	ClientMsgID  string `json:"client_msg_id,omitempty"`
-	Kind         string `json:"kind"`
-	Body         string `json:"body,omitempty"`
-	TargetSeq    uint64 `json:"target_seq,omitempty"`
-	ServerTime   int64  `json:"server_time"`
-	Edited       bool   `json:"edited,omitempty"`
-	Recalled     bool   `json:"recalled,omitempty"`
+	ConvID       uint64   `json:"conv_id,string"`
+	Seq          uint64   `json:"seq"`
+	MsgID        uint64   `json:"msg_id,string"`
+	Sender       string   `json:"sender"`
+	SenderDevice string   `json:"sender_device,omitempty"`
+	ClientMsgID  string   `json:"client_msg_id,omitempty"`
+	Kind         string   `json:"kind"`
+	Body         string   `json:"body,omitempty"`
+	TargetSeq    uint64   `json:"target_seq,omitempty"`
+	ServerTime   int64    `json:"server_time"`
+	Edited       bool     `json:"edited,omitempty"`
+	Recalled     bool     `json:"recalled,omitempty"`
+	Mentions     []string `json:"mentions,omitempty"`
+	MentionAll   bool     `json:"mention_all,omitempty"`
+	CoalesceKey  string   `json:"coalesce_key,omitempty"`
+	// Superseded marks a state message whose coalesce_key has a later
+	// message; its body is left out.
+	Superseded bool `json:"superseded,omitempty"`
+}
+
+// PresenceState is one user's presence.
+type PresenceState struct {
+	UserID   string `json:"user_id"`
+	Online   bool   `json:"online"`
+	LastSeen int64  `json:"last_seen,omitempty"` // unix ms of going offline
+	// Typing in a conversation (typing pushes only).
+	ConvID uint64 `json:"conv_id,omitempty,string"`
+}
+
+// SystemEvent is the body of a kind "system" message: a membership change,
+// which takes a seq like any message.
+type SystemEvent struct {
+	Event string   `json:"event"` // member_added, member_removed, member_left, role_changed, muted, unmuted
+	Actor string   `json:"actor"`
+	Users []string `json:"users"`
+	Role  string   `json:"role,omitempty"`
 }
 
 // ConvSnapshot is one conversation in a snapshot (the answer to sync). A
@@ -149,14 +203,19 @@ type ConvSnapshot struct {
 
 // ConvSummary is one row of the conversation list.
 type ConvSummary struct {
-	ConvID      uint64   `json:"conv_id,string"`
-	Kind        string   `json:"kind"`
-	Name        string   `json:"name,omitempty"`
-	Peer        string   `json:"peer,omitempty"`
-	LastSeq     uint64   `json:"last_seq"`
-	ReadSeq     uint64   `json:"read_seq"`
-	JoinSeq     uint64   `json:"join_seq"`
-	Unread      uint64   `json:"unread"`
+	ConvID  uint64 `json:"conv_id,string"`
+	Kind    string `json:"kind"`
+	Name    string `json:"name,omitempty"`
+	Peer    string `json:"peer,omitempty"`
+	LastSeq uint64 `json:"last_seq"`
+	ReadSeq uint64 `json:"read_seq"`
+	JoinSeq uint64 `json:"join_seq"`
+	Unread  uint64 `json:"unread"`
+	// Mentioned: a message at or after read_seq mentions the user.
+	Mentioned bool `json:"mentioned,omitempty"`
+	// LeaveSeq is set once the user is no longer a member; nothing after
+	// it is shown.
+	LeaveSeq    uint64   `json:"leave_seq,omitempty"`
 	LastMessage *Message `json:"last_message,omitempty"`
 }
 
@@ -166,9 +225,13 @@ type ConvInfo struct {
 	ConvID  uint64   `json:"conv_id,string"`
 	Kind    string   `json:"kind"`
 	Name    string   `json:"name,omitempty"`
-	Members []string `json:"members"`
-	LastSeq uint64   `json:"last_seq"`
-	JoinSeq uint64   `json:"join_seq"`
+	Members []string `json:"members"` // current members, sorted (up to 1000; see member_count)
+	// MemberCount is the number of current members.
+	MemberCount int    `json:"member_count"`
+	LastSeq     uint64 `json:"last_seq"`
+	JoinSeq     uint64 `json:"join_seq"`
+	Role        string `json:"role,omitempty"` // the caller's role
+	Tier        string `json:"tier,omitempty"` // small, medium or large (groups)
 }
 
 // Hello is the first frame on every connection.

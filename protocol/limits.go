@@ -10,6 +10,8 @@ type Limits struct {
 	MaxHistory      int `json:"max_history"`       // messages in one history answer
 	MaxGroupMembers int `json:"max_group_members"` // members of one group
 	MaxNameBytes    int `json:"max_name_bytes"`    // bytes of a group name
+	MaxMentions     int `json:"max_mentions"`      // users mentioned by one message
+	MaxPresenceSubs int `json:"max_presence_subs"` // users one connection watches
 }
 
 // DefaultLimits are the limits of an unconfigured server.
@@ -21,6 +23,8 @@ var DefaultLimits = Limits{
 	MaxHistory:      200,
 	MaxGroupMembers: 100000,
 	MaxNameBytes:    256,
+	MaxMentions:     50,
+	MaxPresenceSubs: 200,
 }
 
 // MaxUserIDBytes bounds user and device ids; both are 1–64 bytes of

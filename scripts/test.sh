@@ -13,3 +13,7 @@ if [[ -n "$unformatted" ]]; then
 fi
 
 go test -race -count=1 ./...
+
+# Under -race the gateway runs nbio in blocking mode (see docs/decisions.md);
+# run the end-to-end tests once more on the event loop itself.
+go test -count=1 ./internal/e2e/

@@ -11,6 +11,7 @@ import (
 	"github.com/parley-im/parley/internal/chat"
 	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/gateway"
+	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/server"
 )
 
@@ -51,6 +52,11 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 	ch.SnapshotLatest = cfg.Chat.SnapshotLatest
 	ch.RecallWindow = cfg.Chat.RecallWindow
 	ch.ReadScope = cfg.Chat.ReadScope
+	ch.SmallBelow = cfg.Chat.SmallBelow
+	ch.LargeAbove = cfg.Chat.LargeAbove
+	ch.Hysteresis = cfg.Chat.Hysteresis
+	ch.EveryoneInterval = cfg.Chat.EveryoneInterval
+	ch.TypingInterval = cfg.Chat.TypingInterval
 	gw := gateway.DefaultConfig()
 	gw.Node = cfg.NodeID
 	gw.Limits = cfg.Limits.Protocol()
@@ -67,7 +73,8 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 	return server.Options{
 		Listen: cfg.Listen, DataDir: cfg.DataDir, Node: cfg.NodeID, Auth: authCfg,
 		Gateway: gw, Chat: ch, BucketWidth: cfg.Chat.BucketWidth,
-		Logger: log,
+		Presence: presence.Config{Flush: cfg.Chat.PresenceFlush, MinGap: cfg.Chat.PresenceMinGap},
+		Logger:   log,
 	}
 }
 

@@ -25,6 +25,10 @@ type Delivery struct {
 	// device acknowledges it; zero for frames that need no ack (receipts).
 	ConvID uint64
 	Seq    uint64
+	// CoalesceKey marks a state update (M20): a newer push with the same
+	// conversation and key supersedes an older one still waiting for its
+	// ack, which is then never re-sent.
+	CoalesceKey string
 	// Kick, when set, asks the node to close a replaced session instead.
 	Kick *Kick
 }

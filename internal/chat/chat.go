@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/internal/bus"
+	"github.com/parley-im/parley/internal/ledger"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/snowflake"
 	"github.com/parley-im/parley/internal/store"
@@ -36,6 +37,19 @@ type Config struct {
 	HistoryDefault     int           // history limit when the request gives none
 	RecallWindow       time.Duration // edit and recall allowed this long after sending
 	ReadScope          string        // ReadPerUser or ReadPerDevice
+	// Fan-out tiers (M16): groups with fewer than SmallBelow members get
+	// write fan-out to every member's row; up to LargeAbove, rows only for
+	// members online; beyond, no rows at all. Hysteresis (a fraction) keeps
+	// a group near a threshold from flapping: it moves down a tier only
+	// once it is that fraction below the threshold.
+	SmallBelow int
+	LargeAbove int
+	Hysteresis float64
+	// EveryoneInterval is the least time between two @everyone of a group.
+	EveryoneInterval time.Duration
+	// TypingInterval is the least time between two typing notices of a
+	// user in a conversation; more are dropped.
+	TypingInterval time.Duration
 }
 
 // DefaultConfig holds the seed's numbers: ranges up to 200, else the latest 50.
@@ -47,6 +61,11 @@ func DefaultConfig() Config {
 		HistoryDefault:     50,
 		RecallWindow:       24 * time.Hour,
 		ReadScope:          ReadPerUser,
+		SmallBelow:         200,
+		LargeAbove:         2000,
+		Hysteresis:         0.1,
+		EveryoneInterval:   time.Minute,
+		TypingInterval:     2 * time.Second,
 	}
 }
 
@@ -63,6 +82,12 @@ func (c Config) Validate() error {
 		return errors.New("chat: recall window must be positive")
 	case c.ReadScope != ReadPerUser && c.ReadScope != ReadPerDevice:
 		return fmt.Errorf("chat: read scope %q is not %q or %q", c.ReadScope, ReadPerUser, ReadPerDevice)
+	case c.SmallBelow < 3 || c.LargeAbove < c.SmallBelow:
+		return errors.New("chat: tiers need 3 ≤ small_below ≤ large_above")
+	case c.Hysteresis < 0 || c.Hysteresis >= 1:
+		return errors.New("chat: hysteresis must be in [0, 1)")
+	case c.EveryoneInterval < 0 || c.TypingInterval < 0:
+		return errors.New("chat: intervals must not be negative")
 	}
 	return nil
 }
@@ -74,18 +99,41 @@ type Observer struct {
 	Pushed      func(n int)
 	PushFailed  func()
 	Snapshot    func(convs int)
+	// Fanout reports one stored message's fan-out: its tier, the
+	// conversation rows written and the devices' users pushed to.
+	Fanout      func(tier string, rows, pushes int)
+	Compensated func(kind string)
+}
+
+// Online indexes the online members of medium and large groups
+// (presence.Tracker), so their fan-out never walks the whole group.
+type Online interface {
+	Tracked(conv uint64) bool
+	Track(conv uint64, members []string)
+	Untrack(conv uint64)
+	Joined(conv uint64, users []string)
+	Left(conv uint64, users []string)
+	GroupOnline(conv uint64) ([]string, bool)
+}
+
+// Ledger records fan-out work that failed, for retry (M18).
+type Ledger interface {
+	Record(ctx context.Context, t ledger.Task) error
 }
 
 // Service is the chat logic.
 type Service struct {
-	cfg   Config
-	store store.Store
-	reg   registry.Registry
-	bus   bus.Bus
-	ids   *snowflake.Generator
-	now   func() time.Time
-	log   *slog.Logger
-	obs   Observer
+	cfg    Config
+	store  store.Store
+	reg    registry.Registry
+	bus    bus.Bus
+	ids    *snowflake.Generator
+	now    func() time.Time
+	log    *slog.Logger
+	obs    Observer
+	online Online
+	ledger Ledger
+	limits *limiter
 }
 
 // Deps are the engines the service runs on.
@@ -97,6 +145,8 @@ type Deps struct {
 	Now      func() time.Time
 	Logger   *slog.Logger
 	Observer Observer
+	Online   Online
+	Ledger   Ledger
 }
 
 // New returns a service. It starts no goroutines.
@@ -104,8 +154,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if d.Store == nil || d.Registry == nil || d.Bus == nil || d.IDs == nil {
-		return nil, errors.New("chat: store, registry, bus and ids are required")
+	if d.Store == nil || d.Registry == nil || d.Bus == nil || d.IDs == nil || d.Online == nil || d.Ledger == nil {
+		return nil, errors.New("chat: store, registry, bus, ids, online index and ledger are required")
 	}
 	if d.Now == nil {
 		d.Now = time.Now
@@ -113,7 +163,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Service{cfg: cfg, store: d.Store, reg: d.Registry, bus: d.Bus, ids: d.IDs, now: d.Now, log: d.Logger, obs: d.Observer}, nil
+	return &Service{cfg: cfg, store: d.Store, reg: d.Registry, bus: d.Bus, ids: d.IDs, now: d.Now, log: d.Logger,
+		obs: d.Observer, online: d.Online, ledger: d.Ledger, limits: newLimiter()}, nil
 }
 
 // storeErr turns a store failure into the client-facing error. Conditions

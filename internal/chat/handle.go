@@ -64,6 +64,16 @@ func (s *Service) handle(ctx context.Context, c Caller, f *protocol.Frame, reply
 		return s.createGroup(ctx, c, f.Name, f.Members)
 	case protocol.TypeAddMembers:
 		return s.addMembers(ctx, c, f.ConvID, f.Members)
+	case protocol.TypeRemove:
+		return s.removeMembers(ctx, c, f.ConvID, f.Members, "member_removed")
+	case protocol.TypeLeave:
+		return s.removeMembers(ctx, c, f.ConvID, []string{c.User}, "member_left")
+	case protocol.TypeSetRole:
+		return s.setRole(ctx, c, f.ConvID, f.UserID, f.Role)
+	case protocol.TypeMute:
+		return s.mute(ctx, c, f.ConvID, f.UserID, f.Muted)
+	case protocol.TypeTyping:
+		return s.okIfAsked(f, s.typing(ctx, c, f.ConvID))
 	}
 	return nil, protocol.Errorf(protocol.CodeUnknownType, "unknown frame type %q", f.Type)
 }
@@ -94,6 +104,10 @@ func (s *Service) history(ctx context.Context, c Caller, f *protocol.Frame) (*pr
 		limit = s.cfg.HistoryDefault
 	}
 	floor := max(m.JoinSeq, 1)
+	ceiling := uint64(1<<63 - 1)
+	if m.LeaveSeq != 0 {
+		ceiling = m.LeaveSeq
+	}
 	var (
 		msgs []store.Message
 		more bool
@@ -102,12 +116,16 @@ func (s *Service) history(ctx context.Context, c Caller, f *protocol.Frame) (*pr
 	if f.AfterSeq != nil {
 		from := max(*f.AfterSeq+1, floor)
 		// One extra tells whether more follow.
-		msgs, err = s.store.Messages(ctx, f.ConvID, from, ^uint64(0)>>1, limit+1)
+		msgs, err = s.store.Messages(ctx, f.ConvID, from, ceiling, limit+1)
 		if len(msgs) > limit {
 			msgs, more = msgs[:limit], true
 		}
 	} else {
-		msgs, err = s.store.Latest(ctx, f.ConvID, f.BeforeSeq, floor, limit+1)
+		before := f.BeforeSeq
+		if before == 0 || before > ceiling {
+			before = ceiling + 1
+		}
+		msgs, err = s.store.Latest(ctx, f.ConvID, before, floor, limit+1)
 		if len(msgs) > limit {
 			msgs, more = msgs[1:], true
 		}
@@ -135,6 +153,7 @@ func (s *Service) createGroup(ctx context.Context, c Caller, name string, users 
 		return nil, protocol.Errorf(protocol.CodeTooLarge, "a group has at most %d members", s.cfg.Limits.MaxGroupMembers)
 	}
 	conv := store.Conversation{ID: s.ids.Next(), Kind: store.Group, Name: name, CreatedAt: s.now().UnixMilli()}
+	conv.Tier = s.cfg.tierFor(0, len(users)+1)
 	members := make([]store.Member, 0, len(users)+1)
 	members = append(members, store.Member{ConvID: conv.ID, UserID: c.User, Role: store.RoleOwner, JoinSeq: 1})
 	for _, u := range users {
@@ -147,48 +166,26 @@ func (s *Service) createGroup(ctx context.Context, c Caller, name string, users 
 	return s.convFrame(ctx, conv, c.User)
 }
 
-func (s *Service) addMembers(ctx context.Context, c Caller, convID uint64, users []string) (*protocol.Frame, *protocol.Error) {
-	m, perr := s.member(ctx, c.User, convID)
-	if perr != nil {
-		return nil, perr
-	}
-	conv, err := s.store.Conversation(ctx, convID)
-	if err != nil {
-		return nil, s.storeErr("add members", err)
-	}
-	if conv.Kind != store.Group {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "members can only be added to a group")
-	}
-	if m.Role < store.RoleAdmin {
-		return nil, protocol.Errorf(protocol.CodeForbidden, "only the owner or an admin can add members")
-	}
-	users = uniqueWithout(users, "")
-	if conv.Members+len(users) > s.cfg.Limits.MaxGroupMembers {
-		return nil, protocol.Errorf(protocol.CodeTooLarge, "a group has at most %d members", s.cfg.Limits.MaxGroupMembers)
-	}
-	if _, err := s.store.AddMembers(ctx, convID, users, store.RoleMember); err != nil {
-		return nil, s.storeErr("add members", err)
-	}
-	conv, err = s.store.Conversation(ctx, convID)
-	if err != nil {
-		return nil, s.storeErr("add members", err)
-	}
-	return s.convFrame(ctx, conv, c.User)
-}
-
 func (s *Service) convFrame(ctx context.Context, conv store.Conversation, user string) (*protocol.Frame, *protocol.Error) {
 	members, err := s.store.Members(ctx, conv.ID)
 	if err != nil {
 		return nil, s.storeErr("members", err)
 	}
-	info := &protocol.ConvInfo{ConvID: conv.ID, Kind: conv.Kind.String(), Name: conv.Name, LastSeq: conv.LastSeq}
+	info := &protocol.ConvInfo{ConvID: conv.ID, Kind: conv.Kind.String(), Name: conv.Name, LastSeq: conv.LastSeq, MemberCount: len(members)}
+	if conv.Kind == store.Group {
+		info.Tier = TierName(s.cfg.tierFor(conv.Tier, len(members)))
+	}
 	for _, m := range members {
 		info.Members = append(info.Members, m.UserID)
 		if m.UserID == user {
 			info.JoinSeq = m.JoinSeq
+			info.Role = roleName(m.Role)
 		}
 	}
 	slices.Sort(info.Members)
+	if len(info.Members) > maxListedMembers {
+		info.Members = info.Members[:maxListedMembers]
+	}
 	return &protocol.Frame{Type: protocol.TypeConv, Conv: info}, nil
 }
 
@@ -211,6 +208,7 @@ func wireMessage(m store.Message) protocol.Message {
 		ConvID: m.ConvID, Seq: m.Seq, MsgID: m.MsgID, Sender: m.Sender, SenderDevice: m.SenderDevice,
 		ClientMsgID: m.ClientMsgID, Kind: m.Kind, Body: m.Body, TargetSeq: m.TargetSeq,
 		ServerTime: m.ServerTime, Edited: m.Edited, Recalled: m.Recalled,
+		Mentions: m.Mentions, MentionAll: m.MentionAll, CoalesceKey: m.CoalesceKey, Superseded: m.Superseded,
 	}
 }
 

@@ -3,37 +3,51 @@ package chat
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/parley-im/parley/internal/bus"
+	"github.com/parley-im/parley/internal/ledger"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 )
 
-// send stores a text message or an edit/recall event and acknowledges it.
-// Order of work (M7): membership → seq + durable write → ack → push. A
-// failed write is reported and nothing is acknowledged.
+// send stores a message or an edit/recall event and acknowledges it.
+// Order of work (M7): membership → seq + durable write → ack → fan-out.
+// A failed write is reported and nothing is acknowledged; a failed fan-out
+// never undoes the stored message (M18).
 func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply func(*protocol.Frame)) *protocol.Error {
 	start := s.now()
-	if _, perr := s.member(ctx, c.User, f.ConvID); perr != nil {
+	m, perr := s.member(ctx, c.User, f.ConvID)
+	if perr != nil {
 		return perr
 	}
-	members, err := s.store.Members(ctx, f.ConvID)
+	switch {
+	case m.LeaveSeq != 0:
+		return protocol.Errorf(protocol.CodeNotMember, "no longer a member of this conversation")
+	case m.Muted:
+		return protocol.Errorf(protocol.CodeForbidden, "muted in this conversation")
+	}
+	cv, err := s.store.Conversation(ctx, f.ConvID)
 	if err != nil {
-		return s.storeErr("members", err)
+		return s.storeErr("conversation", err)
 	}
-	rows := make([]string, len(members))
-	for i, m := range members {
-		rows[i] = m.UserID
+	if f.MentionAll {
+		if cv.Kind != store.Group {
+			return protocol.Errorf(protocol.CodeInvalidArgument, "mention_all is for groups")
+		}
+		if ok, wait := s.limits.allow("everyone:"+strconv.FormatUint(cv.ID, 10), s.cfg.EveryoneInterval, start); !ok {
+			return &protocol.Error{Code: protocol.CodeRateLimited, Msg: "@everyone is limited per group", RetryAfter: max(wait.Milliseconds(), 1)}
+		}
 	}
-	msgID := s.ids.Next()
 	a := store.Append{
 		Msg: store.Message{
-			ConvID: f.ConvID, MsgID: msgID, Sender: c.User, SenderDevice: c.Device,
+			ConvID: f.ConvID, MsgID: s.ids.Next(), Sender: c.User, SenderDevice: c.Device,
 			ClientMsgID: f.ClientMsgID, Kind: f.Kind, Body: f.Body, TargetSeq: f.TargetSeq,
-			ServerTime: start.UnixMilli(),
+			ServerTime: start.UnixMilli(), Mentions: f.Mentions, MentionAll: f.MentionAll, CoalesceKey: f.CoalesceKey,
 		},
-		Rows: rows,
 	}
 	if f.TargetSeq != 0 {
 		a.Check = s.checkTarget(c, f)
@@ -45,22 +59,144 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	if s.obs.Stored != nil && !res.Duplicate {
 		s.obs.Stored(s.now().Sub(start))
 	}
-	m := res.Msg
+	stored := res.Msg
 	reply(&protocol.Frame{
-		Type: protocol.TypeAck, RID: f.RID, ConvID: m.ConvID, ClientMsgID: m.ClientMsgID,
-		Seq: m.Seq, MsgID: m.MsgID, ServerTime: m.ServerTime, Duplicate: res.Duplicate,
+		Type: protocol.TypeAck, RID: f.RID, ConvID: stored.ConvID, ClientMsgID: stored.ClientMsgID,
+		Seq: stored.Seq, MsgID: stored.MsgID, ServerTime: stored.ServerTime, Duplicate: res.Duplicate,
 	})
-	// A duplicate is pushed again: the first push may have been lost with
-	// the connection that made the client retry. Devices drop it by seq.
-	recipients := make([]string, 0, len(members))
-	for _, mb := range members {
-		if mb.JoinSeq <= m.Seq {
-			recipients = append(recipients, mb.UserID)
+	// A duplicate is fanned out again: the first fan-out may have been lost
+	// with the connection or the process that made the client retry. Rows
+	// are idempotent and devices drop repeated seqs.
+	s.fanout(ctx, cv, stored)
+	return nil
+}
+
+// fanout makes a stored message visible: conversation rows by tier (M16)
+// and pushes to the online devices of members who may see it (M17).
+func (s *Service) fanout(ctx context.Context, cv store.Conversation, m store.Message) {
+	tier := s.tier(ctx, cv)
+	recipients, err := s.recipients(ctx, cv.ID, tier, m.Seq)
+	if err != nil {
+		// Nobody is pushed to; devices catch up by gap fill and sync, and
+		// rows by the conversation's last_seq, read at sync.
+		s.log.Warn("fan-out: recipients", "conv", cv.ID, "seq", m.Seq, "err", err)
+		return
+	}
+	rows := 0
+	if tier != TierLarge {
+		// Small: every member (all are recipients); medium: members online.
+		rows = s.writeRows(ctx, cv.ID, m.Seq, recipients, m.MentionAll)
+		if !m.MentionAll && len(m.Mentions) > 0 {
+			s.writeRows(ctx, cv.ID, m.Seq, intersect(m.Mentions, recipients), true)
 		}
 	}
 	wm := wireMessage(m)
-	s.push(ctx, recipients, &protocol.Frame{Type: protocol.TypeMsg, Message: &wm}, m.ConvID, m.Seq)
+	pushed := s.pushKey(ctx, recipients, &protocol.Frame{Type: protocol.TypeMsg, Message: &wm}, m.ConvID, m.Seq, m.CoalesceKey)
+	if s.obs.Fanout != nil {
+		s.obs.Fanout(TierName(tier), rows, pushed)
+	}
+}
+
+// recipients are the members allowed to see seq: every member in a small
+// group; in larger tiers only the online ones, found through the online
+// index so the cost follows the members online, not the group's size.
+func (s *Service) recipients(ctx context.Context, conv uint64, tier uint8, seq uint64) ([]string, error) {
+	if tier == TierSmall {
+		members, err := s.store.Members(ctx, conv)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]string, 0, len(members))
+		for _, mb := range members {
+			if mb.JoinSeq <= seq {
+				out = append(out, mb.UserID)
+			}
+		}
+		return out, nil
+	}
+	online, ok := s.online.GroupOnline(conv)
+	if !ok {
+		return nil, fmt.Errorf("group %d is not tracked", conv)
+	}
+	out := make([]string, 0, len(online))
+	for _, u := range online {
+		// The index may lag a join or leave by a moment; the membership
+		// row decides (M17: nothing below join_seq, nothing after leaving).
+		mb, err := s.store.Member(ctx, conv, u)
+		if err != nil || mb.LeaveSeq != 0 || mb.JoinSeq > seq {
+			continue
+		}
+		out = append(out, u)
+	}
+	return out, nil
+}
+
+// writeRows is write fan-out; a failure becomes a compensation task.
+func (s *Service) writeRows(ctx context.Context, conv, seq uint64, users []string, mention bool) int {
+	if len(users) == 0 {
+		return 0
+	}
+	if err := s.store.UpdateRows(ctx, conv, seq, users, mention); err != nil {
+		s.log.Warn("row fan-out failed; recorded for retry", "conv", conv, "seq", seq, "users", len(users), "err", err)
+		s.record(ctx, ledger.Task{Kind: ledger.KindRows, Conv: conv, Seq: seq, Users: users, Mention: mention})
+		return 0
+	}
+	return len(users)
+}
+
+func (s *Service) record(ctx context.Context, t ledger.Task) {
+	if err := s.ledger.Record(context.WithoutCancel(ctx), t); err != nil {
+		// The ledger is down too: the client's gap detection and the
+		// conversation's last_seq at sync remain the safety net (M18).
+		s.log.Error("compensation ledger failed; relying on client sync", "kind", t.Kind, "conv", t.Conv, "seq", t.Seq, "err", err)
+	}
+}
+
+// Compensate redoes a recorded task; the ledger retries it until it
+// returns nil.
+func (s *Service) Compensate(ctx context.Context, t ledger.Task) error {
+	switch t.Kind {
+	case ledger.KindRows:
+		if err := s.store.UpdateRows(ctx, t.Conv, t.Seq, t.Users, t.Mention); err != nil {
+			return err
+		}
+	case ledger.KindPush:
+		msgs, err := s.store.Messages(ctx, t.Conv, t.Seq, t.Seq, 1)
+		if err != nil {
+			return err
+		}
+		if len(msgs) == 1 {
+			wm := wireMessage(msgs[0])
+			data, err := json.Marshal(&protocol.Frame{Type: protocol.TypeMsg, Message: &wm})
+			if err != nil {
+				return err
+			}
+			err = s.bus.Publish(ctx, t.Node, bus.Delivery{Users: t.Users, Frame: data, ConvID: t.Conv, Seq: t.Seq})
+			if err != nil && !errors.Is(err, bus.ErrNoSubscriber) {
+				return err
+			}
+		}
+	default:
+		s.log.Error("unknown compensation task dropped", "kind", t.Kind)
+	}
+	if s.obs.Compensated != nil {
+		s.obs.Compensated(t.Kind)
+	}
 	return nil
+}
+
+func intersect(a, b []string) []string {
+	in := make(map[string]bool, len(b))
+	for _, x := range b {
+		in[x] = true
+	}
+	var out []string
+	for _, x := range a {
+		if in[x] {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // checkTarget enforces who may edit or recall what, and rewrites the target.
@@ -87,11 +223,17 @@ func (s *Service) checkTarget(c Caller, f *protocol.Frame) func(store.Message) (
 }
 
 // push sends frame to every online device of users, one bus delivery per
-// gateway node (M6). A failed hand-off loses nothing: the message is stored
-// and the device fetches it by sync or gap fill.
-func (s *Service) push(ctx context.Context, users []string, frame *protocol.Frame, conv, seq uint64) {
+// gateway node (M6), and returns the number of users handed off. A node
+// that cannot be reached right now gets a compensation task for message
+// pushes; a node with no subscriber has gone, and its users resync on
+// whichever node they reconnect to.
+func (s *Service) push(ctx context.Context, users []string, frame *protocol.Frame, conv, seq uint64) int {
+	return s.pushKey(ctx, users, frame, conv, seq, "")
+}
+
+func (s *Service) pushKey(ctx context.Context, users []string, frame *protocol.Frame, conv, seq uint64, key string) int {
 	if len(users) == 0 {
-		return
+		return 0
 	}
 	online, err := s.reg.Lookup(ctx, users)
 	if err != nil {
@@ -99,10 +241,10 @@ func (s *Service) push(ctx context.Context, users []string, frame *protocol.Fram
 		if s.obs.PushFailed != nil {
 			s.obs.PushFailed()
 		}
-		return
+		return 0
 	}
 	if len(online) == 0 {
-		return
+		return 0
 	}
 	byNode := make(map[string][]string)
 	for u, entries := range online {
@@ -115,22 +257,27 @@ func (s *Service) push(ctx context.Context, users []string, frame *protocol.Fram
 	data, err := json.Marshal(frame)
 	if err != nil {
 		s.log.Error("encode push", "err", err)
-		return
+		return 0
 	}
 	n := 0
 	for node, us := range byNode {
-		if err := s.bus.Publish(ctx, node, bus.Delivery{Users: us, Frame: data, ConvID: conv, Seq: seq}); err != nil {
-			s.log.Warn("push hand-off failed; recipients will sync", "node", node, "err", err)
-			if s.obs.PushFailed != nil {
-				s.obs.PushFailed()
-			}
+		err := s.bus.Publish(ctx, node, bus.Delivery{Users: us, Frame: data, ConvID: conv, Seq: seq, CoalesceKey: key})
+		if err == nil {
+			n += len(us)
 			continue
 		}
-		n += len(us)
+		if s.obs.PushFailed != nil {
+			s.obs.PushFailed()
+		}
+		if seq != 0 && !errors.Is(err, bus.ErrNoSubscriber) {
+			s.log.Warn("push hand-off failed; recorded for retry", "node", node, "err", err)
+			s.record(ctx, ledger.Task{Kind: ledger.KindPush, Conv: conv, Seq: seq, Users: us, Node: node})
+		}
 	}
 	if s.obs.Pushed != nil {
 		s.obs.Pushed(n)
 	}
+	return n
 }
 
 // delivered records that a device has every message up to seq and tells the

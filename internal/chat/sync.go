@@ -41,6 +41,11 @@ func (s *Service) Snapshot(ctx context.Context, c Caller, req []protocol.SyncCon
 		if !ok {
 			from = read
 		}
+		last, perr := s.lastSeq(ctx, r)
+		if perr != nil {
+			return nil, perr
+		}
+		r.LastSeq = last
 		snap, perr := s.snapshotOne(ctx, r, from, read)
 		if perr != nil {
 			return nil, perr
@@ -55,6 +60,25 @@ func (s *Service) Snapshot(ctx context.Context, c Caller, req []protocol.SyncCon
 	return out, nil
 }
 
+// lastSeq is the last seq of r's conversation the user may see: the
+// conversation's own last_seq (read fan-out: rows are not written for every
+// member of larger groups, so the row alone may lag), capped at the
+// member's leave_seq.
+func (s *Service) lastSeq(ctx context.Context, r store.ConvRow) (uint64, *protocol.Error) {
+	last := r.LastSeq
+	if r.Kind != store.Direct {
+		cv, err := s.store.Conversation(ctx, r.ConvID)
+		if err != nil {
+			return 0, s.storeErr("sync", err)
+		}
+		last = max(last, cv.LastSeq)
+	}
+	if r.LeaveSeq != 0 {
+		last = min(last, r.LeaveSeq)
+	}
+	return last, nil
+}
+
 func (s *Service) snapshotOne(ctx context.Context, r store.ConvRow, from, read uint64) (*protocol.ConvSnapshot, *protocol.Error) {
 	floor := max(r.JoinSeq, 1) - 1 // the member has seen nothing below join_seq
 	from = max(from, floor)
@@ -64,7 +88,7 @@ func (s *Service) snapshotOne(ctx context.Context, r store.ConvRow, from, read u
 	gap := r.LastSeq - from
 	snap := &protocol.ConvSnapshot{
 		ConvID: r.ConvID, Kind: r.Kind.String(), LastSeq: r.LastSeq, ReadSeq: read, JoinSeq: r.JoinSeq,
-		Unread: r.LastSeq - max(read, floor), FromSeq: from,
+		Unread: r.LastSeq - min(max(read, floor), r.LastSeq), FromSeq: from,
 	}
 	var (
 		msgs []store.Message
@@ -100,10 +124,15 @@ func (s *Service) conversations(ctx context.Context, c Caller) ([]protocol.ConvS
 		if err != nil {
 			return nil, s.storeErr("conversations", err)
 		}
+		r.LastSeq = max(r.LastSeq, cv.LastSeq)
+		if r.LeaveSeq != 0 {
+			r.LastSeq = min(r.LastSeq, r.LeaveSeq)
+		}
 		floor := max(r.JoinSeq, 1) - 1
 		sum := protocol.ConvSummary{
 			ConvID: r.ConvID, Kind: cv.Kind.String(), Name: cv.Name, LastSeq: r.LastSeq,
 			ReadSeq: read, JoinSeq: r.JoinSeq, Unread: r.LastSeq - min(max(read, floor), r.LastSeq),
+			Mentioned: r.MentionSeq > read, LeaveSeq: r.LeaveSeq,
 		}
 		if r.LastSeq > floor {
 			last, err := s.store.Latest(ctx, r.ConvID, r.LastSeq+1, floor+1, 1)

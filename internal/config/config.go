@@ -116,6 +116,8 @@ type Limits struct {
 	MaxHistory      int `yaml:"max_history"`
 	MaxGroupMembers int `yaml:"max_group_members"`
 	MaxNameBytes    int `yaml:"max_name_bytes"`
+	MaxMentions     int `yaml:"max_mentions"`
+	MaxPresenceSubs int `yaml:"max_presence_subs"`
 }
 
 // Protocol returns the limits as the protocol package expresses them.
@@ -133,6 +135,18 @@ type Chat struct {
 	// that "latest N" usually reads one bucket, narrow enough that a busy
 	// conversation does not grow one unbounded partition.
 	BucketWidth time.Duration `yaml:"bucket_width"`
+	// Fan-out tiers: below SmallBelow members every member's row is
+	// written; up to LargeAbove only online members' rows; beyond, none.
+	SmallBelow int     `yaml:"small_below"`
+	LargeAbove int     `yaml:"large_above"`
+	Hysteresis float64 `yaml:"hysteresis"`
+	// EveryoneInterval is the least time between two @everyone of a group.
+	EveryoneInterval time.Duration `yaml:"everyone_interval"`
+	TypingInterval   time.Duration `yaml:"typing_interval"`
+	// Presence changes are flushed every PresenceFlush, each user's at most
+	// once per PresenceMinGap.
+	PresenceFlush  time.Duration `yaml:"presence_flush"`
+	PresenceMinGap time.Duration `yaml:"presence_min_gap"`
 }
 
 // Metrics configures the Prometheus endpoint.
@@ -168,6 +182,13 @@ func defaults() Config {
 			RecallWindow:       24 * time.Hour,
 			ReadScope:          ReadScopeUser,
 			BucketWidth:        240 * time.Hour,
+			SmallBelow:         200,
+			LargeAbove:         2000,
+			Hysteresis:         0.1,
+			EveryoneInterval:   time.Minute,
+			TypingInterval:     2 * time.Second,
+			PresenceFlush:      time.Second,
+			PresenceMinGap:     5 * time.Second,
 		},
 		Metrics: Metrics{Enabled: true},
 	}
@@ -305,6 +326,10 @@ func (c Config) Validate() error {
 	p.check(ch.RecallWindow > 0, "chat.recall_window", "must be positive, got %v", ch.RecallWindow)
 	p.check(ch.ReadScope == ReadScopeUser || ch.ReadScope == ReadScopeDevice, "chat.read_scope", "%q is not %s or %s", ch.ReadScope, ReadScopeUser, ReadScopeDevice)
 	p.check(ch.BucketWidth >= time.Second, "chat.bucket_width", "must be at least 1s, got %v", ch.BucketWidth)
+	p.check(ch.SmallBelow >= 3 && ch.LargeAbove >= ch.SmallBelow, "chat.small_below", "need 3 <= small_below <= large_above, got %d and %d", ch.SmallBelow, ch.LargeAbove)
+	p.check(ch.Hysteresis >= 0 && ch.Hysteresis < 1, "chat.hysteresis", "must be in [0, 1), got %v", ch.Hysteresis)
+	p.check(ch.EveryoneInterval >= 0 && ch.TypingInterval >= 0, "chat.everyone_interval", "intervals must not be negative")
+	p.check(ch.PresenceFlush > 0 && ch.PresenceMinGap >= 0, "chat.presence_flush", "must be positive")
 	return p.err()
 }
 
@@ -362,6 +387,8 @@ func (c Config) validateLimits(p *problems) {
 		{"limits.max_history", l.MaxHistory},
 		{"limits.max_group_members", l.MaxGroupMembers},
 		{"limits.max_name_bytes", l.MaxNameBytes},
+		{"limits.max_mentions", l.MaxMentions},
+		{"limits.max_presence_subs", l.MaxPresenceSubs},
 	} {
 		p.check(f.v > 0, f.path, "must be positive, got %d", f.v)
 	}

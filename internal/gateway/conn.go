@@ -43,6 +43,9 @@ func (g *Gateway) newUpgrader() *websocket.Upgrader {
 	u.SetPingHandler(func(c *websocket.Conn, data string) {
 		if s, ok := c.Session().(*session); ok && s != nil {
 			s.lastSeen.Store(g.now().UnixMilli())
+			if !s.deadlineCleared.Swap(true) {
+				_ = c.SetReadDeadline(time.Time{})
+			}
 		}
 		_ = c.WriteMessage(websocket.PongMessage, []byte(data))
 	})
@@ -180,6 +183,8 @@ func (g *Gateway) open(s *session) {
 	if old != nil {
 		g.kick(ctx, old)
 	}
+	g.presence.Connected(ctx, s.user)
+	s.present.Store(true)
 }
 
 func (g *Gateway) node() string { return g.cfg.Node }
@@ -229,6 +234,10 @@ func (g *Gateway) gone(s *session) {
 	if g.obs.Connections != nil {
 		g.obs.Connections(-1)
 	}
+	g.presence.Unwatch(s)
+	if s.present.Load() {
+		g.presence.Disconnected(s.user)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 	defer cancel()
 	if err := g.reg.Unregister(ctx, s.user, s.device, s.id); err != nil {
@@ -245,6 +254,9 @@ func (g *Gateway) onMessage(c *websocket.Conn, mt websocket.MessageType, data []
 		return
 	}
 	s.lastSeen.Store(g.now().UnixMilli())
+	if !s.deadlineCleared.Swap(true) {
+		_ = c.SetReadDeadline(time.Time{})
+	}
 	if mt != websocket.TextMessage {
 		s.close(protocol.CloseUnsupportedData, "frames are JSON text")
 		return
@@ -279,10 +291,29 @@ func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Fram
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.RequestTimeout)
 	defer cancel()
+	if f.Type == protocol.TypePresenceSub {
+		reply(g.watch(ctx, s, f))
+		return
+	}
 	g.backend.Handle(ctx, chat.Caller{User: s.user, Device: s.device}, f, func(resp *protocol.Frame) {
 		if resp.Type == protocol.TypeError && g.obs.Error != nil {
 			g.obs.Error(resp.Code)
 		}
 		reply(resp)
 	})
+}
+
+// watch replaces the users s watches for presence, after checking it may
+// see each of them (M26: only users it shares a conversation with).
+func (g *Gateway) watch(ctx context.Context, s *session, f *protocol.Frame) *protocol.Frame {
+	for _, u := range f.Users {
+		ok, err := g.mayWatch(ctx, s.user, u)
+		if err != nil {
+			return chat.ErrorFrame(f.RID, protocol.Errorf(protocol.CodeStoreUnavailable, "presence check failed; retry"))
+		}
+		if !ok {
+			return chat.ErrorFrame(f.RID, protocol.Errorf(protocol.CodeNotMember, "you share no conversation with %s", u))
+		}
+	}
+	return &protocol.Frame{Type: protocol.TypePresence, RID: f.RID, States: g.presence.Watch(s, f.Users)}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/chat"
+	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/protocol"
 )
@@ -36,6 +37,18 @@ import (
 type Backend interface {
 	Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, reply func(*protocol.Frame))
 }
+
+// Presence is the node's presence tracker (presence.Tracker).
+type Presence interface {
+	Connected(ctx context.Context, user string)
+	Disconnected(user string)
+	Watch(s presence.Subscriber, users []string) []protocol.PresenceState
+	Unwatch(s presence.Subscriber)
+}
+
+// MayWatch reports whether user a may see b's presence (they share a
+// conversation).
+type MayWatch func(ctx context.Context, a, b string) (bool, error)
 
 // Verifier checks handshake tokens.
 type Verifier interface {
@@ -117,6 +130,8 @@ type Gateway struct {
 	verifier Verifier
 	reg      registry.Registry
 	bus      bus.Bus
+	presence Presence
+	mayWatch MayWatch
 	log      *slog.Logger
 	obs      Observer
 	now      func() time.Time
@@ -147,6 +162,8 @@ type Deps struct {
 	Verifier Verifier
 	Registry registry.Registry
 	Bus      bus.Bus
+	Presence Presence
+	MayWatch MayWatch
 	Logger   *slog.Logger
 	Observer Observer
 	Now      func() time.Time
@@ -158,8 +175,8 @@ func New(cfg Config, d Deps) (*Gateway, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if d.Backend == nil || d.Verifier == nil || d.Registry == nil || d.Bus == nil {
-		return nil, errors.New("gateway: backend, verifier, registry and bus are required")
+	if d.Backend == nil || d.Verifier == nil || d.Registry == nil || d.Bus == nil || d.Presence == nil || d.MayWatch == nil {
+		return nil, errors.New("gateway: backend, verifier, registry, bus and presence are required")
 	}
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
@@ -168,7 +185,7 @@ func New(cfg Config, d Deps) (*Gateway, error) {
 		d.Now = time.Now
 	}
 	g := &Gateway{cfg: cfg, backend: d.Backend, verifier: d.Verifier, reg: d.Registry, bus: d.Bus,
-		log: d.Logger, obs: d.Observer, now: d.Now}
+		presence: d.Presence, mayWatch: d.MayWatch, log: d.Logger, obs: d.Observer, now: d.Now}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.admit = newBucket(cfg.HandshakeRate, cfg.HandshakeBurst, d.Now())
 	for i := range g.shards {
@@ -266,7 +283,7 @@ func (g *Gateway) deliver(d bus.Delivery) {
 	}
 	for _, u := range d.Users {
 		for _, s := range g.sessionsOf(u) {
-			s.push(d.Frame, d.ConvID, d.Seq)
+			s.push(d.Frame, d.ConvID, d.Seq, d.CoalesceKey)
 		}
 	}
 }

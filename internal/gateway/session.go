@@ -19,9 +19,14 @@ type session struct {
 	device string
 	tr     transport
 
-	lastSeen  atomic.Int64 // unix ms of the last frame received
-	closed    atomic.Bool
-	badFrames atomic.Int32 // consecutive bad frames
+	lastSeen atomic.Int64 // unix ms of the last frame received
+	closed   atomic.Bool
+	present  atomic.Bool // counted by the presence tracker
+	// deadlineCleared: nbio arms its HTTP read deadline after registering
+	// the connection, which can land after the upgrade cleared it; the
+	// first frame clears it again (the sweeper owns idle timeouts).
+	deadlineCleared atomic.Bool
+	badFrames       atomic.Int32 // consecutive bad frames
 
 	mu struct {
 		sync.Mutex
@@ -34,18 +39,22 @@ type session struct {
 // pending is a push waiting for the device's delivered ack.
 type pending struct {
 	conv, seq uint64
+	key       string // coalesce key of a state update
 	frame     []byte
 	sentMS    int64
 	tries     int
 }
 
 // push writes a delivery frame and, for messages, tracks it until acked.
-func (s *session) push(frame []byte, conv, seq uint64) {
+func (s *session) push(frame []byte, conv, seq uint64, key string) {
 	if s.closed.Load() {
 		return
 	}
 	if seq != 0 {
 		s.mu.Lock()
+		if key != "" {
+			s.supersedeLocked(conv, seq, key)
+		}
 		if len(s.mu.inflight) >= s.g.cfg.MaxInflight {
 			// The oldest unacked push is left to the client's gap fill and
 			// sync; keeping the bound protects the node's memory.
@@ -55,10 +64,25 @@ func (s *session) push(frame []byte, conv, seq uint64) {
 				s.g.obs.Drop("inflight_overflow")
 			}
 		}
-		s.mu.inflight = append(s.mu.inflight, pending{conv: conv, seq: seq, frame: frame, sentMS: s.g.now().UnixMilli()})
+		s.mu.inflight = append(s.mu.inflight, pending{conv: conv, seq: seq, key: key, frame: frame, sentMS: s.g.now().UnixMilli()})
 		s.mu.Unlock()
 	}
 	s.write(frame)
+}
+
+// supersedeLocked drops unacked older states of (conv, key): a lagging
+// device is re-sent only the latest state; the seqs it skips come back
+// through gap fill as superseded stubs without bodies.
+func (s *session) supersedeLocked(conv, seq uint64, key string) {
+	kept := s.mu.inflight[:0]
+	for _, p := range s.mu.inflight {
+		if p.conv == conv && p.key == key && p.seq < seq {
+			continue
+		}
+		kept = append(kept, p)
+	}
+	clear(s.mu.inflight[len(kept):])
+	s.mu.inflight = kept
 }
 
 // ack drops tracked pushes of conv up to seq (delivered is cumulative).
@@ -174,4 +198,9 @@ func (w wsTransport) close(code int, reason string) {
 		_ = w.c.WriteClose(code, reason)
 	}
 	_ = w.c.Close()
+}
+
+// Presence delivers a batch of presence changes (presence.Subscriber).
+func (s *session) Presence(states []protocol.PresenceState) {
+	s.writeFrame(&protocol.Frame{Type: protocol.TypePresence, States: states})
 }

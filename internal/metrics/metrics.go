@@ -45,7 +45,8 @@ var clientFrames = []string{
 	protocol.TypePing, protocol.TypeSend, protocol.TypeEdit, protocol.TypeRecall,
 	protocol.TypeDelivered, protocol.TypeRead, protocol.TypeSync, protocol.TypeHistory,
 	protocol.TypeConvList, protocol.TypeOpenDirect, protocol.TypeCreateGroup,
-	protocol.TypeAddMembers,
+	protocol.TypeAddMembers, protocol.TypeRemove, protocol.TypeLeave, protocol.TypeSetRole,
+	protocol.TypeMute, protocol.TypePresenceSub, protocol.TypeTyping,
 }
 
 // latencyBuckets span 0.5ms to 5s: an in-process ACK lands in the first few,
@@ -68,6 +69,13 @@ type Metrics struct {
 	QueueDrops   *prometheus.CounterVec // reason
 	SnapshotConv prometheus.Histogram   // conversations in one sync snapshot
 	StoreErrors  *prometheus.CounterVec // op
+	// Group fan-out (M16, M36): per tier, messages fanned out, conversation
+	// rows written and users pushed to. rows/messages is the seed's write
+	// amplification.
+	FanoutMessages *prometheus.CounterVec // tier
+	FanoutRows     *prometheus.CounterVec // tier
+	FanoutPushes   *prometheus.CounterVec // tier
+	Compensations  *prometheus.CounterVec // kind: tasks completed by the ledger
 }
 
 // New creates the collectors and registers them on reg. It panics if one is
@@ -126,11 +134,33 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "parley_store_errors_total",
 			Help: "Failed store operations by operation.",
 		}, []string{"op"}),
+		FanoutMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_fanout_messages_total",
+			Help: "Stored messages fanned out, by the conversation's tier.",
+		}, []string{"tier"}),
+		FanoutRows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_fanout_row_writes_total",
+			Help: "Conversation-row writes of fan-out, by tier (write amplification = rows / messages).",
+		}, []string{"tier"}),
+		FanoutPushes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_fanout_pushes_total",
+			Help: "Users pushed to by fan-out, by tier.",
+		}, []string{"tier"}),
+		Compensations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_compensations_total",
+			Help: "Compensation tasks completed, by kind.",
+		}, []string{"kind"}),
 	}
 	reg.MustRegister(
 		m.Connections, m.Handshakes, m.FramesIn, m.Errors, m.Stored, m.SendAck,
 		m.Delivery, m.Pushes, m.Retransmits, m.QueueDrops, m.SnapshotConv, m.StoreErrors,
+		m.FanoutMessages, m.FanoutRows, m.FanoutPushes, m.Compensations,
 	)
+	for _, t := range []string{"small", "medium", "large"} {
+		m.FanoutMessages.WithLabelValues(t)
+		m.FanoutRows.WithLabelValues(t)
+		m.FanoutPushes.WithLabelValues(t)
+	}
 	// Creating the known series up front makes them exported as 0, so rate()
 	// and alerts work before the first event rather than seeing no series.
 	for _, r := range []string{ResultOK, ResultUnauthorized, ResultExpired, ResultRateLimited, ResultOverloaded, ResultBadRequest} {

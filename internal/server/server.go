@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/lesismal/nbio/mempool"
 	"github.com/lesismal/nbio/nbhttp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -28,7 +29,9 @@ import (
 	"github.com/parley-im/parley/internal/bus/local"
 	"github.com/parley-im/parley/internal/chat"
 	"github.com/parley-im/parley/internal/gateway"
+	"github.com/parley-im/parley/internal/ledger"
 	"github.com/parley-im/parley/internal/metrics"
+	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/registry/memory"
 	"github.com/parley-im/parley/internal/snowflake"
 	"github.com/parley-im/parley/internal/store"
@@ -46,7 +49,11 @@ type Options struct {
 	Gateway     gateway.Config
 	Chat        chat.Config
 	BucketWidth time.Duration
-	Logger      *slog.Logger
+	Presence    presence.Config
+	// WrapStore, if set, wraps the store the chat service uses (tests
+	// inject faults with it).
+	WrapStore func(store.Store) store.Store
+	Logger    *slog.Logger
 }
 
 // Server is a running node.
@@ -62,6 +69,11 @@ type Server struct {
 	verifier *auth.Verifier
 	reg      *prometheus.Registry
 	metrics  *metrics.Metrics
+	ledger   *ledger.Pebble
+	presence *presence.Tracker
+
+	bg       sync.WaitGroup // the ledger and presence loops
+	bgCancel context.CancelFunc
 
 	shutOnce sync.Once
 	shutErr  error
@@ -93,26 +105,48 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		return nil, fmt.Errorf("server: open store: %w", err)
 	}
 	s.store = st
+	led, err := ledger.Open(ledger.Config{Dir: filepath.Join(o.DataDir, "ledger"), FS: o.StoreFS, Logger: o.Logger})
+	if err != nil {
+		_ = st.Close()
+		return nil, fmt.Errorf("server: open ledger: %w", err)
+	}
+	s.ledger = led
+	s.presence = presence.New(o.Presence, st, nil)
 	reg := memory.New()
 	b := local.New()
 	m := s.metrics
+	var chatStore store.Store = st
+	if o.WrapStore != nil {
+		chatStore = o.WrapStore(st)
+	}
 	s.chat, err = chat.New(o.Chat, chat.Deps{
-		Store: st, Registry: reg, Bus: b, IDs: snowflake.New(snowflake.NodeNumber(o.Node), nil), Logger: o.Logger,
+		Store: chatStore, Registry: reg, Bus: b, IDs: snowflake.New(snowflake.NodeNumber(o.Node), nil), Logger: o.Logger,
+		Online: s.presence, Ledger: led,
 		Observer: chat.Observer{
 			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },
 			StoreFailed: func(op string) { m.StoreErrors.WithLabelValues(op).Inc() },
 			Pushed:      func(n int) { m.Pushes.Add(float64(n)) },
 			Snapshot:    func(n int) { m.SnapshotConv.Observe(float64(n)) },
+			Fanout: func(tier string, rows, pushes int) {
+				m.FanoutMessages.WithLabelValues(tier).Inc()
+				m.FanoutRows.WithLabelValues(tier).Add(float64(rows))
+				m.FanoutPushes.WithLabelValues(tier).Add(float64(pushes))
+			},
+			Compensated: func(kind string) { m.Compensations.WithLabelValues(kind).Inc() },
 		},
 	})
 	if err != nil {
-		_ = st.Close()
+		s.closeEngines()
 		return nil, err
 	}
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "parley_compensation_backlog", Help: "Compensation tasks waiting for a successful retry.",
+	}, func() float64 { return float64(led.Backlog()) }))
 	gcfg := o.Gateway
 	gcfg.Node = o.Node
 	s.gw, err = gateway.New(gcfg, gateway.Deps{
 		Backend: s.chat, Verifier: v, Registry: reg, Bus: b, Logger: o.Logger,
+		Presence: s.presence, MayWatch: s.chat.SharesConversation,
 		Observer: gateway.Observer{
 			Connections: func(d int) { m.Connections.Add(float64(d)) },
 			Handshake:   func(r string) { m.Handshakes.WithLabelValues(r).Inc() },
@@ -124,14 +158,19 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		},
 	})
 	if err != nil {
-		_ = st.Close()
+		s.closeEngines()
 		return nil, err
 	}
 	if err := s.listen(o); err != nil {
 		_ = s.gw.Shutdown(ctx)
-		_ = st.Close()
+		s.closeEngines()
 		return nil, err
 	}
+	bgCtx, cancel := context.WithCancel(context.Background())
+	s.bgCancel = cancel
+	s.bg.Add(2)
+	go func() { defer s.bg.Done(); _ = led.Run(bgCtx, s.chat.Compensate) }()
+	go func() { defer s.bg.Done(); s.presence.Run(bgCtx) }()
 	s.log.Info("parley node started", "node", o.Node, "addr", s.Addr(), "data_dir", o.DataDir)
 	return s, nil
 }
@@ -161,6 +200,11 @@ func (s *Server) listen(o Options) error {
 		MaxWebsocketFramePayloadSize: o.Gateway.Limits.MaxFrameBytes,
 		ReadBufferSize:               4096,
 		IOMod:                        ioMod,
+		// Plain GC-managed buffers: nbio's pooled allocator corrupts frames
+		// under concurrent connections in v1.6.7–1.6.8 (nbio issue #490;
+		// reproduced here by internal/e2e). Idle connections hold no
+		// buffers either way, so the per-connection cost is unchanged.
+		BodyAllocator: mempool.NewSTD(),
 	})
 	if err := s.engine.Start(); err != nil {
 		return fmt.Errorf("server: start engine: %w", err)
@@ -196,8 +240,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutOnce.Do(func() {
 		errGW := s.gw.Shutdown(ctx)
 		s.engine.Stop()
-		errStore := s.store.Close()
-		s.shutErr = errors.Join(errGW, errStore)
+		s.bgCancel()
+		s.bg.Wait()
+		s.shutErr = errors.Join(errGW, s.closeEngines())
 	})
 	return s.shutErr
+}
+
+func (s *Server) closeEngines() error {
+	return errors.Join(s.ledger.Close(), s.store.Close())
 }

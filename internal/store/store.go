@@ -58,27 +58,37 @@ type Conversation struct {
 	Name      string
 	CreatedAt int64 // unix ms
 	LastSeq   uint64
-	Members   int
+	Members   int // current members (LeaveSeq 0)
+	// Tier is the group's fan-out tier as last decided by the chat service
+	// (0 until first set); stored so that hysteresis survives restarts.
+	Tier uint8
 }
 
 // Member is one user's membership of a conversation. Messages with
-// seq < JoinSeq are never shown to the member.
+// seq < JoinSeq are never shown to the member, nor, once LeaveSeq is set,
+// those with seq > LeaveSeq.
 type Member struct {
-	ConvID  uint64
-	UserID  string
-	Role    Role
-	JoinSeq uint64
+	ConvID   uint64
+	UserID   string
+	Role     Role
+	JoinSeq  uint64
+	LeaveSeq uint64 // 0: a current member
+	Muted    bool   // may read but not send
 }
 
 // ConvRow is a user's row for one conversation: what the conversation list
 // reads. LastSeq is the conversation's last seq as materialised for this user
 // by write fan-out.
 type ConvRow struct {
-	ConvID  uint64
-	UserID  string
-	Kind    ConvKind
-	JoinSeq uint64
-	LastSeq uint64
+	ConvID   uint64
+	UserID   string
+	Kind     ConvKind
+	JoinSeq  uint64
+	LeaveSeq uint64 // 0: a current member
+	LastSeq  uint64
+	// MentionSeq is the highest seq that mentioned this user (an
+	// @everyone included), as materialised by UpdateRows.
+	MentionSeq uint64
 }
 
 // Message is a stored message or event. The body is stored once.
@@ -95,6 +105,14 @@ type Message struct {
 	ServerTime   int64 // unix ms
 	Edited       bool
 	Recalled     bool
+	Mentions     []string // users mentioned
+	MentionAll   bool     // @everyone
+	// CoalesceKey makes the message a state update: only the latest
+	// message of a conversation with a given key carries its body on reads.
+	CoalesceKey string
+	// Superseded is set on reads (never stored) when a later message of
+	// the conversation has the same CoalesceKey; its Body is then empty.
+	Superseded bool
 }
 
 // Append is one message to persist. The store assigns Seq (the conversation's
@@ -103,9 +121,6 @@ type Append struct {
 	// Msg.Seq is ignored; MsgID (non-zero, unique in the conversation,
 	// else ErrConflict) and ServerTime are the caller's.
 	Msg Message
-	// Rows lists users whose conversation row gets LastSeq = the new seq in
-	// the same durable write (write fan-out). Empty means no row writes.
-	Rows []string
 	// Check is called under the conversation's lock with the target message
 	// when Msg.TargetSeq != 0 (edit, recall); it returns an error to refuse,
 	// or nil and the target as it must be stored afterwards.
@@ -130,14 +145,26 @@ type Store interface {
 	Direct(ctx context.Context, a, b string, newID uint64, now int64) (Conversation, error)
 	// Conversation returns a conversation's row, ErrNotFound if none.
 	Conversation(ctx context.Context, id uint64) (Conversation, error)
-	// Member returns a membership, ErrNotMember if the user is not a member.
+	// Member returns a membership, former ones included (LeaveSeq set);
+	// ErrNotMember if the user never was a member.
 	Member(ctx context.Context, convID uint64, user string) (Member, error)
-	// Members lists every member of a conversation.
+	// Members lists the current members of a conversation (LeaveSeq 0).
 	Members(ctx context.Context, convID uint64) ([]Member, error)
 	// AddMembers adds users with JoinSeq = the conversation's last seq + 1
 	// (decided under the same lock as seq allocation) and returns the new
-	// memberships; users already members are returned unchanged.
+	// memberships; users already members are returned unchanged. A former
+	// member rejoins: new JoinSeq, LeaveSeq 0 (earlier history stays hidden).
+	// New members get a conversation row with LastSeq = the last seq.
 	AddMembers(ctx context.Context, convID uint64, users []string, role Role) ([]Member, error)
+	// RemoveMembers sets LeaveSeq = the conversation's last seq (under the
+	// seq lock) for the users that are current members and returns their
+	// memberships; others are ignored. Their rows keep LeaveSeq too.
+	RemoveMembers(ctx context.Context, convID uint64, users []string) ([]Member, error)
+	// SetRole and SetMuted change a current member; ErrNotMember otherwise.
+	SetRole(ctx context.Context, convID uint64, user string, role Role) error
+	SetMuted(ctx context.Context, convID uint64, user string, muted bool) error
+	// SetTier records the conversation's fan-out tier.
+	SetTier(ctx context.Context, convID uint64, tier uint8) error
 
 	// Append durably stores a message, assigning its seq. It returns only
 	// after the write is on stable storage; an error means nothing was
@@ -151,7 +178,13 @@ type Store interface {
 	// seq ≥ floor, the highest ones, in ascending seq order.
 	Latest(ctx context.Context, convID uint64, before, floor uint64, n int) ([]Message, error)
 
-	// UserConversations lists the conversation rows of a user.
+	// UpdateRows is write fan-out: for each user that is a current member,
+	// raise its conversation row's LastSeq to seq and, with mention, its
+	// MentionSeq. It is idempotent (max semantics), so a compensation task
+	// may repeat it. Users who are not current members are skipped.
+	UpdateRows(ctx context.Context, convID, seq uint64, users []string, mention bool) error
+	// UserConversations lists the conversation rows of a user, former
+	// memberships included (LeaveSeq set).
 	UserConversations(ctx context.Context, user string) ([]ConvRow, error)
 	// SetRead raises the read position of (user, device, conv) to seq and
 	// returns the position after the call; device "" is the per-user

@@ -11,13 +11,15 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
-// Append durably stores a.Msg with the next seq of its conversation.
+// Append durably stores a.Msg with the next seq of its conversation. It
+// writes no conversation rows; that is UpdateRows.
 //
-// Users in a.Rows that are not members have no conversation row and are
-// skipped. A message with an empty ClientMsgID is never deduplicated. With
-// TargetSeq != 0 the target must exist; if a.Check is nil the event is stored
-// without rewriting the target. Check may change the target's content and
-// flags; its identity (conversation, seq, msg id, server time) is kept.
+// A message with an empty ClientMsgID is never deduplicated; a duplicate
+// returns the original as stored, its durable edits applied but never marked
+// Superseded. With TargetSeq != 0 the target must exist; if a.Check is nil
+// the event is stored without rewriting the target. Check may change the
+// target's content and flags; its identity (conversation, seq, msg id,
+// server time) and its CoalesceKey, which indexes it, are kept.
 func (s *Store) Append(ctx context.Context, a store.Append) (store.AppendResult, error) {
 	const op = "append"
 	if err := s.enterWrite(ctx, op); err != nil {
@@ -33,6 +35,10 @@ func (s *Store) Append(ctx context.Context, a store.Append) (store.AppendResult,
 	case m.MsgID == 0:
 		return store.AppendResult{}, fmt.Errorf("pebble: %s: msg id 0", op)
 	}
+	// The result is shared with waiting duplicates: it must not alias the
+	// caller's slice. Superseded is never stored.
+	a.Msg.Mentions = cloneMentions(a.Msg.Mentions)
+	a.Msg.Superseded = false
 	res, err := s.append(ctx, a)
 	if ce, ok := err.(checkError); ok {
 		return store.AppendResult{}, ce.err
@@ -41,6 +47,15 @@ func (s *Store) Append(ctx context.Context, a store.Append) (store.AppendResult,
 		return store.AppendResult{}, fmt.Errorf("pebble: %s: %w", op, err)
 	}
 	return res, nil
+}
+
+// cloneMentions copies ms, with nil for none so that a message reads back
+// as it was appended.
+func cloneMentions(ms []string) []string {
+	if len(ms) == 0 {
+		return nil
+	}
+	return append([]string(nil), ms...)
 }
 
 // checkError carries an error of Append.Check, which Append returns
@@ -74,7 +89,9 @@ func (s *Store) append(ctx context.Context, a store.Append) (store.AppendResult,
 				return store.AppendResult{}, ctx.Err()
 			}
 			if p.err == nil {
-				return store.AppendResult{Msg: p.msg, Duplicate: true}, nil
+				dup := p.msg
+				dup.Mentions = cloneMentions(dup.Mentions)
+				return store.AppendResult{Msg: dup, Duplicate: true}, nil
 			}
 			continue // the original failed and stored nothing: take its place
 		}
@@ -109,10 +126,16 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	seq := st.row.LastSeq + 1
 	m := a.Msg
 	m.Seq = seq
-	locked, overlaid := true, false
+	// Images hide a batch until it is durable; they go if it is never
+	// applied. After a failed fsync they stay: the store is broken and the
+	// batch may or may not survive a restart.
+	locked, applied, overlaid, keyed := true, false, false, false
 	defer func() {
-		if err != nil && overlaid {
+		if err != nil && !applied && overlaid {
 			st.dropRewrite(m.TargetSeq, seq)
+		}
+		if err != nil && !applied && keyed {
+			st.dropKeyImage(m.CoalesceKey, seq)
 		}
 		if locked {
 			st.mu.Unlock()
@@ -145,13 +168,21 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	if idem != "" {
 		kvs = append(kvs, [2][]byte{idemKey(conv, m.Sender, m.ClientMsgID), encodeUint(seq)})
 	}
+	if m.CoalesceKey != "" {
+		// Every K write of the conversation runs under st.mu, so prev is
+		// the latest applied seq of the key.
+		prev, err := s.coalesceLatest(conv, m.CoalesceKey)
+		if err != nil {
+			return res, err
+		}
+		kvs = append(kvs, [2][]byte{coalesceKey(conv, m.CoalesceKey), encodeUint(seq)})
+		st.addKeyImage(m.CoalesceKey, seq, prev)
+		keyed = true
+	}
 	for _, kv := range kvs {
 		if err = b.Set(kv[0], kv[1], nil); err != nil {
 			return res, err
 		}
-	}
-	if err = s.fanOut(b, conv, seq, a.Rows); err != nil {
-		return res, err
 	}
 
 	var p *pendingAppend
@@ -167,6 +198,7 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 		}
 		return res, err
 	}
+	applied = true
 	st.row = row
 	locked = false
 	st.mu.Unlock()
@@ -210,41 +242,13 @@ func (s *Store) rewriteTarget(st *convState, b *cpebble.Batch, check func(store.
 		return false, checkError{err}
 	}
 	next.ConvID, next.Seq, next.MsgID, next.ServerTime = old.ConvID, old.Seq, old.MsgID, old.ServerTime
+	next.CoalesceKey, next.Superseded = old.CoalesceKey, false
+	next.Mentions = cloneMentions(next.Mentions)
 	if err := b.Set(msgKey(st.id, ref.bucket, ref.msgID), encodeMessage(next), nil); err != nil {
 		return false, err
 	}
 	st.addRewrite(target, event, old)
 	return true, nil
-}
-
-// fanOut sets LastSeq = seq on the conversation rows of users (write
-// fan-out). Only Append and AddMembers write a conversation's U rows, both
-// under its mutex, so the read-modify-write is safe.
-func (s *Store) fanOut(b *cpebble.Batch, conv, seq uint64, users []string) error {
-	seen := make(map[string]bool, len(users))
-	for _, u := range users {
-		if seen[u] || !protocol.ValidID(u) {
-			continue
-		}
-		seen[u] = true
-		key := userConvKey(u, conv)
-		v, found, err := s.get(key)
-		if err != nil {
-			return err
-		}
-		if !found {
-			continue
-		}
-		r, err := decodeConvRow(u, conv, v)
-		if err != nil {
-			return err
-		}
-		r.LastSeq = seq
-		if err := b.Set(key, encodeConvRow(r), nil); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // seqEntry reads the S row and the message of seq.
@@ -365,5 +369,8 @@ func (s *Store) messages(conv, from, to uint64, limit int, newest bool) ([]store
 		out = append(out, m)
 	}
 	st.visible(out, d)
+	if err := s.supersede(st, out, d); err != nil {
+		return nil, err
+	}
 	return out, nil
 }

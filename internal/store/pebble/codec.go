@@ -11,16 +11,34 @@ import (
 // Values are a version byte followed by uvarints/varints and length-prefixed
 // strings. Decoders validate every byte (lengths, enums, minimal varints,
 // trailing bytes), so a corrupt value is an error and never a panic or a huge
-// allocation, and a value that decodes re-encodes to the same bytes.
+// allocation, and a current-version value that decodes re-encodes to the
+// same bytes.
+//
+// Version 2 appends fields to the end of version 1 values (group chat:
+// leave, mute, tier, mentions, coalesce keys). Encoders write version 2;
+// decoders also read version 1, which decodes with the new fields zero and
+// re-encodes as version 2.
 
-const codecV1 = 1
+const (
+	codecV1 = 1
+	codecV2 = 2
+)
 
 var errCorrupt = errors.New("corrupt value")
 
+// Message flags; v1 values only know the first two.
 const (
-	flagEdited   = 1 << 0
-	flagRecalled = 1 << 1
-	flagsKnown   = flagEdited | flagRecalled
+	flagEdited     = 1 << 0
+	flagRecalled   = 1 << 1
+	flagMentionAll = 1 << 2
+	flagsKnownV1   = flagEdited | flagRecalled
+	flagsKnown     = flagsKnownV1 | flagMentionAll
+)
+
+// Member flags (v2).
+const (
+	memberMuted      = 1 << 0
+	memberFlagsKnown = memberMuted
 )
 
 type encoder struct{ b []byte }
@@ -29,22 +47,27 @@ func (e *encoder) byte(v byte)      { e.b = append(e.b, v) }
 func (e *encoder) uvarint(v uint64) { e.b = binary.AppendUvarint(e.b, v) }
 func (e *encoder) varint(v int64)   { e.b = binary.AppendVarint(e.b, v) }
 func (e *encoder) string(s string)  { e.uvarint(uint64(len(s))); e.b = append(e.b, s...) }
-func newEncoder(size int) *encoder  { return &encoder{b: append(make([]byte, 0, size), codecV1)} }
+func newEncoder(size int) *encoder  { return &encoder{b: append(make([]byte, 0, size), codecV2)} }
 func (e *encoder) bytes() []byte    { return e.b }
 
 // decoder keeps the first error; every read after it returns zero values.
 type decoder struct {
-	b   []byte
-	err error
+	b       []byte
+	err     error
+	version byte
 }
 
 func newDecoder(b []byte) *decoder {
 	d := &decoder{b: b}
-	if v := d.byte(); d.err == nil && v != codecV1 {
+	d.version = d.byte()
+	if d.err == nil && d.version != codecV1 && d.version != codecV2 {
 		d.fail()
 	}
 	return d
 }
+
+// v2 reports whether the value has the version 2 fields.
+func (d *decoder) v2() bool { return d.err == nil && d.version >= codecV2 }
 
 func (d *decoder) fail() { d.err = errCorrupt }
 
@@ -124,9 +147,14 @@ func (d *decoder) finish(what string) error {
 	return nil
 }
 
-// encodeMessage stores everything but ConvID, which is in the key.
+// encodeMessage stores everything but ConvID, which is in the key, and
+// Superseded, which reads compute.
 func encodeMessage(m store.Message) []byte {
-	e := newEncoder(48 + len(m.Sender) + len(m.SenderDevice) + len(m.ClientMsgID) + len(m.Kind) + len(m.Body))
+	size := 52 + len(m.Sender) + len(m.SenderDevice) + len(m.ClientMsgID) + len(m.Kind) + len(m.Body) + len(m.CoalesceKey)
+	for _, u := range m.Mentions {
+		size += 1 + len(u)
+	}
+	e := newEncoder(size)
 	e.uvarint(m.Seq)
 	e.uvarint(m.MsgID)
 	e.uvarint(m.TargetSeq)
@@ -138,12 +166,20 @@ func encodeMessage(m store.Message) []byte {
 	if m.Recalled {
 		flags |= flagRecalled
 	}
+	if m.MentionAll {
+		flags |= flagMentionAll
+	}
 	e.byte(flags)
 	e.string(m.Sender)
 	e.string(m.SenderDevice)
 	e.string(m.ClientMsgID)
 	e.string(m.Kind)
 	e.string(m.Body)
+	e.uvarint(uint64(len(m.Mentions)))
+	for _, u := range m.Mentions {
+		e.string(u)
+	}
+	e.string(m.CoalesceKey)
 	return e.bytes()
 }
 
@@ -155,16 +191,36 @@ func decodeMessage(conv uint64, b []byte) (store.Message, error) {
 	m.TargetSeq = d.uvarint()
 	m.ServerTime = d.varint()
 	flags := d.byte()
-	if d.err == nil && flags&^flagsKnown != 0 {
+	known := byte(flagsKnownV1)
+	if d.version >= codecV2 {
+		known = flagsKnown
+	}
+	if d.err == nil && flags&^known != 0 {
 		d.fail()
 	}
 	m.Edited = flags&flagEdited != 0
 	m.Recalled = flags&flagRecalled != 0
+	m.MentionAll = flags&flagMentionAll != 0
 	m.Sender = d.string()
 	m.SenderDevice = d.string()
 	m.ClientMsgID = d.string()
 	m.Kind = d.string()
 	m.Body = d.string()
+	if d.v2() {
+		n := d.uvarint()
+		// Each mention takes at least its length byte, which bounds the
+		// allocation by the value's size.
+		if d.err == nil && n > uint64(len(d.b)) {
+			d.fail()
+		}
+		if d.err == nil && n > 0 {
+			m.Mentions = make([]string, n)
+			for i := range m.Mentions {
+				m.Mentions[i] = d.string()
+			}
+		}
+		m.CoalesceKey = d.string()
+	}
 	if err := d.finish("message"); err != nil {
 		return store.Message{}, err
 	}
@@ -200,6 +256,7 @@ func encodeConv(c store.Conversation) []byte {
 	e.uvarint(c.LastSeq)
 	e.uvarint(uint64(c.Members))
 	e.string(c.Name)
+	e.byte(c.Tier)
 	return e.bytes()
 }
 
@@ -218,6 +275,9 @@ func decodeConv(id uint64, b []byte) (store.Conversation, error) {
 	}
 	c.Members = int(members)
 	c.Name = d.string()
+	if d.v2() {
+		c.Tier = d.byte()
+	}
 	if err := d.finish("conversation"); err != nil {
 		return store.Conversation{}, err
 	}
@@ -225,9 +285,15 @@ func decodeConv(id uint64, b []byte) (store.Conversation, error) {
 }
 
 func encodeMember(m store.Member) []byte {
-	e := newEncoder(12)
+	e := newEncoder(23)
 	e.byte(byte(m.Role))
 	e.uvarint(m.JoinSeq)
+	e.uvarint(m.LeaveSeq)
+	var flags byte
+	if m.Muted {
+		flags |= memberMuted
+	}
+	e.byte(flags)
 	return e.bytes()
 }
 
@@ -239,6 +305,14 @@ func decodeMember(conv uint64, user string, b []byte) (store.Member, error) {
 		d.fail()
 	}
 	m.JoinSeq = d.uvarint()
+	if d.v2() {
+		m.LeaveSeq = d.uvarint()
+		flags := d.byte()
+		if d.err == nil && flags&^memberFlagsKnown != 0 {
+			d.fail()
+		}
+		m.Muted = flags&memberMuted != 0
+	}
 	if err := d.finish("member"); err != nil {
 		return store.Member{}, err
 	}
@@ -246,10 +320,12 @@ func decodeMember(conv uint64, user string, b []byte) (store.Member, error) {
 }
 
 func encodeConvRow(r store.ConvRow) []byte {
-	e := newEncoder(22)
+	e := newEncoder(42)
 	e.byte(byte(r.Kind))
 	e.uvarint(r.JoinSeq)
 	e.uvarint(r.LastSeq)
+	e.uvarint(r.LeaveSeq)
+	e.uvarint(r.MentionSeq)
 	return e.bytes()
 }
 
@@ -262,13 +338,18 @@ func decodeConvRow(user string, conv uint64, b []byte) (store.ConvRow, error) {
 	}
 	r.JoinSeq = d.uvarint()
 	r.LastSeq = d.uvarint()
+	if d.v2() {
+		r.LeaveSeq = d.uvarint()
+		r.MentionSeq = d.uvarint()
+	}
 	if err := d.finish("conversation row"); err != nil {
 		return store.ConvRow{}, err
 	}
 	return r, nil
 }
 
-// encodeUint is the value of I (seq), D (conv id), R and V (positions) rows.
+// encodeUint is the value of I and K (seq), D (conv id), R and V
+// (positions) rows.
 func encodeUint(v uint64) []byte { return binary.AppendUvarint(nil, v) }
 
 func decodeUint(b []byte) (uint64, error) {

@@ -2,14 +2,18 @@ package pebble
 
 import (
 	"bytes"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/parley-im/parley/internal/store"
 )
 
 // Each FuzzDecode target checks that arbitrary bytes never panic a decoder
-// and that whatever decodes is canonical: it re-encodes to the same bytes.
-// Seeds include a valid value and truncations of it.
+// and that whatever decodes is canonical: a current-version value re-encodes
+// to the same bytes, and a version 1 value to a version 2 value that decodes
+// to the same thing. Seeds include a valid value and truncations of it, and
+// a version 1 value.
 
 func seedTruncations(f *testing.F, valid []byte) {
 	f.Add(valid)
@@ -17,64 +21,91 @@ func seedTruncations(f *testing.F, valid []byte) {
 		f.Add(valid[:i])
 	}
 	f.Add(append(append([]byte(nil), valid...), 0))
-	f.Add([]byte{2})
-	f.Add([]byte{codecV1, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01})
+	f.Add([]byte{codecV2})
+	f.Add([]byte{3})
+	f.Add([]byte{codecV2, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01})
 }
 
 var sampleMessage = store.Message{
 	ConvID: 7, Seq: 42, MsgID: 1 << 50, Sender: "alice", SenderDevice: "phone", ClientMsgID: "c-1",
-	Kind: "text", Body: "hello, 世界", TargetSeq: 3, ServerTime: 1_704_067_200_000, Edited: true,
+	Kind: "state", Body: "hello, 世界", TargetSeq: 3, ServerTime: 1_704_067_200_000, Edited: true,
+	Mentions: []string{"bob", "carol"}, MentionAll: true, CoalesceKey: "packet-1",
+}
+
+// asV1 turns a version 2 value into the version 1 value it extends: v1
+// is the length of the version 1 part.
+func asV1(v2 []byte, v1 int) []byte {
+	b := append([]byte(nil), v2[:v1]...)
+	b[0] = codecV1
+	return b
+}
+
+// canonical checks the re-encoding of a decoded value b: identical for
+// version 2, and for version 1 a version 2 value decoding to the same.
+func canonical[T any](t *testing.T, b []byte, v T, encode func(T) []byte, decode func([]byte) (T, error)) {
+	t.Helper()
+	re := encode(v)
+	if b[0] == codecV2 {
+		if !bytes.Equal(re, b) {
+			t.Fatalf("decode(%x) = %+v re-encodes to %x", b, v, re)
+		}
+		return
+	}
+	back, err := decode(re)
+	if err != nil || !reflect.DeepEqual(back, v) {
+		t.Fatalf("decode(%x) = %+v re-encodes to %x, which decodes to %+v, %v", b, v, re, back, err)
+	}
 }
 
 func FuzzDecodeMessage(f *testing.F) {
-	seedTruncations(f, encodeMessage(sampleMessage))
+	valid := encodeMessage(sampleMessage)
+	seedTruncations(f, valid)
+	v1 := sampleMessage
+	v1.MentionAll = false
+	v1b := encodeMessage(v1)
+	f.Add(asV1(v1b, len(v1b)-1-len("bob")-1-len("carol")-1-1-len("packet-1")))
 	f.Add(encodeMessage(store.Message{ServerTime: -5, Recalled: true}))
+	decode := func(b []byte) (store.Message, error) { return decodeMessage(7, b) }
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := decodeMessage(7, b)
-		if err != nil {
-			return
-		}
-		if re := encodeMessage(m); !bytes.Equal(re, b) {
-			t.Fatalf("decode(%x) = %+v re-encodes to %x", b, m, re)
+		if m, err := decode(b); err == nil {
+			canonical(t, b, m, encodeMessage, decode)
 		}
 	})
 }
 
 func FuzzDecodeConv(f *testing.F) {
-	seedTruncations(f, encodeConv(store.Conversation{Kind: store.Group, Name: "team", CreatedAt: 9, LastSeq: 300, Members: 2000}))
+	c := store.Conversation{ID: 1, Kind: store.Group, Name: "team", CreatedAt: 9, LastSeq: 300, Members: 2000, Tier: 2}
+	valid := encodeConv(c)
+	seedTruncations(f, valid)
+	f.Add(asV1(valid, len(valid)-1))
+	decode := func(b []byte) (store.Conversation, error) { return decodeConv(1, b) }
 	f.Fuzz(func(t *testing.T, b []byte) {
-		c, err := decodeConv(1, b)
-		if err != nil {
-			return
-		}
-		if re := encodeConv(c); !bytes.Equal(re, b) {
-			t.Fatalf("decode(%x) = %+v re-encodes to %x", b, c, re)
+		if c, err := decode(b); err == nil {
+			canonical(t, b, c, encodeConv, decode)
 		}
 	})
 }
 
 func FuzzDecodeMember(f *testing.F) {
-	seedTruncations(f, encodeMember(store.Member{Role: store.RoleAdmin, JoinSeq: 1000}))
+	valid := encodeMember(store.Member{Role: store.RoleAdmin, JoinSeq: 1000, LeaveSeq: 2000, Muted: true})
+	seedTruncations(f, valid)
+	f.Add(asV1(valid, len(valid)-3))
+	decode := func(b []byte) (store.Member, error) { return decodeMember(1, "u", b) }
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := decodeMember(1, "u", b)
-		if err != nil {
-			return
-		}
-		if re := encodeMember(m); !bytes.Equal(re, b) {
-			t.Fatalf("decode(%x) = %+v re-encodes to %x", b, m, re)
+		if m, err := decode(b); err == nil {
+			canonical(t, b, m, encodeMember, decode)
 		}
 	})
 }
 
 func FuzzDecodeConvRow(f *testing.F) {
-	seedTruncations(f, encodeConvRow(store.ConvRow{Kind: store.Direct, JoinSeq: 1, LastSeq: 1 << 40}))
+	valid := encodeConvRow(store.ConvRow{Kind: store.Direct, JoinSeq: 1, LastSeq: 1 << 40, LeaveSeq: 5, MentionSeq: 7})
+	seedTruncations(f, valid)
+	f.Add(asV1(valid, len(valid)-2))
+	decode := func(b []byte) (store.ConvRow, error) { return decodeConvRow("u", 1, b) }
 	f.Fuzz(func(t *testing.T, b []byte) {
-		r, err := decodeConvRow("u", 1, b)
-		if err != nil {
-			return
-		}
-		if re := encodeConvRow(r); !bytes.Equal(re, b) {
-			t.Fatalf("decode(%x) = %+v re-encodes to %x", b, r, re)
+		if r, err := decode(b); err == nil {
+			canonical(t, b, r, encodeConvRow, decode)
 		}
 	})
 }
@@ -106,19 +137,54 @@ func FuzzDecodeUint(f *testing.F) {
 	})
 }
 
-// FuzzMessageRoundTrip: every message survives encoding.
+// FuzzMessageRoundTrip: every message survives encoding, but Superseded,
+// which is never stored.
 func FuzzMessageRoundTrip(f *testing.F) {
 	m := sampleMessage
-	f.Add(m.Seq, m.MsgID, m.TargetSeq, m.ServerTime, m.Edited, m.Recalled, m.Sender, m.SenderDevice, m.ClientMsgID, m.Kind, m.Body)
-	f.Add(uint64(0), ^uint64(0), uint64(1), int64(-1), false, true, "", "", "", "", "")
-	f.Fuzz(func(t *testing.T, seq, id, target uint64, at int64, edited, recalled bool, sender, dev, cmid, kind, body string) {
+	f.Add(m.Seq, m.MsgID, m.TargetSeq, m.ServerTime, m.Edited, m.Recalled, m.Sender, m.SenderDevice, m.ClientMsgID,
+		m.Kind, m.Body, "bob\x00carol", m.MentionAll, m.CoalesceKey, false)
+	f.Add(uint64(0), ^uint64(0), uint64(1), int64(-1), false, true, "", "", "", "", "", "", false, "", true)
+	f.Fuzz(func(t *testing.T, seq, id, target uint64, at int64, edited, recalled bool, sender, dev, cmid, kind, body,
+		mentions string, mentionAll bool, key string, superseded bool) {
 		in := store.Message{ConvID: 9, Seq: seq, MsgID: id, TargetSeq: target, ServerTime: at, Edited: edited,
-			Recalled: recalled, Sender: sender, SenderDevice: dev, ClientMsgID: cmid, Kind: kind, Body: body}
+			Recalled: recalled, Sender: sender, SenderDevice: dev, ClientMsgID: cmid, Kind: kind, Body: body,
+			MentionAll: mentionAll, CoalesceKey: key, Superseded: superseded}
+		if mentions != "" {
+			in.Mentions = strings.Split(mentions, "\x00")
+		}
 		out, err := decodeMessage(9, encodeMessage(in))
-		if err != nil || out != in {
+		in.Superseded = false
+		if err != nil || !reflect.DeepEqual(out, in) {
 			t.Fatalf("round trip of %+v = %+v, %v", in, out, err)
 		}
 	})
+}
+
+// TestDecodeV1 reads version 1 values as written before group chat.
+func TestDecodeV1(t *testing.T) {
+	// Hand-built: version, fields of version 1 only.
+	msg := []byte{codecV1, 5, 9, 0, 2, flagEdited, 1, 'a', 0, 0, 4, 't', 'e', 'x', 't', 2, 'h', 'i'}
+	wantMsg := store.Message{ConvID: 1, Seq: 5, MsgID: 9, ServerTime: 1, Edited: true, Sender: "a", Kind: "text", Body: "hi"}
+	if m, err := decodeMessage(1, msg); err != nil || !reflect.DeepEqual(m, wantMsg) {
+		t.Errorf("decodeMessage(v1) = %+v, %v; want %+v", m, err, wantMsg)
+	}
+	msg[5] = flagMentionAll
+	if m, err := decodeMessage(1, msg); err == nil {
+		t.Errorf("decodeMessage(v1 with a v2 flag) = %+v, want an error", m)
+	}
+	conv := []byte{codecV1, byte(store.Group), 2, 7, 3, 1, 'g'}
+	wantConv := store.Conversation{ID: 1, Kind: store.Group, CreatedAt: 1, LastSeq: 7, Members: 3, Name: "g"}
+	if c, err := decodeConv(1, conv); err != nil || c != wantConv {
+		t.Errorf("decodeConv(v1) = %+v, %v; want %+v", c, err, wantConv)
+	}
+	wantMember := store.Member{ConvID: 1, UserID: "u", Role: store.RoleAdmin, JoinSeq: 4}
+	if m, err := decodeMember(1, "u", []byte{codecV1, byte(store.RoleAdmin), 4}); err != nil || m != wantMember {
+		t.Errorf("decodeMember(v1) = %+v, %v; want %+v", m, err, wantMember)
+	}
+	wantRow := store.ConvRow{ConvID: 1, UserID: "u", Kind: store.Direct, JoinSeq: 1, LastSeq: 8}
+	if r, err := decodeConvRow("u", 1, []byte{codecV1, byte(store.Direct), 1, 8}); err != nil || r != wantRow {
+		t.Errorf("decodeConvRow(v1) = %+v, %v; want %+v", r, err, wantRow)
+	}
 }
 
 func TestCorruptValuesFail(t *testing.T) {
@@ -131,19 +197,23 @@ func TestCorruptValuesFail(t *testing.T) {
 		{"unknown version", append([]byte{9}, valid[1:]...)},
 		{"truncated", valid[:len(valid)-1]},
 		{"trailing byte", append(append([]byte(nil), valid...), 1)},
-		{"string longer than value", []byte{codecV1, 1, 1, 0, 0, 0, 0x7f}},
-		{"unknown flag", []byte{codecV1, 1, 1, 0, 0, 0x80, 0, 0, 0, 0, 0}},
+		{"string longer than value", []byte{codecV2, 1, 1, 0, 0, 0, 0x7f}},
+		{"unknown flag", []byte{codecV2, 1, 1, 0, 0, 0x80, 0, 0, 0, 0, 0, 0, 0}},
+		{"more mentions than bytes", []byte{codecV2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 0}},
 	}
 	for _, tc := range tests {
 		if m, err := decodeMessage(1, tc.b); err == nil {
 			t.Errorf("%s: decodeMessage(%x) = %+v, want an error", tc.name, tc.b, m)
 		}
 	}
-	if c, err := decodeConv(1, []byte{codecV1, 3, 0, 0, 0, 0}); err == nil {
+	if c, err := decodeConv(1, []byte{codecV2, 3, 0, 0, 0, 0, 0}); err == nil {
 		t.Errorf("decodeConv with kind 3 = %+v, want an error", c)
 	}
-	if m, err := decodeMember(1, "u", []byte{codecV1, 3, 1}); err == nil {
+	if m, err := decodeMember(1, "u", []byte{codecV2, 3, 1, 0, 0}); err == nil {
 		t.Errorf("decodeMember with role 3 = %+v, want an error", m)
+	}
+	if m, err := decodeMember(1, "u", []byte{codecV2, 0, 1, 0, 2}); err == nil {
+		t.Errorf("decodeMember with an unknown flag = %+v, want an error", m)
 	}
 }
 
@@ -158,6 +228,9 @@ func TestKeyOrder(t *testing.T) {
 	// A user id that is a prefix of another must not see its rows.
 	if bytes.HasPrefix(userConvKey("alice2", 1), userConvPrefix("alice")) {
 		t.Error("userConvPrefix(alice) matches alice2's rows")
+	}
+	if got, want := coalesceKey(258, "k"), []byte{tagCoalesce, 0, 0, 0, 0, 0, 0, 1, 2, 'k'}; !bytes.Equal(got, want) {
+		t.Errorf("coalesceKey(258, k) = %x, want %x", got, want)
 	}
 	if !bytes.Equal(directKey("bob", "alice"), directKey("alice", "bob")) {
 		t.Error("directKey depends on argument order")

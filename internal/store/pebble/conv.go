@@ -2,7 +2,6 @@ package pebble
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/maphash"
 	"sync"
@@ -27,7 +26,7 @@ type convState struct {
 	durable atomic.Uint64
 
 	// mu serialises the conversation's writers: creation, seq allocation,
-	// membership changes.
+	// membership changes, tier.
 	mu sync.Mutex
 	// row is the C row as last applied (LastSeq may be ahead of durable);
 	// guarded by mu.
@@ -36,12 +35,21 @@ type convState struct {
 	// but not yet durable; a duplicate waits for it. Guarded by mu.
 	inflight map[string]*pendingAppend
 
-	// ov holds pre-edit images of targets rewritten by edits and recalls
-	// that are not yet durable, so readers keep showing the durable version.
+	// rowsMu serialises the read-modify-write of the conversation's U rows:
+	// UpdateRows takes it alone, so write fan-out never waits for seq
+	// allocation; AddMembers and RemoveMembers take it under mu.
+	rowsMu sync.Mutex
+
+	// ov holds what readers must see instead of what is applied but not
+	// yet durable: pre-edit images of targets rewritten by edits and
+	// recalls, and the previous latest seq of coalesce keys.
 	ov struct {
 		mu sync.Mutex
-		n  atomic.Int32 // len(m), read without mu on the fast path
+		n  atomic.Int32 // len(m)+len(keys), read without mu on the fast path
 		m  map[uint64][]rewrite
+		// keys maps a coalesce key to the appends of it that are not yet
+		// durable, in seq order.
+		keys map[string][]keyImage
 	}
 }
 
@@ -51,14 +59,21 @@ type rewrite struct {
 	before store.Message
 }
 
+// keyImage is the latest seq of a coalesce key (0: none) before the append
+// of event.
+type keyImage struct {
+	event  uint64
+	before uint64
+}
+
 type pendingAppend struct {
 	done chan struct{}
 	msg  store.Message // valid after done if err == nil
 	err  error
 }
 
-// raiseDurable moves the durable watermark up to seq and drops the rewrite
-// images that became durable.
+// raiseDurable moves the durable watermark up to seq and drops the images
+// that became durable.
 func (st *convState) raiseDurable(seq uint64) {
 	for {
 		cur := st.durable.Load()
@@ -85,7 +100,25 @@ func (st *convState) raiseDurable(seq uint64) {
 			st.ov.m[target] = keep
 		}
 	}
-	st.ov.n.Store(int32(len(st.ov.m)))
+	for k, ims := range st.ov.keys {
+		keep := ims[:0]
+		for _, im := range ims {
+			if im.event > d {
+				keep = append(keep, im)
+			}
+		}
+		if len(keep) == 0 {
+			delete(st.ov.keys, k)
+		} else {
+			st.ov.keys[k] = keep
+		}
+	}
+	st.countImages()
+}
+
+// countImages publishes the number of pending images; ov.mu held.
+func (st *convState) countImages() {
+	st.ov.n.Store(int32(len(st.ov.m) + len(st.ov.keys)))
 }
 
 func (st *convState) addRewrite(target, event uint64, before store.Message) {
@@ -95,7 +128,7 @@ func (st *convState) addRewrite(target, event uint64, before store.Message) {
 		st.ov.m = make(map[uint64][]rewrite)
 	}
 	st.ov.m[target] = append(st.ov.m[target], rewrite{event: event, before: before})
-	st.ov.n.Store(int32(len(st.ov.m)))
+	st.countImages()
 }
 
 func (st *convState) dropRewrite(target, event uint64) {
@@ -113,7 +146,35 @@ func (st *convState) dropRewrite(target, event uint64) {
 	} else {
 		st.ov.m[target] = rs
 	}
-	st.ov.n.Store(int32(len(st.ov.m)))
+	st.countImages()
+}
+
+// addKeyImage records that event, not yet durable, replaces before as the
+// latest message with coalesce key k. Appends hold mu, so events arrive in
+// seq order.
+func (st *convState) addKeyImage(k string, event, before uint64) {
+	st.ov.mu.Lock()
+	defer st.ov.mu.Unlock()
+	if st.ov.keys == nil {
+		st.ov.keys = make(map[string][]keyImage)
+	}
+	st.ov.keys[k] = append(st.ov.keys[k], keyImage{event: event, before: before})
+	st.countImages()
+}
+
+func (st *convState) dropKeyImage(k string, event uint64) {
+	st.ov.mu.Lock()
+	defer st.ov.mu.Unlock()
+	ims := st.ov.keys[k]
+	if n := len(ims); n > 0 && ims[n-1].event == event {
+		ims = ims[:n-1]
+	}
+	if len(ims) == 0 {
+		delete(st.ov.keys, k)
+	} else {
+		st.ov.keys[k] = ims
+	}
+	st.countImages()
 }
 
 // visible replaces messages whose stored version comes from an edit or
@@ -134,6 +195,25 @@ func (st *convState) visible(msgs []store.Message, d uint64) {
 			}
 		}
 	}
+}
+
+// latestAt returns the latest seq with coalesce key k that a reader of
+// durable watermark d may rely on, given stored, the K row read after d
+// was loaded. If stored is above d its append recorded an image before it
+// was applied, and the image is only dropped once stored is durable; so the
+// result is ≤ d or durable, and a crash cannot take it back.
+func (st *convState) latestAt(k string, stored, d uint64) uint64 {
+	if stored <= d || st.ov.n.Load() == 0 {
+		return stored
+	}
+	st.ov.mu.Lock()
+	defer st.ov.mu.Unlock()
+	for _, im := range st.ov.keys[k] {
+		if im.event > d {
+			return im.before
+		}
+	}
+	return stored
 }
 
 // peek returns the state of conv if it has one and it is loaded.
@@ -226,7 +306,8 @@ func (s *Store) capLastSeq(conv, last uint64) uint64 {
 	return last
 }
 
-// CreateConversation stores c with its members, all with JoinSeq 1.
+// CreateConversation stores c (Tier included) with its members, all with
+// JoinSeq 1 and LeaveSeq 0; their Role and Muted are kept.
 func (s *Store) CreateConversation(ctx context.Context, c store.Conversation, members []store.Member) error {
 	const op = "create conversation"
 	if err := s.enterWrite(ctx, op); err != nil {
@@ -275,7 +356,7 @@ func (s *Store) create(c store.Conversation, members []store.Member, extra func(
 		return err
 	}
 	for _, m := range uniq {
-		m.ConvID, m.JoinSeq = c.ID, 1
+		m.ConvID, m.JoinSeq, m.LeaveSeq = c.ID, 1, 0
 		if err := b.Set(memberKey(c.ID, m.UserID), encodeMember(m), nil); err != nil {
 			return err
 		}
@@ -371,167 +452,35 @@ func (s *Store) conversation(id uint64) (store.Conversation, error) {
 	return c, nil
 }
 
-// Member returns the membership of user in conv.
-func (s *Store) Member(ctx context.Context, convID uint64, user string) (store.Member, error) {
-	const op = "member"
-	if err := s.enter(ctx, op); err != nil {
-		return store.Member{}, err
-	}
-	defer s.gate.RUnlock()
-	m, err := s.member(convID, user)
-	if err != nil {
-		return store.Member{}, fmt.Errorf("pebble: %s %d: %w", op, convID, err)
-	}
-	return m, nil
-}
-
-func (s *Store) member(conv uint64, user string) (store.Member, error) {
-	if !protocol.ValidID(user) {
-		return store.Member{}, store.ErrNotMember
-	}
-	v, found, err := s.get(memberKey(conv, user))
-	if err != nil {
-		return store.Member{}, err
-	}
-	if !found {
-		return store.Member{}, store.ErrNotMember
-	}
-	return decodeMember(conv, user, v)
-}
-
-// Members lists the members of conv in user id order.
-func (s *Store) Members(ctx context.Context, convID uint64) ([]store.Member, error) {
-	const op = "members"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
-	found, err := s.exists(convKey(convID))
-	if err == nil && !found {
-		err = store.ErrNotFound
-	}
-	var out []store.Member
-	if err == nil {
-		err = s.scan(memberPrefix(convID), func(k, v []byte) error {
-			user, ok := userOfMemberKey(k)
-			if !ok {
-				return fmt.Errorf("member key %x: %w", k, errCorrupt)
-			}
-			m, err := decodeMember(convID, user, v)
-			out = append(out, m)
-			return err
-		})
-	}
-	if err != nil {
-		return nil, fmt.Errorf("pebble: %s %d: %w", op, convID, err)
-	}
-	return out, nil
-}
-
-// AddMembers adds users with JoinSeq = last seq + 1, decided under the lock
-// that allocates seqs, so no message is both before and after a join.
-func (s *Store) AddMembers(ctx context.Context, convID uint64, users []string, role store.Role) ([]store.Member, error) {
-	const op = "add members"
+// SetTier records the conversation's fan-out tier.
+func (s *Store) SetTier(ctx context.Context, convID uint64, tier uint8) error {
+	const op = "set tier"
 	if err := s.enterWrite(ctx, op); err != nil {
-		return nil, err
+		return err
 	}
 	defer s.gate.RUnlock()
-	out, err := s.addMembers(convID, users, role)
-	if err != nil {
-		return nil, fmt.Errorf("pebble: %s %d: %w", op, convID, err)
+	if err := s.setTier(convID, tier); err != nil {
+		return fmt.Errorf("pebble: %s %d: %w", op, convID, err)
 	}
-	return out, nil
+	return nil
 }
 
-func (s *Store) addMembers(conv uint64, users []string, role store.Role) ([]store.Member, error) {
-	if role > store.RoleOwner {
-		return nil, fmt.Errorf("invalid role %d", role)
-	}
-	for _, u := range users {
-		if !protocol.ValidID(u) {
-			return nil, fmt.Errorf("invalid user id %q", u)
-		}
-	}
+func (s *Store) setTier(conv uint64, tier uint8) error {
 	st, err := s.lockState(conv, false)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer st.mu.Unlock()
-	last := st.row.LastSeq
-	out := make([]store.Member, 0, len(users))
-	added := make(map[string]bool)
-	b := s.db.NewBatch()
-	defer b.Close()
-	for _, u := range users {
-		if added[u] {
-			out = append(out, store.Member{ConvID: conv, UserID: u, Role: role, JoinSeq: last + 1})
-			continue
-		}
-		m, err := s.member(conv, u)
-		if err == nil {
-			out = append(out, m)
-			continue
-		}
-		if !errors.Is(err, store.ErrNotMember) {
-			return nil, err
-		}
-		m = store.Member{ConvID: conv, UserID: u, Role: role, JoinSeq: last + 1}
-		if err := b.Set(memberKey(conv, u), encodeMember(m), nil); err != nil {
-			return nil, err
-		}
-		// LastSeq = last so the new member's unread count starts at 0.
-		cr := store.ConvRow{ConvID: conv, UserID: u, Kind: st.row.Kind, JoinSeq: m.JoinSeq, LastSeq: last}
-		if err := b.Set(userConvKey(u, conv), encodeConvRow(cr), nil); err != nil {
-			return nil, err
-		}
-		added[u] = true
-		out = append(out, m)
-	}
-	if len(added) == 0 {
-		return out, nil
+	if st.row.Tier == tier {
+		return nil
 	}
 	row := st.row
-	row.Members += len(added)
-	if err := b.Set(convKey(conv), encodeConv(row), nil); err != nil {
-		return nil, err
-	}
-	if err := s.db.Apply(b, syncWrite); err != nil {
-		return nil, err
+	row.Tier = tier
+	if err := s.db.Set(convKey(conv), encodeConv(row), syncWrite); err != nil {
+		return err
 	}
 	st.row = row
-	// The synced batch follows every applied append in the WAL.
-	st.raiseDurable(last)
-	return out, nil
-}
-
-// UserConversations lists user's conversation rows in conversation id
-// order (the U keys' order).
-func (s *Store) UserConversations(ctx context.Context, user string) ([]store.ConvRow, error) {
-	const op = "user conversations"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(user) {
-		return nil, nil
-	}
-	var out []store.ConvRow
-	err := s.scan(userConvPrefix(user), func(k, v []byte) error {
-		conv, ok := convOfUserConvKey(k)
-		if !ok {
-			return fmt.Errorf("conversation row key %x: %w", k, errCorrupt)
-		}
-		r, err := decodeConvRow(user, conv, v)
-		out = append(out, r)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("pebble: %s: %w", op, err)
-	}
-	// Capped after the scan: a state that is loaded now was loaded before
-	// any row the scan saw was written through it.
-	for i := range out {
-		out[i].LastSeq = s.capLastSeq(out[i].ConvID, out[i].LastSeq)
-	}
-	return out, nil
+	// The synced write follows every applied append in the WAL.
+	st.raiseDurable(row.LastSeq)
+	return nil
 }

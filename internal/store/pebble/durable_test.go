@@ -2,6 +2,8 @@ package pebble
 
 import (
 	"context"
+	"errors"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -84,9 +86,12 @@ func TestUnsyncedIsInvisible(t *testing.T) {
 	msg := func(id uint64, cmid, body string) store.Message {
 		return store.Message{ConvID: 1, MsgID: id, Sender: "alice", ClientMsgID: cmid, Kind: "text", Body: body, ServerTime: 1}
 	}
-	first, err := s.Append(ctx, store.Append{Msg: msg(1, "a", "first"), Rows: []string{"alice"}})
+	first, err := s.Append(ctx, store.Append{Msg: msg(1, "a", "first")})
 	if err != nil {
 		t.Fatalf("Append: %v", err)
+	}
+	if err := s.UpdateRows(ctx, 1, 1, []string{"alice"}, false); err != nil {
+		t.Fatalf("UpdateRows: %v", err)
 	}
 
 	gate.close()
@@ -96,7 +101,7 @@ func TestUnsyncedIsInvisible(t *testing.T) {
 	}
 	second, dup, edit := make(chan result, 1), make(chan result, 1), make(chan result, 1)
 	go func() {
-		r, err := s.Append(ctx, store.Append{Msg: msg(2, "b", "second"), Rows: []string{"alice"}})
+		r, err := s.Append(ctx, store.Append{Msg: msg(2, "b", "second")})
 		second <- result{r, err}
 	}()
 	waitApplied(t, s, seqKey(1, 2))
@@ -116,7 +121,7 @@ func TestUnsyncedIsInvisible(t *testing.T) {
 	waitApplied(t, s, seqKey(1, 3))
 
 	msgs, err := s.Messages(ctx, 1, 1, 10, 10)
-	if err != nil || len(msgs) != 1 || msgs[0] != first.Msg {
+	if err != nil || len(msgs) != 1 || !reflect.DeepEqual(msgs[0], first.Msg) {
 		t.Errorf("Messages before fsync = %+v, %v; want only the durable %+v", msgs, err, first.Msg)
 	}
 	if latest, err := s.Latest(ctx, 1, 0, 0, 10); err != nil || len(latest) != 1 {
@@ -128,6 +133,8 @@ func TestUnsyncedIsInvisible(t *testing.T) {
 	if rows, err := s.UserConversations(ctx, "alice"); err != nil || len(rows) != 1 || rows[0].LastSeq != 1 {
 		t.Errorf("UserConversations before fsync = %+v, %v; want LastSeq 1", rows, err)
 	}
+	err = s.UpdateRows(ctx, 1, 2, []string{"alice"}, false)
+	wantErrIs(t, "UpdateRows of a seq not yet durable", err, store.ErrNotFound)
 	select {
 	case r := <-second:
 		t.Fatalf("Append returned before its fsync: %+v, %v", r.res, r.err)
@@ -141,7 +148,7 @@ func TestUnsyncedIsInvisible(t *testing.T) {
 	if r2.err != nil || r2.res.Msg.Seq != 2 || r2.res.Duplicate {
 		t.Fatalf("second = %+v, %v; want seq 2", r2.res, r2.err)
 	}
-	if rd.err != nil || !rd.res.Duplicate || rd.res.Msg != r2.res.Msg {
+	if rd.err != nil || !rd.res.Duplicate || !reflect.DeepEqual(rd.res.Msg, r2.res.Msg) {
 		t.Errorf("duplicate = %+v, %v; want Duplicate of %+v", rd.res, rd.err, r2.res.Msg)
 	}
 	if re.err != nil || re.res.Msg.Seq != 3 {
@@ -162,4 +169,154 @@ func seqsOf(msgs []store.Message) []uint64 {
 		out[i] = m.Seq
 	}
 	return out
+}
+
+func wantErrIs(t *testing.T, what string, err, want error) {
+	t.Helper()
+	if !errors.Is(err, want) {
+		t.Errorf("%s: got error %v, want %v", what, err, want)
+	}
+}
+
+// gatedStore opens a store on a crashable in-memory FS whose WAL fsyncs
+// the returned gate can hold, with conversation 1 (alice and bob).
+func gatedStore(t *testing.T) (*Store, *walGate, *vfs.MemFS) {
+	t.Helper()
+	mem := vfs.NewCrashableMem()
+	gate := &walGate{}
+	s := openT(t, Config{Dir: "db", FS: errorfs.Wrap(mem, errorfs.InjectorFunc(gate.inject))})
+	err := s.CreateConversation(context.Background(), store.Conversation{ID: 1, Kind: store.Group},
+		[]store.Member{{UserID: "alice"}, {UserID: "bob"}})
+	if err != nil {
+		t.Fatalf("CreateConversation: %v", err)
+	}
+	return s, gate, mem
+}
+
+// crashOpen opens what a crash would leave of mem right now: only the data
+// that was synced.
+func crashOpen(t *testing.T, mem *vfs.MemFS) *Store {
+	t.Helper()
+	return openT(t, Config{Dir: "db", FS: mem.CrashClone(vfs.CrashCloneCfg{})})
+}
+
+func stateMsg(id uint64, body string) store.Message {
+	return store.Message{ConvID: 1, MsgID: id, Sender: "alice", Kind: "state", CoalesceKey: "k", Body: body, ServerTime: 1}
+}
+
+// TestCoalesceUnsyncedDoesNotSupersede holds the fsync of a newer state and
+// checks that the older, durable state keeps its body until the newer one
+// is durable: a crash in between leaves the older one as the state.
+func TestCoalesceUnsyncedDoesNotSupersede(t *testing.T) {
+	ctx := context.Background()
+	s, gate, mem := gatedStore(t)
+	defer s.Close()
+	first, err := s.Append(ctx, store.Append{Msg: stateMsg(1, "100 left")})
+	if err != nil {
+		t.Fatalf("Append: %v", err)
+	}
+
+	gate.close()
+	second := make(chan error, 1)
+	go func() {
+		_, err := s.Append(ctx, store.Append{Msg: stateMsg(2, "50 left")})
+		second <- err
+	}()
+	waitApplied(t, s, seqKey(1, 2))
+	if l, err := s.coalesceLatest(1, "k"); err != nil || l != 2 {
+		t.Fatalf("K row while the fsync is held = %d, %v; want 2 (applied)", l, err)
+	}
+	only := func(what string, got []store.Message, err error) {
+		t.Helper()
+		if err != nil || len(got) != 1 || !reflect.DeepEqual(got[0], first.Msg) {
+			t.Errorf("%s = %+v, %v; want only the durable state %+v with its body", what, got, err, first.Msg)
+		}
+	}
+	msgs, err := s.Messages(ctx, 1, 1, 10, 10)
+	only("Messages before fsync", msgs, err)
+	msgs, err = s.Latest(ctx, 1, 0, 0, 10)
+	only("Latest before fsync", msgs, err)
+
+	crashed := crashOpen(t, mem)
+	msgs, err = crashed.Messages(ctx, 1, 1, 10, 10)
+	only("Messages after a crash", msgs, err)
+	if _, err := crashed.Append(ctx, store.Append{Msg: stateMsg(3, "75 left")}); err != nil {
+		t.Fatalf("Append after crash: %v", err)
+	}
+	msgs, err = crashed.Messages(ctx, 1, 1, 10, 10)
+	if err != nil || len(msgs) != 2 || !msgs[0].Superseded || msgs[0].Body != "" || msgs[1].Body != "75 left" {
+		t.Errorf("after a crash and a new state: Messages = %+v, %v; want seq 1 superseded by seq 2 (75 left)", msgs, err)
+	}
+	if err := crashed.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+
+	gate.open()
+	if err := <-second; err != nil {
+		t.Fatalf("second Append: %v", err)
+	}
+	msgs, err = s.Messages(ctx, 1, 1, 10, 10)
+	if err != nil || len(msgs) != 2 || !msgs[0].Superseded || msgs[0].Body != "" || msgs[0].MsgID != 1 ||
+		msgs[1].Superseded || msgs[1].Body != "50 left" {
+		t.Errorf("Messages after fsync = %+v, %v; want seq 1 superseded (no body), seq 2 with its body", msgs, err)
+	}
+	if n := len(s.convs.m[1].ov.keys); n != 0 {
+		t.Errorf("%d coalesce images left after the append became durable", n)
+	}
+}
+
+// TestUpdateRowsWaitsForSync holds the WAL fsync and checks that UpdateRows
+// returns only once its rows are durable, also when a concurrent call
+// already applied the same rows and this one has nothing to write.
+func TestUpdateRowsWaitsForSync(t *testing.T) {
+	ctx := context.Background()
+	s, gate, mem := gatedStore(t)
+	defer s.Close()
+	if _, err := s.Append(ctx, store.Append{Msg: stateMsg(1, "x")}); err != nil {
+		t.Fatalf("Append: %v", err)
+	}
+	gate.close()
+	done := make(chan error, 2)
+	update := func() { done <- s.UpdateRows(ctx, 1, 1, []string{"alice", "bob"}, true) }
+	go update()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r, _, err := s.convRow("bob", 1)
+		if err != nil {
+			t.Fatalf("convRow: %v", err)
+		}
+		if r.LastSeq == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("rows never applied")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	go update() // finds the rows raised already
+	select {
+	case err := <-done:
+		t.Fatalf("UpdateRows returned before the fsync: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	crashed := crashOpen(t, mem)
+	rows, err := crashed.UserConversations(ctx, "bob")
+	if err != nil || len(rows) != 1 || rows[0].LastSeq != 0 || rows[0].MentionSeq != 0 {
+		t.Errorf("rows after a crash before the fsync = %+v, %v; want LastSeq 0, MentionSeq 0", rows, err)
+	}
+	if err := crashed.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	gate.open()
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Errorf("UpdateRows: %v", err)
+		}
+	}
+	crashed = crashOpen(t, mem)
+	defer crashed.Close()
+	rows, err = crashed.UserConversations(ctx, "bob")
+	if err != nil || len(rows) != 1 || rows[0].LastSeq != 1 || rows[0].MentionSeq != 1 {
+		t.Errorf("rows after a crash once UpdateRows returned = %+v, %v; want LastSeq 1, MentionSeq 1", rows, err)
+	}
 }

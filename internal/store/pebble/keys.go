@@ -16,6 +16,7 @@ const (
 	tagIdem      = 'I'
 	tagRead      = 'R'
 	tagDelivered = 'V'
+	tagCoalesce  = 'K'
 )
 
 // bucketOf maps a message's server time to its time bucket. Times before the
@@ -111,6 +112,13 @@ func idemKey(conv uint64, sender, clientMsgID string) []byte {
 	k = append(k, sender...)
 	k = append(k, 0)
 	return append(k, clientMsgID...)
+}
+
+// coalesceKey is K | conv | coalesce key; the key is the last component and
+// may hold any bytes.
+func coalesceKey(conv uint64, key string) []byte {
+	k := binary.BigEndian.AppendUint64(tagged(tagCoalesce, 9+len(key)), conv)
+	return append(k, key...)
 }
 
 // readKey is R | user 0x00 conv [| device]; the per-user position has no

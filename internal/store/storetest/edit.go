@@ -28,7 +28,7 @@ func testEdit(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatalf("Append(edit): %v", err)
 	}
-	if seen != orig {
+	if !sameMsg(seen, orig) {
 		t.Errorf("Check got target %+v, want %+v", seen, orig)
 	}
 	if ev.Msg.Seq != 3 || ev.Msg.TargetSeq != 1 || ev.Msg.Kind != "edit" {
@@ -40,10 +40,10 @@ func testEdit(t *testing.T, e *env) {
 	}
 	want := orig
 	want.Body, want.Edited = "new text", true
-	if msgs[0] != want {
+	if !sameMsg(msgs[0], want) {
 		t.Errorf("target after edit = %+v, want %+v", msgs[0], want)
 	}
-	if msgs[2] != ev.Msg {
+	if !sameMsg(msgs[2], ev.Msg) {
 		t.Errorf("stored event = %+v, want %+v", msgs[2], ev.Msg)
 	}
 	// A second edit sees the first one's result.
@@ -52,7 +52,7 @@ func testEdit(t *testing.T, e *env) {
 		target.Body = "third"
 		return target, nil
 	}))
-	if err != nil || seen != want {
+	if err != nil || !sameMsg(seen, want) {
 		t.Errorf("second edit: Check got %+v (err %v), want %+v", seen, err, want)
 	}
 }
@@ -74,7 +74,7 @@ func testRecall(t *testing.T, e *env) {
 	}
 	want := orig
 	want.Body, want.Recalled = "", true
-	if msgs[0] != want {
+	if !sameMsg(msgs[0], want) {
 		t.Errorf("target after recall = %+v, want %+v", msgs[0], want)
 	}
 	if msgs[1].TargetSeq != 1 || msgs[1].Kind != "recall" {
@@ -101,7 +101,7 @@ func testEditRefused(t *testing.T, e *env) {
 		t.Errorf("LastSeq after refused edits = %d, want 1", got)
 	}
 	msgs, err := e.s.Messages(ctx, 1, 1, 10, 10)
-	if err != nil || len(msgs) != 1 || msgs[0] != orig {
+	if err != nil || len(msgs) != 1 || !sameMsg(msgs[0], orig) {
 		t.Errorf("Messages after refused edits = %+v, %v; want only the untouched original", msgs, err)
 	}
 	// The refusal consumed no seq.

@@ -20,7 +20,7 @@ func testIdempotentSequential(t *testing.T, e *env) {
 	// A retry through another node gets a new msg id; the original wins.
 	for i := range 3 {
 		retry, err := e.s.Append(ctx, store.Append{Msg: e.msg(1, "alice", "c1", "hello")})
-		if err != nil || !retry.Duplicate || retry.Msg != first.Msg {
+		if err != nil || !retry.Duplicate || !sameMsg(retry.Msg, first.Msg) {
 			t.Errorf("retry %d = %+v, %v; want Duplicate with %+v", i, retry, err, first.Msg)
 		}
 	}
@@ -71,7 +71,7 @@ func testIdempotentConcurrent(t *testing.T, e *env) {
 		wg.Go(func() {
 			for r := range rounds {
 				m := e.msg(1, "alice", fmt.Sprintf("round-%d", r), fmt.Sprintf("round %d", r))
-				res, err := e.s.Append(ctx, store.Append{Msg: m, Rows: []string{"alice"}})
+				res, err := e.s.Append(ctx, store.Append{Msg: m})
 				results <- result{r, res, err}
 			}
 		})
@@ -100,7 +100,7 @@ func testIdempotentConcurrent(t *testing.T, e *env) {
 		t.Errorf("got %d duplicates, want %d", len(dups), want)
 	}
 	for _, d := range dups {
-		if d.res.Msg != originals[d.round] {
+		if !sameMsg(d.res.Msg, originals[d.round]) {
 			t.Errorf("round %d: duplicate returned %+v, want original %+v", d.round, d.res.Msg, originals[d.round])
 		}
 	}
@@ -126,6 +126,9 @@ func testNotFound(t *testing.T, e *env) {
 	wantErr(t, "Append(unknown conversation)", err, store.ErrNotFound)
 	_, err = e.s.AddMembers(ctx, 404, []string{"bob"}, store.RoleMember)
 	wantErr(t, "AddMembers(unknown conversation)", err, store.ErrNotFound)
+	_, err = e.s.RemoveMembers(ctx, 404, []string{"alice"})
+	wantErr(t, "RemoveMembers(unknown conversation)", err, store.ErrNotFound)
+	wantErr(t, "SetTier(unknown conversation)", e.s.SetTier(ctx, 404, 1), store.ErrNotFound)
 	_, err = e.s.Messages(ctx, 404, 1, 10, 10)
 	wantErr(t, "Messages(unknown conversation)", err, store.ErrNotFound)
 	_, err = e.s.Latest(ctx, 404, 0, 0, 10)

@@ -113,7 +113,7 @@ func testManyBuckets(t *testing.T, e *env) {
 		t.Fatalf("Messages = %v, %v; want 1..%d", got, err, n)
 	}
 	for i, m := range all {
-		if m != sent[i] {
+		if !sameMsg(m, sent[i]) {
 			t.Errorf("seq %d = %+v, want %+v", m.Seq, m, sent[i])
 		}
 	}

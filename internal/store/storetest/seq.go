@@ -30,7 +30,11 @@ func (e *env) appendAll(t *testing.T, convOf func(w, i int) uint64) []store.Mess
 			for i := range perWorker {
 				conv := convOf(w, i)
 				m := e.msg(conv, fmt.Sprintf("user%d", w), fmt.Sprintf("w%d-%d", w, i), fmt.Sprintf("w%d i%d", w, i))
-				res, err := e.s.Append(context.Background(), store.Append{Msg: m, Rows: []string{"user0"}})
+				res, err := e.s.Append(context.Background(), store.Append{Msg: m})
+				if err == nil {
+					// Fan-out of concurrent appends lands in any order.
+					err = e.s.UpdateRows(context.Background(), conv, res.Msg.Seq, []string{"user0"}, false)
+				}
 				mu.Lock()
 				if err != nil {
 					errs = append(errs, err)
@@ -82,7 +86,7 @@ func (e *env) checkDense(t *testing.T, conv uint64, appended []store.Message) {
 		t.Fatalf("conv %d: Messages seqs = %v, want 1..%d", conv, got, n)
 	}
 	for _, m := range stored {
-		if m != bySeq[m.Seq] {
+		if !sameMsg(m, bySeq[m.Seq]) {
 			t.Errorf("conv %d seq %d: stored %+v, Append returned %+v", conv, m.Seq, m, bySeq[m.Seq])
 		}
 	}
@@ -111,6 +115,15 @@ func testSeqDenseManyConversations(t *testing.T, e *env) {
 	for c := uint64(1); c <= convs; c++ {
 		e.checkDense(t, c, byConv[c])
 	}
+	rows, err := e.s.UserConversations(context.Background(), "user0")
+	if err != nil || len(rows) != convs {
+		t.Fatalf("UserConversations(user0) = %+v, %v; want %d rows", rows, err, convs)
+	}
+	for _, r := range rows {
+		if want := uint64(len(byConv[r.ConvID])); r.LastSeq != want {
+			t.Errorf("row of conv %d: LastSeq = %d, want %d", r.ConvID, r.LastSeq, want)
+		}
+	}
 }
 
 func testReopen(t *testing.T, e *env) {
@@ -119,9 +132,12 @@ func testReopen(t *testing.T, e *env) {
 	var sent []store.Message
 	for i := range 5 {
 		m := e.msg(1, "alice", fmt.Sprintf("c%d", i), fmt.Sprintf("body %d", i))
-		res, err := e.s.Append(ctx, store.Append{Msg: m, Rows: []string{"alice", "bob"}})
+		res, err := e.s.Append(ctx, store.Append{Msg: m})
 		if err != nil {
 			t.Fatalf("Append: %v", err)
+		}
+		if err := e.s.UpdateRows(ctx, 1, res.Msg.Seq, []string{"alice", "bob"}, i == 3); err != nil {
+			t.Fatalf("UpdateRows: %v", err)
 		}
 		sent = append(sent, res.Msg)
 	}
@@ -145,14 +161,14 @@ func testReopen(t *testing.T, e *env) {
 		t.Fatalf("after reopen: Messages = %d messages, %v; want 5", len(stored), err)
 	}
 	for i, m := range stored {
-		if m != sent[i] {
+		if !sameMsg(m, sent[i]) {
 			t.Errorf("after reopen: seq %d = %+v, want %+v", m.Seq, m, sent[i])
 		}
 	}
 	// A retry after the restart still finds the original.
 	retry := e.msg(1, "alice", "c2", "body 2 (retry)")
 	res, err := e.s.Append(ctx, store.Append{Msg: retry})
-	if err != nil || !res.Duplicate || res.Msg != sent[2] {
+	if err != nil || !res.Duplicate || !sameMsg(res.Msg, sent[2]) {
 		t.Errorf("retry after reopen = %+v, %v; want Duplicate with %+v", res, err, sent[2])
 	}
 	res, err = e.s.Append(ctx, store.Append{Msg: e.msg(1, "bob", "new", "after restart")})
@@ -166,8 +182,8 @@ func testReopen(t *testing.T, e *env) {
 		t.Errorf("Delivered after reopen = %d, %v; want 5", got, err)
 	}
 	rows, err := e.s.UserConversations(ctx, "bob")
-	if err != nil || len(rows) != 1 || rows[0].LastSeq != 5 {
-		t.Errorf("UserConversations(bob) after reopen = %+v, %v; want one row with LastSeq 5", rows, err)
+	if err != nil || len(rows) != 1 || rows[0].LastSeq != 5 || rows[0].MentionSeq != 4 {
+		t.Errorf("UserConversations(bob) after reopen = %+v, %v; want one row with LastSeq 5, MentionSeq 4", rows, err)
 	}
 	c, err := e.s.Direct(ctx, "carol", "alice", 99, baseTime)
 	if err != nil || c.ID != 2 {

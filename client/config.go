@@ -1,0 +1,145 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/parley-im/parley/protocol"
+)
+
+// Config configures a Client. Zero durations take the defaults below.
+type Config struct {
+	// URL is the server's WebSocket base, e.g. "ws://127.0.0.1:7480". A URL
+	// without a path gets /v1/ws.
+	URL string
+	// Token is a fixed bearer token. Exactly one of Token and TokenFunc is set.
+	Token string
+	// TokenFunc is called before every connection attempt, so a caller can
+	// refresh short-lived tokens.
+	TokenFunc func(ctx context.Context) (string, error)
+	// Device identifies this device of the user (1–64 bytes of [A-Za-z0-9._@-]).
+	Device string
+	// Logger receives the client's diagnostics; nil discards them.
+	Logger *slog.Logger
+	// MinBackoff and MaxBackoff bound the reconnect delay (full jitter:
+	// uniform in [0, min(MaxBackoff, MinBackoff·2^attempt))). Defaults 250ms, 30s.
+	MinBackoff time.Duration
+	MaxBackoff time.Duration
+	// RequestTimeout bounds one attempt of a request (and the handshake).
+	// Default 10s. Idempotent requests retry after it; Send keeps retrying
+	// until its context ends.
+	RequestTimeout time.Duration
+	// State persists the last seq seen per conversation; nil keeps it in
+	// memory for the life of the Client.
+	State StateStore
+	// EventBuffer is the capacity of the Events channel. Default 256.
+	EventBuffer int
+}
+
+// Defaults.
+const (
+	DefaultMinBackoff     = 250 * time.Millisecond
+	DefaultMaxBackoff     = 30 * time.Second
+	DefaultRequestTimeout = 10 * time.Second
+	DefaultEventBuffer    = 256
+)
+
+func (c Config) withDefaults() Config {
+	if c.MinBackoff == 0 {
+		c.MinBackoff = DefaultMinBackoff
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = DefaultMaxBackoff
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.EventBuffer == 0 {
+		c.EventBuffer = DefaultEventBuffer
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.State == nil {
+		c.State = NewMemoryState()
+	}
+	return c
+}
+
+// Validate reports the first problem with c after defaults are applied.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return fmt.Errorf("%w: url: %v", ErrInvalidConfig, err)
+	}
+	if u.Scheme != "ws" && u.Scheme != "wss" {
+		return fmt.Errorf("%w: url %q: scheme must be ws or wss", ErrInvalidConfig, c.URL)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("%w: url %q has no host", ErrInvalidConfig, c.URL)
+	}
+	if (c.Token == "") == (c.TokenFunc == nil) {
+		return fmt.Errorf("%w: set exactly one of Token and TokenFunc", ErrInvalidConfig)
+	}
+	if !protocol.ValidID(c.Device) {
+		return fmt.Errorf("%w: device %q is not 1-64 bytes of [A-Za-z0-9._@-]", ErrInvalidConfig, c.Device)
+	}
+	if c.MinBackoff < 0 || c.MaxBackoff < c.MinBackoff {
+		return fmt.Errorf("%w: need 0 <= MinBackoff <= MaxBackoff", ErrInvalidConfig)
+	}
+	if c.RequestTimeout < 0 || c.EventBuffer < 0 {
+		return fmt.Errorf("%w: RequestTimeout and EventBuffer must not be negative", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// StateStore persists, per conversation, the highest seq this device has
+// handed to the application, so that a restarted client syncs from there
+// instead of from the user's read position. Implementations must be safe for
+// concurrent use. The client saves a position at most ~100ms after the
+// application took the message and before acknowledging it to the server; a
+// crash inside that window hands those messages over again after restart.
+type StateStore interface {
+	// Load returns every stored position (conv_id → seq).
+	Load(ctx context.Context) (map[uint64]uint64, error)
+	// Save raises the position of convID to seq.
+	Save(ctx context.Context, convID, seq uint64) error
+}
+
+// MemoryState is the in-memory StateStore. Sharing one between successive
+// Clients of the same user and device carries positions across them.
+type MemoryState struct {
+	mu  sync.Mutex
+	pos map[uint64]uint64 // guarded by mu
+}
+
+var _ StateStore = (*MemoryState)(nil)
+
+// NewMemoryState returns an empty MemoryState.
+func NewMemoryState() *MemoryState { return &MemoryState{pos: make(map[uint64]uint64)} }
+
+// Load implements StateStore.
+func (m *MemoryState) Load(context.Context) (map[uint64]uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[uint64]uint64, len(m.pos))
+	for k, v := range m.pos {
+		out[k] = v
+	}
+	return out, nil
+}
+
+// Save implements StateStore; it never lowers a position.
+func (m *MemoryState) Save(_ context.Context, convID, seq uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if seq > m.pos[convID] {
+		m.pos[convID] = seq
+	}
+	return nil
+}

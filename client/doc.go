@@ -1,0 +1,50 @@
+// Package client is Parley's Go client SDK: it keeps one WebSocket connection
+// to a Parley server alive, turns the server's push stream into an ordered,
+// gap-free, duplicate-free stream of events per conversation, and offers the
+// requests of the wire protocol (send, edit, recall, read, history,
+// conversation list, direct and group conversations) with retries that never
+// create a second message.
+//
+// # Lifecycle
+//
+// New builds a Client; Run connects and keeps the connection alive (jittered
+// exponential backoff with full jitter, honouring the server's goaway and
+// Retry-After) until its context is done or Close is called. Run stops on its
+// own only for conditions a retry cannot fix: a refused token (ErrUnauthorized),
+// a newer connection of the same user and device (ErrReplaced), or a request
+// the server rejects as malformed.
+//
+// # Delivery guarantees
+//
+// On every (re)connect the client first sends one sync request carrying the
+// last seq it has seen of every conversation, applies the snapshot, and only
+// then looks at pushes; EventConnected follows the snapshot's events. Per conversation, messages reach the application in
+// strictly increasing seq, each once and without holes: a push at or below
+// the last seen seq is dropped; a push past a hole is held while the hole is
+// fetched with history. The one permitted jump is a snapshot that reports
+// more_unread (the conversation was too far behind); the application is told
+// how many messages were skipped and can page them with History. After the
+// application has taken messages the client records their seq in the
+// StateStore and acknowledges them with a cumulative delivered frame, at most
+// one per conversation per ~100ms.
+//
+// # Events and slow applications
+//
+// Events returns one channel carrying every event in order. It has
+// Config.EventBuffer slots. When the application falls behind, the client's
+// dispatcher waits for it, and pushes that arrive meanwhile are dropped by the
+// reader instead of blocking it; once the application catches up, the client
+// re-fetches everything it dropped (conversation list + history), so nothing
+// is lost or repeated (receipts dropped this way are not replayed;
+// Conversations has the read positions). Request/response handling never waits for the
+// application, so calling Send from the goroutine that drains Events cannot
+// deadlock. The channel is closed when Run returns (or by Close if Run was
+// never started).
+//
+// # Concurrency
+//
+// All methods are safe for concurrent use. Per connection the client runs one
+// reader, one writer and one dispatcher goroutine; Run owns them and waits
+// for all of them before it reconnects or returns. Close is idempotent and
+// returns after Run has returned.
+package client

@@ -1,0 +1,93 @@
+package client
+
+import (
+	"github.com/parley-im/parley/protocol"
+)
+
+// EventKind tells what an Event carries.
+type EventKind int
+
+// Event kinds.
+const (
+	// EventMessage: Message is the next message (text, edit, recall or system
+	// event) of its conversation, in seq order.
+	EventMessage EventKind = iota + 1
+	// EventReceipt: Receipt is a delivered/read receipt pushed by the server.
+	EventReceipt
+	// EventSnapshot: Snapshot describes a conversation the (re)connect sync
+	// (or Sync) returned, before its messages arrive as EventMessage. Skipped > 0
+	// when the conversation was too far behind and that many older messages
+	// were jumped over; they can be paged with History(BeforeSeq).
+	EventSnapshot
+	// EventConnected: a connection is up and its (re)connect sync has been
+	// applied: the snapshot's EventSnapshot/EventMessage events came just
+	// before it, and what follows arrives as pushes. Hello is the server's
+	// hello.
+	EventConnected
+	// EventDisconnected: the connection ended; Err says why, nil when the
+	// client itself closed it (Close, or Run's context). The client
+	// reconnects unless Run is returning.
+	EventDisconnected
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventMessage:
+		return "message"
+	case EventReceipt:
+		return "receipt"
+	case EventSnapshot:
+		return "snapshot"
+	case EventConnected:
+		return "connected"
+	case EventDisconnected:
+		return "disconnected"
+	}
+	return "unknown"
+}
+
+// Event is one item of the Events stream. Only the fields of its Kind are set.
+type Event struct {
+	Kind     EventKind
+	ConvID   uint64
+	Message  *protocol.Message
+	Receipt  *Receipt
+	Snapshot *protocol.ConvSnapshot // Messages is nil: they follow as EventMessage
+	Skipped  uint64
+	Hello    *protocol.Hello
+	Err      error
+}
+
+// Receipt is a pushed delivered/read receipt: UserID's device DeviceID has
+// every message of ConvID up to Seq (State protocol.StateDelivered or
+// protocol.StateRead).
+type Receipt struct {
+	ConvID   uint64
+	UserID   string
+	DeviceID string
+	Seq      uint64
+	State    string
+}
+
+// Ack is the server's "stored" answer to Send, Edit and Recall.
+type Ack struct {
+	ConvID      uint64
+	ClientMsgID string
+	Seq         uint64
+	MsgID       uint64
+	ServerTime  int64
+	// Duplicate is true when an earlier attempt with the same client_msg_id
+	// had already been stored; nothing new was stored.
+	Duplicate bool
+}
+
+// HistoryQuery selects a page of history: Forward (ascending from AfterSeq;
+// AfterSeq 0 is the start of the conversation), or backward: the latest
+// Limit before BeforeSeq (0: the newest). A non-zero AfterSeq implies
+// Forward. Limit 0 means the server's default (50); at most 200.
+type HistoryQuery struct {
+	Forward   bool
+	AfterSeq  uint64
+	BeforeSeq uint64
+	Limit     int
+}

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+
+	"github.com/parley-im/parley/internal/bench"
+)
+
+const benchUsage = `usage: parley bench <idle|send> [flags]
+
+  idle   server RSS per idle authenticated connection (starts its own server)
+  send   durable 1:1 send→ACK throughput and send→deliver latency
+
+Run 'parley bench <name> -h' for its flags. Results: docs/benchmarks.md.
+`
+
+func runBench(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, benchUsage)
+		return fmt.Errorf("bench: no benchmark named")
+	}
+	switch args[0] {
+	case "idle":
+		return runBenchIdle(ctx, args[1:])
+	case "send":
+		return runBenchSend(ctx, args[1:])
+	case idleClientCmd:
+		// Not in the usage: the idle benchmark starts these itself.
+		return runBenchIdleClient(ctx, args[1:])
+	case "-h", "-help", "--help", "help":
+		fmt.Print(benchUsage)
+		return nil
+	}
+	fmt.Fprint(os.Stderr, benchUsage)
+	return fmt.Errorf("bench: unknown benchmark %q", args[0])
+}
+
+const idleClientCmd = "idle-client"
+
+func benchLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+func runBenchIdle(ctx context.Context, args []string) error {
+	cfg := bench.DefaultIdleConfig()
+	fs := flag.NewFlagSet("bench idle", flag.ContinueOnError)
+	fs.IntVar(&cfg.Conns, "conns", cfg.Conns, "idle connections in total")
+	fs.IntVar(&cfg.Procs, "procs", cfg.Procs, fmt.Sprintf("client processes (each holds at most %d)", bench.MaxConnsPerClient))
+	fs.IntVar(&cfg.Step, "step", cfg.Step, "connections added between RSS checkpoints")
+	fs.DurationVar(&cfg.Settle, "settle", cfg.Settle, "pause before each RSS sample")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("bench idle: %w", err)
+	}
+	cfg.Binary = exe
+	cfg.Logger = benchLogger()
+	cfg.ClientArgs = func(c bench.IdleClientConfig) []string {
+		return []string{"bench", idleClientCmd,
+			"-addr", c.Addr, "-data-dir", c.DataDir, "-local-ip", c.LocalIP,
+			"-prefix", c.Prefix, "-concurrency", strconv.Itoa(c.Concurrency)}
+	}
+	_, err = bench.RunIdle(ctx, cfg)
+	return err
+}
+
+func runBenchIdleClient(ctx context.Context, args []string) error {
+	cfg := bench.DefaultIdleClientConfig()
+	fs := flag.NewFlagSet("bench "+idleClientCmd, flag.ContinueOnError)
+	fs.StringVar(&cfg.Addr, "addr", "", "node address, host:port")
+	fs.StringVar(&cfg.DataDir, "data-dir", "", "the node's data directory (development key)")
+	fs.StringVar(&cfg.LocalIP, "local-ip", "", "source IP address of the connections")
+	fs.StringVar(&cfg.Prefix, "prefix", "", "user id prefix, unique per client process")
+	fs.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "handshakes in flight")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.Logger = benchLogger().With("client", cfg.Prefix)
+	return bench.RunIdleClient(ctx, cfg, os.Stdin, os.Stdout)
+}
+
+func runBenchSend(ctx context.Context, args []string) error {
+	cfg := bench.DefaultSendConfig()
+	fs := flag.NewFlagSet("bench send", flag.ContinueOnError)
+	fs.IntVar(&cfg.Pairs, "pairs", cfg.Pairs, "sender/receiver pairs, each in its own direct conversation")
+	fs.IntVar(&cfg.Messages, "messages", cfg.Messages, "messages per sender")
+	fs.IntVar(&cfg.Inflight, "inflight", cfg.Inflight, "unacknowledged sends per sender")
+	fs.IntVar(&cfg.BodyBytes, "body-bytes", cfg.BodyBytes, "message body size")
+	fs.StringVar(&cfg.Addr, "addr", "", "attach to this running node (host:port) instead of starting one")
+	fs.StringVar(&cfg.DataDir, "data-dir", "", "with -addr: the node's data directory (its development key signs the tokens)")
+	fs.BoolVar(&cfg.Fsyncs, "fsyncs", false, "count the server's fsync/fdatasync calls with perf(1); needs perf and permission to trace")
+	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "bound on the whole run")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if cfg.Addr == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("bench send: %w", err)
+		}
+		cfg.Binary = exe
+	}
+	cfg.Logger = benchLogger()
+	_, err := bench.RunSend(ctx, cfg)
+	return err
+}

@@ -1,0 +1,295 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	natsio "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TasksConfig tunes the task queue.
+type TasksConfig struct {
+	// Stream is the JetStream stream holding pending tasks. Default
+	// "PARLEY_TASKS"; failed tasks go to Stream+"_DEAD".
+	Stream string
+	// Subject prefixes task subjects: a task of kind k is stored under
+	// <Subject>.k, a dead one under <DeadSubject>.k. Defaults
+	// "parley.tasks" and "parley.dead".
+	Subject, DeadSubject string
+	// Replicas of both streams: 1 on a single server, 3 on a cluster.
+	// Default 1.
+	Replicas int
+	// MaxAge drops tasks never consumed, dead ones included. Default 7 days.
+	MaxAge time.Duration
+	// AckWait is how long a handler may run, and how long a task taken by
+	// a consumer that crashed waits before it is delivered again. Default 30s.
+	AckWait time.Duration
+	// MaxDeliver bounds the attempts per task; after the last failure the
+	// task moves to the dead stream. Default 8.
+	MaxDeliver int
+	// A failed task is retried after BackoffBase·2^(attempt-1), at most
+	// BackoffMax. Defaults 1s and 1m.
+	BackoffBase, BackoffMax time.Duration
+	// Prefetch is how many tasks a consumer holds ahead of its handler.
+	// Default 8.
+	Prefetch int
+	// Logger receives failed and dead tasks. Default discards.
+	Logger *slog.Logger
+}
+
+func (c *TasksConfig) withDefaults() TasksConfig {
+	out := *c
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if out.Stream == "" {
+		out.Stream = "PARLEY_TASKS"
+	}
+	if out.Subject == "" {
+		out.Subject = "parley.tasks"
+	}
+	if out.DeadSubject == "" {
+		out.DeadSubject = "parley.dead"
+	}
+	if out.Replicas == 0 {
+		out.Replicas = 1
+	}
+	def(&out.MaxAge, 7*24*time.Hour)
+	def(&out.AckWait, 30*time.Second)
+	def(&out.BackoffBase, time.Second)
+	def(&out.BackoffMax, time.Minute)
+	if out.MaxDeliver == 0 {
+		out.MaxDeliver = 8
+	}
+	if out.Prefetch == 0 {
+		out.Prefetch = 8
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.DiscardHandler)
+	}
+	return out
+}
+
+// Validate reports a configuration the queue cannot use.
+func (c *TasksConfig) Validate() error {
+	d := c.withDefaults()
+	switch {
+	case !validKind(d.Stream):
+		return fmt.Errorf("nats: tasks config: bad stream name %q", d.Stream)
+	case d.Subject == d.DeadSubject:
+		return errors.New("nats: tasks config: Subject and DeadSubject must differ")
+	case d.Replicas < 1 || d.Replicas > 5:
+		return fmt.Errorf("nats: tasks config: Replicas %d not in 1..5", d.Replicas)
+	case d.MaxAge < 0 || d.AckWait <= 0 || d.BackoffBase <= 0 || d.BackoffMax < d.BackoffBase:
+		return errors.New("nats: tasks config: durations must be positive and BackoffMax ≥ BackoffBase")
+	case d.MaxDeliver < 1 || d.Prefetch < 1:
+		return errors.New("nats: tasks config: MaxDeliver and Prefetch must be positive")
+	}
+	return nil
+}
+
+// Tasks is a durable at-least-once task queue on JetStream. Each kind is a
+// work queue with one durable consumer shared by every process that
+// consumes it, so a task goes to one handler at a time. Handlers must be
+// idempotent: a task whose ack was lost runs again.
+type Tasks struct {
+	js  jetstream.JetStream
+	cfg TasksConfig
+}
+
+// NewTasks creates (or updates) the task stream and its dead-letter stream.
+// The caller owns nc.
+func NewTasks(ctx context.Context, nc *natsio.Conn, cfg TasksConfig) (*Tasks, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("nats: tasks: %w", err)
+	}
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:     cfg.Stream,
+		Subjects: []string{cfg.Subject + ".>"},
+		// A work queue deletes each task once acknowledged.
+		Retention: jetstream.WorkQueuePolicy,
+		Storage:   jetstream.FileStorage,
+		Replicas:  cfg.Replicas,
+		MaxAge:    cfg.MaxAge,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nats: tasks: stream %s: %w", cfg.Stream, err)
+	}
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:     cfg.Stream + "_DEAD",
+		Subjects: []string{cfg.DeadSubject + ".>"},
+		Storage:  jetstream.FileStorage,
+		Replicas: cfg.Replicas,
+		MaxAge:   cfg.MaxAge,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nats: tasks: stream %s_DEAD: %w", cfg.Stream, err)
+	}
+	return &Tasks{js: js, cfg: cfg}, nil
+}
+
+// Enqueue stores a task of kind; it returns nil once the stream has it. It
+// fails at once with ErrDisconnected while the client is reconnecting, so
+// the task is not left in the client's buffer. Any other error leaves it
+// unknown whether the task was stored: a caller that retries must accept a
+// duplicate, which idempotent handlers absorb.
+func (t *Tasks) Enqueue(ctx context.Context, kind string, payload []byte) error {
+	if !validKind(kind) {
+		return fmt.Errorf("nats: enqueue: bad kind %q", kind)
+	}
+	if !t.js.Conn().IsConnected() {
+		return fmt.Errorf("nats: enqueue %s: %w", kind, ErrDisconnected)
+	}
+	if _, err := t.js.Publish(ctx, t.cfg.Subject+"."+kind, payload); err != nil {
+		return fmt.Errorf("nats: enqueue %s: %w", kind, err)
+	}
+	return nil
+}
+
+// Consume runs handler on tasks of kind, one at a time, until ctx ends; it
+// returns nil then, or an error if it could not start. A nil result acks
+// the task; an error retries it after a backoff, up to MaxDeliver attempts,
+// then moves it to the dead stream. Each handler call gets AckWait to run.
+// Call Consume from several goroutines or processes to run handlers in
+// parallel. Tasks it holds when ctx ends are handed back at once.
+func (t *Tasks) Consume(ctx context.Context, kind string, handler func(ctx context.Context, payload []byte) error) error {
+	if !validKind(kind) {
+		return fmt.Errorf("nats: consume: bad kind %q", kind)
+	}
+	cons, err := t.js.CreateOrUpdateConsumer(ctx, t.cfg.Stream, jetstream.ConsumerConfig{
+		Durable:       kind,
+		FilterSubject: t.cfg.Subject + "." + kind,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       t.cfg.AckWait,
+		MaxDeliver:    t.cfg.MaxDeliver,
+		MaxAckPending: 1000,
+	})
+	if err != nil {
+		return fmt.Errorf("nats: consume %s: %w", kind, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(t.cfg.Prefetch))
+	if err != nil {
+		return fmt.Errorf("nats: consume %s: %w", kind, err)
+	}
+	var held []jetstream.Msg
+	for ctx.Err() == nil {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if ctx.Err() != nil {
+			if err == nil {
+				held = append(held, msg)
+			}
+			break
+		}
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, natsio.ErrConnectionClosed) {
+				return fmt.Errorf("nats: consume %s: %w", kind, err)
+			}
+			// Transient (e.g. a server restart); the iterator recovers.
+			t.cfg.Logger.Warn("task pull failed", "kind", kind, "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		if !t.run(ctx, kind, msg, handler) {
+			held = append(held, msg)
+		}
+	}
+	// Hand back what this consumer holds so another need not wait AckWait.
+	// The pull must be gone from the server first: a task handed back while
+	// it still waits would come straight back here and be stranded.
+	it.Drain()
+	_ = t.js.Conn().FlushTimeout(time.Second)
+	for {
+		msg, err := it.Next(jetstream.NextMaxWait(time.Second))
+		if err != nil {
+			break
+		}
+		held = append(held, msg)
+	}
+	for _, m := range held {
+		_ = m.Nak()
+	}
+	return nil
+}
+
+// validKind admits [A-Za-z0-9_-]{1,64}: a kind is both a subject token and
+// the durable consumer's name.
+func validKind(k string) bool {
+	if k == "" || len(k) > 64 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// run handles one task. It returns false, leaving the task unanswered, when
+// the handler failed because Consume is stopping.
+func (t *Tasks) run(ctx context.Context, kind string, msg jetstream.Msg, handler func(context.Context, []byte) error) bool {
+	attempt := uint64(1)
+	if md, err := msg.Metadata(); err == nil {
+		attempt = md.NumDelivered
+	}
+	hctx, cancel := context.WithTimeout(ctx, t.cfg.AckWait)
+	err := handler(hctx, msg.Data())
+	cancel()
+	switch {
+	case err == nil:
+		if aerr := msg.Ack(); aerr != nil {
+			t.cfg.Logger.Warn("task ack failed; it will run again", "kind", kind, "err", aerr)
+		}
+	case attempt >= uint64(t.cfg.MaxDeliver):
+		// Even when stopping: handed back, it would never be delivered again.
+		t.bury(ctx, kind, msg, err)
+	case ctx.Err() != nil:
+		return false
+	default:
+		t.cfg.Logger.Warn("task failed; will retry", "kind", kind, "attempt", attempt, "err", err)
+		_ = msg.NakWithDelay(t.backoff(attempt))
+	}
+	return true
+}
+
+func (t *Tasks) backoff(attempt uint64) time.Duration {
+	d := t.cfg.BackoffBase
+	for i := uint64(1); i < attempt && d < t.cfg.BackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, t.cfg.BackoffMax)
+}
+
+// bury moves a task out of the queue after its last attempt, keeping it in
+// the dead stream for an operator. If that fails the task stays pending
+// without further deliveries (MaxDeliver is reached) until MaxAge.
+func (t *Tasks) bury(ctx context.Context, kind string, msg jetstream.Msg, cause error) {
+	t.cfg.Logger.Error("task failed for the last time; moving it to the dead stream",
+		"kind", kind, "attempts", t.cfg.MaxDeliver, "err", cause)
+	dead := &natsio.Msg{Subject: t.cfg.DeadSubject + "." + kind, Data: msg.Data(), Header: natsio.Header{}}
+	dead.Header.Set("Parley-Error", cause.Error())
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := t.js.PublishMsg(pctx, dead); err != nil {
+		t.cfg.Logger.Error("dead-letter publish failed", "kind", kind, "err", err)
+		return
+	}
+	if err := msg.Term(); err != nil {
+		t.cfg.Logger.Warn("task term failed", "kind", kind, "err", err)
+	}
+}

@@ -1,0 +1,257 @@
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/protocol"
+)
+
+// maxListedMembers bounds the members listed in a conv frame; member_count
+// gives the total.
+const maxListedMembers = 1000
+
+func roleName(r store.Role) string {
+	switch r {
+	case store.RoleOwner:
+		return protocol.RoleOwner
+	case store.RoleAdmin:
+		return protocol.RoleAdmin
+	}
+	return protocol.RoleMember
+}
+
+// group returns a group the caller is a current member of, with the
+// caller's membership.
+func (s *Service) group(ctx context.Context, user string, convID uint64) (store.Conversation, store.Member, *protocol.Error) {
+	m, perr := s.member(ctx, user, convID)
+	if perr != nil {
+		return store.Conversation{}, m, perr
+	}
+	if m.LeaveSeq != 0 {
+		return store.Conversation{}, m, protocol.Errorf(protocol.CodeNotMember, "no longer a member of this conversation")
+	}
+	cv, err := s.store.Conversation(ctx, convID)
+	if err != nil {
+		return cv, m, s.storeErr("conversation", err)
+	}
+	if cv.Kind != store.Group {
+		return cv, m, protocol.Errorf(protocol.CodeInvalidArgument, "only groups have members to manage")
+	}
+	return cv, m, nil
+}
+
+// systemEvent stores a membership change as a message of its own (it takes
+// a seq, M17) and fans it out like any message.
+func (s *Service) systemEvent(ctx context.Context, c Caller, cv store.Conversation, ev protocol.SystemEvent) *protocol.Error {
+	ev.Actor = c.User
+	body, err := json.Marshal(ev)
+	if err != nil {
+		return protocol.Errorf(protocol.CodeInternal, "encode event")
+	}
+	res, err := s.store.Append(ctx, store.Append{Msg: store.Message{
+		ConvID: cv.ID, MsgID: s.ids.Next(), Sender: c.User, SenderDevice: c.Device,
+		ClientMsgID: "sys-" + strconv.FormatUint(s.ids.Next(), 36), Kind: protocol.KindSystem,
+		Body: string(body), ServerTime: s.now().UnixMilli(),
+	}})
+	if err != nil {
+		return s.storeErr("append", err)
+	}
+	if cv, err = s.store.Conversation(ctx, cv.ID); err != nil {
+		return s.storeErr("conversation", err)
+	}
+	s.fanout(ctx, cv, res.Msg)
+	return nil
+}
+
+// addMembers: owner or admin only. New members join at last_seq + 1 and
+// see the member_added event, nothing before it.
+func (s *Service) addMembers(ctx context.Context, c Caller, convID uint64, users []string) (*protocol.Frame, *protocol.Error) {
+	cv, m, perr := s.group(ctx, c.User, convID)
+	if perr != nil {
+		return nil, perr
+	}
+	if m.Role < store.RoleAdmin {
+		return nil, protocol.Errorf(protocol.CodeForbidden, "only the owner or an admin can add members")
+	}
+	users = uniqueWithout(users, "")
+	if cv.Members+len(users) > s.cfg.Limits.MaxGroupMembers {
+		return nil, protocol.Errorf(protocol.CodeTooLarge, "a group has at most %d members", s.cfg.Limits.MaxGroupMembers)
+	}
+	added, err := s.store.AddMembers(ctx, convID, users, store.RoleMember)
+	if err != nil {
+		return nil, s.storeErr("add members", err)
+	}
+	ids := make([]string, len(added))
+	for i, a := range added {
+		ids[i] = a.UserID
+	}
+	s.online.Joined(convID, ids)
+	if perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: "member_added", Users: ids}); perr != nil {
+		return nil, perr
+	}
+	return s.convAfterChange(ctx, convID, c.User)
+}
+
+// removeMembers removes others (owner: anyone; admin: plain members) or,
+// with event member_left, the caller. Removed members receive the event
+// and nothing after their leave_seq.
+func (s *Service) removeMembers(ctx context.Context, c Caller, convID uint64, users []string, event string) (*protocol.Frame, *protocol.Error) {
+	cv, m, perr := s.group(ctx, c.User, convID)
+	if perr != nil {
+		return nil, perr
+	}
+	users = uniqueWithout(users, "")
+	if event == "member_removed" {
+		for _, u := range users {
+			if u == c.User {
+				return nil, protocol.Errorf(protocol.CodeInvalidArgument, "use leave to remove yourself")
+			}
+			target, err := s.store.Member(ctx, convID, u)
+			if err != nil || target.LeaveSeq != 0 {
+				return nil, protocol.Errorf(protocol.CodeNotFound, "%s is not a member", u)
+			}
+			if !outranks(m.Role, target.Role) {
+				return nil, protocol.Errorf(protocol.CodeForbidden, "only the owner can remove admins, and only admins can remove members")
+			}
+		}
+	}
+	// The event goes first so that the leavers still receive it.
+	if perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: event, Users: users}); perr != nil {
+		return nil, perr
+	}
+	if _, err := s.store.RemoveMembers(ctx, convID, users); err != nil {
+		return nil, s.storeErr("remove members", err)
+	}
+	s.online.Left(convID, users)
+	return s.convAfterChange(ctx, convID, c.User)
+}
+
+// outranks: the owner over everyone else, an admin over plain members.
+func outranks(actor, target store.Role) bool {
+	return actor == store.RoleOwner && target != store.RoleOwner || actor == store.RoleAdmin && target == store.RoleMember
+}
+
+func (s *Service) setRole(ctx context.Context, c Caller, convID uint64, user, role string) (*protocol.Frame, *protocol.Error) {
+	cv, m, perr := s.group(ctx, c.User, convID)
+	if perr != nil {
+		return nil, perr
+	}
+	if m.Role != store.RoleOwner {
+		return nil, protocol.Errorf(protocol.CodeForbidden, "only the owner can change roles")
+	}
+	if user == c.User {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "the owner's role cannot change")
+	}
+	r := store.RoleMember
+	if role == protocol.RoleAdmin {
+		r = store.RoleAdmin
+	}
+	if err := s.store.SetRole(ctx, convID, user, r); err != nil {
+		return nil, s.storeErr("set role", err)
+	}
+	if perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: "role_changed", Users: []string{user}, Role: role}); perr != nil {
+		return nil, perr
+	}
+	return s.convAfterChange(ctx, convID, c.User)
+}
+
+func (s *Service) mute(ctx context.Context, c Caller, convID uint64, user string, muted bool) (*protocol.Frame, *protocol.Error) {
+	cv, m, perr := s.group(ctx, c.User, convID)
+	if perr != nil {
+		return nil, perr
+	}
+	target, err := s.store.Member(ctx, convID, user)
+	if err != nil || target.LeaveSeq != 0 {
+		return nil, protocol.Errorf(protocol.CodeNotFound, "%s is not a member", user)
+	}
+	if !outranks(m.Role, target.Role) {
+		return nil, protocol.Errorf(protocol.CodeForbidden, "only the owner can mute admins, and only admins can mute members")
+	}
+	if err := s.store.SetMuted(ctx, convID, user, muted); err != nil {
+		return nil, s.storeErr("mute", err)
+	}
+	ev := "muted"
+	if !muted {
+		ev = "unmuted"
+	}
+	if perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: ev, Users: []string{user}}); perr != nil {
+		return nil, perr
+	}
+	return s.convAfterChange(ctx, convID, c.User)
+}
+
+func (s *Service) convAfterChange(ctx context.Context, convID uint64, user string) (*protocol.Frame, *protocol.Error) {
+	cv, err := s.store.Conversation(ctx, convID)
+	if err != nil {
+		return nil, s.storeErr("conversation", err)
+	}
+	return s.convFrame(ctx, cv, user)
+}
+
+// typing forwards an ephemeral typing notice (never stored) to the other
+// online members of a direct conversation or a small group, at most one
+// per user and conversation per TypingInterval. Larger groups do not carry
+// typing: it would be a fan-out storm for a cosmetic signal.
+func (s *Service) typing(ctx context.Context, c Caller, convID uint64) *protocol.Error {
+	m, perr := s.member(ctx, c.User, convID)
+	if perr != nil {
+		return perr
+	}
+	if m.LeaveSeq != 0 {
+		return protocol.Errorf(protocol.CodeNotMember, "no longer a member of this conversation")
+	}
+	key := "typing:" + c.User + ":" + strconv.FormatUint(convID, 10)
+	if ok, _ := s.limits.allow(key, s.cfg.TypingInterval, s.now()); !ok {
+		return nil // dropped: the previous notice is still fresh
+	}
+	cv, err := s.store.Conversation(ctx, convID)
+	if err != nil {
+		return s.storeErr("conversation", err)
+	}
+	if s.tier(ctx, cv) != TierSmall {
+		return nil
+	}
+	members, err := s.store.Members(ctx, convID)
+	if err != nil {
+		return s.storeErr("members", err)
+	}
+	var to []string
+	for _, mb := range members {
+		if mb.UserID != c.User {
+			to = append(to, mb.UserID)
+		}
+	}
+	s.push(ctx, to, &protocol.Frame{Type: protocol.TypeTyping, ConvID: convID, UserID: c.User}, 0, 0)
+	return nil
+}
+
+// SharesConversation reports whether a and b are current members of a
+// common conversation: who may see whose presence (M26).
+func (s *Service) SharesConversation(ctx context.Context, a, b string) (bool, error) {
+	if a == b {
+		return true, nil
+	}
+	ra, err := s.store.UserConversations(ctx, a)
+	if err != nil {
+		return false, err
+	}
+	rb, err := s.store.UserConversations(ctx, b)
+	if err != nil {
+		return false, err
+	}
+	mine := make(map[uint64]bool, len(ra))
+	for _, r := range ra {
+		if r.LeaveSeq == 0 {
+			mine[r.ConvID] = true
+		}
+	}
+	for _, r := range rb {
+		if r.LeaveSeq == 0 && mine[r.ConvID] {
+			return true, nil
+		}
+	}
+	return false, nil
+}

@@ -1,0 +1,118 @@
+package chat
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/parley-im/parley/internal/store"
+)
+
+// Fan-out tiers (M16). Direct conversations are always small.
+const (
+	TierSmall  uint8 = 1 // write fan-out to every member's row
+	TierMedium uint8 = 2 // rows only for members online at send time
+	TierLarge  uint8 = 3 // no rows; push to online members only
+)
+
+// TierName names a tier for metrics and the conv frame.
+func TierName(t uint8) string {
+	switch t {
+	case TierSmall:
+		return "small"
+	case TierMedium:
+		return "medium"
+	case TierLarge:
+		return "large"
+	}
+	return "unknown"
+}
+
+// tierFor decides the tier of a group of n members that is in tier cur
+// (0: undecided). Moving up happens at the thresholds; moving down only
+// once n is a Hysteresis fraction below them.
+func (c Config) tierFor(cur uint8, n int) uint8 {
+	up := func(n int) uint8 {
+		switch {
+		case n > c.LargeAbove:
+			return TierLarge
+		case n >= c.SmallBelow:
+			return TierMedium
+		}
+		return TierSmall
+	}
+	target := up(n)
+	if cur == 0 || target >= cur {
+		return target
+	}
+	// Going down: only past the threshold minus the hysteresis band.
+	smallDown := int(float64(c.SmallBelow) * (1 - c.Hysteresis))
+	largeDown := int(float64(c.LargeAbove) * (1 - c.Hysteresis))
+	switch {
+	case n < smallDown:
+		return TierSmall
+	case n < largeDown:
+		return min(cur, TierMedium)
+	}
+	return cur
+}
+
+// tier returns cv's tier, recording a change and keeping the online index
+// in step: medium and large groups are tracked, small ones are not.
+func (s *Service) tier(ctx context.Context, cv store.Conversation) uint8 {
+	if cv.Kind == store.Direct {
+		return TierSmall
+	}
+	t := s.cfg.tierFor(cv.Tier, cv.Members)
+	if t != cv.Tier {
+		if err := s.store.SetTier(ctx, cv.ID, t); err != nil {
+			s.log.Warn("set tier failed; decided again on the next message", "conv", cv.ID, "err", err)
+		} else {
+			s.log.Info("group changed fan-out tier", "conv", cv.ID, "members", cv.Members, "from", TierName(cv.Tier), "to", TierName(t))
+		}
+	}
+	switch {
+	case t == TierSmall && s.online.Tracked(cv.ID):
+		s.online.Untrack(cv.ID)
+	case t != TierSmall && !s.online.Tracked(cv.ID):
+		members, err := s.store.Members(ctx, cv.ID)
+		if err != nil {
+			s.log.Warn("track group: members", "conv", cv.ID, "err", err)
+			return t
+		}
+		ids := make([]string, len(members))
+		for i, m := range members {
+			ids[i] = m.UserID
+		}
+		s.online.Track(cv.ID, ids)
+	}
+	return t
+}
+
+// limiter allows one event per key per interval (@everyone per group,
+// typing per user and conversation). In-process: each chat process limits
+// the requests it serves.
+type limiter struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+func newLimiter() *limiter { return &limiter{last: make(map[string]time.Time)} }
+
+// allow reports whether key may fire now and, if not, how long to wait.
+func (l *limiter) allow(key string, every time.Duration, now time.Time) (bool, time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.last) > 100000 { // forget stale keys so the map stays bounded
+		for k, t := range l.last {
+			if now.Sub(t) > time.Hour {
+				delete(l.last, k)
+			}
+		}
+	}
+	if t, ok := l.last[key]; ok && now.Sub(t) < every {
+		return false, every - now.Sub(t)
+	}
+	l.last[key] = now
+	return true, 0
+}

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Runs a throwaway NATS server with JetStream for the bus/nats conformance suite.
+#
+#   scripts/engines/nats.sh start|stop|status
+#
+# start builds scripts/engines/natsserver (the nats-server Go module pinned in
+# go.mod, so no prebuilt binary is fetched), runs it with
+# `-js -p ${PARLEY_NATS_PORT:-4250} -sd DIR`, waits until the server greets
+# clients with JetStream enabled, and records `export PARLEY_TEST_NATS=...` in
+# ${PARLEY_ENGINES_DIR}/env (also printed). Every command is idempotent.
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+dir="${PARLEY_ENGINES_DIR:-/tmp/parley-engines}"
+port="${PARLEY_NATS_PORT:-4250}"
+data="$dir/nats"
+bin="$dir/bin/natsserver"
+pidfile="$data/nats.pid"
+envfile="$dir/env"
+url="nats://127.0.0.1:$port"
+
+log() { echo "nats.sh: $*" >&2; }
+
+running() { [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+
+# ready reads the INFO line every NATS server sends on connect; JetStream is
+# usable once it says so.
+ready() {
+	timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port && head -n1 <&3" 2>/dev/null |
+		grep -q '"jetstream":true'
+}
+
+answers() { timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port" 2>/dev/null; }
+
+build() {
+	export PATH="/usr/local/go/bin:$PATH"
+	mkdir -p "$(dirname "$bin")"
+	# go build is a no-op when nothing changed, and rebuilding on each start
+	# keeps the server in step with the version pinned in go.mod.
+	(cd "$root" && go build -o "$bin" ./scripts/engines/natsserver)
+}
+
+setenv() {
+	local line="export PARLEY_TEST_NATS=$url" tmp
+	mkdir -p "$dir"
+	touch "$envfile"
+	tmp="$(mktemp "$dir/env.XXXXXX")"
+	grep -v '^export PARLEY_TEST_NATS=' "$envfile" >"$tmp" || true
+	echo "$line" >>"$tmp"
+	mv "$tmp" "$envfile"
+	echo "$line"
+}
+
+start() {
+	mkdir -p "$data/store"
+	if running && ready; then
+		log "already running on $url"
+		setenv
+		return 0
+	fi
+	if answers; then
+		log "port $port is taken by a process that is not ours ($pidfile)"
+		exit 1
+	fi
+	build
+	# setsid: the server must outlive this script and its caller's process group.
+	setsid "$bin" -js -a 127.0.0.1 -p "$port" -sd "$data/store" -P "$pidfile" -l "$data/nats.log" \
+		</dev/null >/dev/null 2>&1 &
+	for _ in $(seq 1 150); do
+		if ready; then
+			log "ready on $url ($("$bin" -v 2>&1))"
+			setenv
+			return 0
+		fi
+		sleep 0.1
+	done
+	log "not ready on $url after 15s; log follows"
+	tail -n 20 "$data/nats.log" >&2 || true
+	exit 1
+}
+
+stop() {
+	if ! running; then
+		log "not running"
+		rm -f "$pidfile"
+		return 0
+	fi
+	local pid
+	pid="$(cat "$pidfile")"
+	kill "$pid"
+	for _ in $(seq 1 100); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	if kill -0 "$pid" 2>/dev/null; then
+		kill -9 "$pid"
+	fi
+	rm -f "$pidfile"
+	log "stopped"
+}
+
+status() {
+	if running && ready; then
+		echo "nats: running on $url (pid $(cat "$pidfile"))"
+	else
+		echo "nats: not running"
+		return 1
+	fi
+}
+
+case "${1:-}" in
+start) start ;;
+stop) stop ;;
+status) status ;;
+*)
+	echo "usage: $0 start|stop|status" >&2
+	exit 2
+	;;
+esac
