@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"sync"
 	"time"
 
@@ -26,6 +27,7 @@ type Client struct {
 	cfg Config
 	log *slog.Logger
 	bo  backoff
+	rot rotation // used by Run's goroutine only
 
 	events   chan Event
 	closedCh chan struct{} // closed once no connection will come any more
@@ -59,6 +61,7 @@ func New(cfg Config) (*Client, error) {
 		cfg:      cfg,
 		log:      cfg.Logger,
 		bo:       newBackoff(cfg.MinBackoff, cfg.MaxBackoff),
+		rot:      newRotation(cfg.servers(), mrand.IntN),
 		events:   make(chan Event, cfg.EventBuffer),
 		closedCh: make(chan struct{}),
 		stopped:  make(chan struct{}),
@@ -115,7 +118,8 @@ func (c *Client) Run(ctx context.Context) error {
 func (c *Client) loop(ctx context.Context) error {
 	attempt := 0
 	for {
-		ws, hello, err := dial(ctx, c.cfg)
+		target := c.rot.next()
+		ws, hello, err := dial(ctx, c.cfg, target)
 		if ctx.Err() != nil {
 			if ws != nil {
 				ws.Close()
@@ -133,12 +137,13 @@ func (c *Client) loop(ctx context.Context) error {
 				delay = c.bo.after(de.retryAfter)
 			}
 			attempt++
-			c.log.Info("client: connect failed", "err", err, "attempt", attempt, "delay", delay)
+			c.log.Info("client: connect failed", "url", target, "err", err, "attempt", attempt, "delay", delay)
 			if !sleep(ctx, delay) {
 				return nil
 			}
 			continue
 		}
+		c.log.Debug("client: connected", "url", target, "node", hello.Node)
 		start := time.Now()
 		cn := c.serve(ctx, ws, *hello)
 		if ctx.Err() != nil {
@@ -159,10 +164,12 @@ func (c *Client) loop(ctx context.Context) error {
 		}
 		delay := c.bo.delay(attempt)
 		attempt++
-		if ms := cn.goaway.Load(); ms > 0 {
-			delay = c.bo.after(time.Duration(ms) * time.Millisecond)
+		if at := cn.leaveAt.Load(); at != 0 {
+			// The node's delay runs from its goaway; usually it is over
+			// and the client has left by itself, unless the node closed first.
+			delay = max(time.Until(time.Unix(0, at)), 0)
 		}
-		c.log.Info("client: disconnected", "err", cn.err, "delay", delay)
+		c.log.Info("client: disconnected", "url", target, "err", cn.err, "delay", delay)
 		if !sleep(ctx, delay) {
 			return nil
 		}
@@ -172,7 +179,7 @@ func (c *Client) loop(ctx context.Context) error {
 // serve runs one connection's reader, writer and dispatcher and returns
 // once all three have finished.
 func (c *Client) serve(ctx context.Context, ws *websocket.Conn, hello protocol.Hello) *conn {
-	cn := newConn(ws, hello, c.cfg)
+	cn := newConn(ws, hello, c.cfg, c.bo)
 	cn.disp = newDispatcher(c, cn)
 	var wg sync.WaitGroup
 	wg.Add(3)

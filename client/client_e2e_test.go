@@ -4,69 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/parley-im/parley/internal/chat"
+	"github.com/parley-im/parley/internal/gateway"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/protocol"
 )
 
-// End-to-end tests: the SDK against a real in-process Parley node.
-
-func startE2E(t *testing.T, url, token, device string, edit func(*Config)) *runningClient {
-	t.Helper()
-	cfg := Config{URL: url, Token: token, Device: device, MinBackoff: 10 * time.Millisecond,
-		MaxBackoff: 200 * time.Millisecond, RequestTimeout: 3 * time.Second, Logger: testLogger(t)}
-	if edit != nil {
-		edit(&cfg)
-	}
-	c, err := New(cfg)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	rc := &runningClient{Client: c, errc: make(chan error, 1)}
-	go func() { rc.errc <- c.Run(context.Background()) }()
-	t.Cleanup(func() { c.Close() })
-	rc.recordEvents()
-	eventually(t, device+" connected", func() bool { return rc.rec.count(EventConnected) > 0 })
-	return rc
-}
-
-// contiguous checks that seqs strictly increase by one.
-func contiguous(t *testing.T, who string, seqs []uint64) {
-	t.Helper()
-	for i := 1; i < len(seqs); i++ {
-		if seqs[i] != seqs[i-1]+1 {
-			t.Fatalf("%s: seq %d follows %d (all: %v)", who, seqs[i], seqs[i-1], seqs)
-		}
-	}
-}
-
-func (r *recorder) messages(convID uint64) []protocol.Message {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []protocol.Message
-	for _, ev := range r.events {
-		if ev.Kind == EventMessage && ev.ConvID == convID {
-			out = append(out, *ev.Message)
-		}
-	}
-	return out
-}
-
-func (r *recorder) hasSeq(convID, seq uint64) bool {
-	for _, s := range r.seqs(convID) {
-		if s == seq {
-			return true
-		}
-	}
-	return false
-}
+// End-to-end tests: the SDK against a real in-process Parley node, without
+// faults (faults_test.go injects them; cluster_test.go runs two nodes).
 
 func TestE2ETwoUsersChat(t *testing.T) {
 	srv := servertest.Start(t)
@@ -110,16 +58,7 @@ func TestE2ETwoUsersChat(t *testing.T) {
 	if err := bob.MarkRead(ctx, conv.ConvID, reply.Seq); err != nil {
 		t.Fatalf("MarkRead: %v", err)
 	}
-	eventually(t, "read receipt at alice", func() bool {
-		alice.rec.mu.Lock()
-		defer alice.rec.mu.Unlock()
-		for _, ev := range alice.rec.events {
-			if ev.Kind == EventReceipt && ev.Receipt.UserID == "bob" && ev.Receipt.State == protocol.StateRead && ev.Receipt.Seq == reply.Seq {
-				return true
-			}
-		}
-		return false
-	})
+	eventually(t, "read receipt at alice", func() bool { return alice.rec.receipt("bob", "", protocol.StateRead, reply.Seq) })
 	list, err := bob.Conversations(ctx)
 	if err != nil || len(list) != 1 || list[0].ConvID != conv.ConvID || list[0].Unread != 0 {
 		t.Fatalf("bob's Conversations = %+v, %v", list, err)
@@ -155,8 +94,7 @@ func TestE2EOtherDeviceOfSameUser(t *testing.T) {
 	lastSeq := acks[len(acks)-1].Seq
 	for name, rc := range map[string]*runningClient{"bob/phone": bobPhone, "bob/laptop": bobLaptop} {
 		eventually(t, name+" has everything", func() bool { return rc.rec.hasSeq(group.ConvID, lastSeq) })
-		seqs := rc.rec.seqs(group.ConvID)
-		contiguous(t, name, seqs)
+		contiguous(t, name, rc.rec.seqs(group.ConvID))
 		for _, a := range acks {
 			if !rc.rec.hasSeq(group.ConvID, a.Seq) {
 				t.Fatalf("%s misses seq %d", name, a.Seq)
@@ -171,97 +109,73 @@ func TestE2EOtherDeviceOfSameUser(t *testing.T) {
 	contiguous(t, "bob/tablet", bobTablet.rec.seqs(group.ConvID))
 }
 
-func TestE2EReconnectMidStream(t *testing.T) {
+// Messages reach every device in order, the devices acknowledge them with
+// coalesced delivered frames, and the request methods answer.
+func TestE2ESendReceiveMultiDevice(t *testing.T) {
 	srv := servertest.Start(t)
-	px := newCutProxy(t, strings.TrimPrefix(srv.URL, "ws://"))
+	px := newProxy(t, srv.URL) // bob's devices, to count their frames
 	alice := startE2E(t, srv.URL, srv.Token("alice"), "phone", nil)
-	bob := startE2E(t, "ws://"+px.addr(), srv.Token("bob"), "phone", nil)
+	bob1 := startE2E(t, px.url(), srv.Token("bob"), "phone", nil)
+	bob2 := startE2E(t, px.url(), srv.Token("bob"), "laptop", nil)
 	ctx := ctxT(t)
-	conv, err := alice.OpenDirect(ctx, "bob")
+	info, err := alice.OpenDirect(ctx, "bob")
 	if err != nil {
 		t.Fatalf("OpenDirect: %v", err)
 	}
-	var last uint64
-	for i := 1; i <= 240; i++ {
-		ack, err := alice.Send(ctx, conv.ConvID, fmt.Sprint(i))
+	again, err := bob1.OpenDirect(ctx, "alice")
+	if err != nil || again.ConvID != info.ConvID {
+		t.Fatalf("bob's OpenDirect = %v, %v; want the same conversation %d", again.ConvID, err, info.ConvID)
+	}
+	const n = 20
+	for i := 1; i <= n; i++ {
+		ack, err := alice.Send(ctx, info.ConvID, fmt.Sprintf("hi %d", i))
 		if err != nil {
 			t.Fatalf("Send %d: %v", i, err)
 		}
-		last = ack.Seq
-		if i%60 == 0 {
-			connects := bob.rec.count(EventConnected)
-			px.cut() // pushes in flight are lost with the connection
-			eventually(t, "bob reconnects", func() bool { return bob.rec.count(EventConnected) > connects })
+		if ack.Seq != uint64(i) || ack.Duplicate || len(ack.ClientMsgID) != 32 {
+			t.Fatalf("ack %d = %+v", i, ack)
 		}
 	}
-	eventually(t, "bob has everything", func() bool { return bob.rec.hasSeq(conv.ConvID, last) },
-		func() string { return fmt.Sprint(bob.rec.seqs(conv.ConvID)) })
-	seqs := bob.rec.seqs(conv.ConvID)
-	contiguous(t, "bob", seqs)
-	if seqs[0] > 1 {
-		t.Fatalf("bob's first seq is %d", seqs[0])
+	for _, rc := range []*runningClient{alice, bob1, bob2} {
+		eventually(t, "every message on every device", func() bool { return len(rc.rec.seqs(info.ConvID)) >= n })
+		wantRun(t, rc.rec.seqs(info.ConvID), 1, n)
 	}
-	if bob.rec.count(EventDisconnected) < 4 {
-		t.Fatalf("%d disconnects, want 4", bob.rec.count(EventDisconnected))
+	// Each device acknowledges up to n; the peer of a direct conversation
+	// hears of it.
+	eventually(t, "both devices acknowledge everything", func() bool {
+		upTo := 0
+		for _, f := range px.sent(protocol.TypeDelivered) {
+			if f.ConvID == info.ConvID && f.Seq == n {
+				upTo++
+			}
+		}
+		return upTo == 2
+	})
+	eventually(t, "delivered receipt at alice", func() bool { return alice.rec.receipt("bob", "", protocol.StateDelivered, n) })
+	if got := len(px.sent(protocol.TypeDelivered)); got >= 2*n {
+		t.Errorf("%d delivered frames for %d messages on 2 devices: not coalesced", got, n)
+	}
+	if seq, ok := bob2.LastSeq(info.ConvID); !ok || seq != n {
+		t.Errorf("LastSeq = %d, %v; want %d", seq, ok, n)
+	}
+	if err := bob1.MarkRead(ctx, info.ConvID, n); err != nil {
+		t.Fatalf("MarkRead: %v", err)
+	}
+	list, err := bob2.Conversations(ctx)
+	if err != nil || len(list) != 1 || list[0].Unread != 0 || list[0].ReadSeq != n {
+		t.Fatalf("Conversations = %+v, %v; want one conversation read to %d", list, err, n)
+	}
+	page, more, err := bob2.History(ctx, info.ConvID, HistoryQuery{BeforeSeq: 11, Limit: 5})
+	if err != nil || !more || len(page) != 5 || page[0].Seq != 6 || page[4].Seq != 10 {
+		t.Fatalf("History(before 11, 5) = %v more=%v err=%v; want 6..10 with more", seqsOf(page), more, err)
 	}
 }
 
-func TestE2ESendRetrySameIDAfterDisconnect(t *testing.T) {
+// A restarted client syncs from the position its StateStore kept, gets
+// exactly what it missed before EventConnected, and acknowledges it.
+func TestE2EOfflineThenResumeFromStoredPosition(t *testing.T) {
 	srv := servertest.Start(t)
-	px := newCutProxy(t, strings.TrimPrefix(srv.URL, "ws://"))
-	alice := startE2E(t, "ws://"+px.addr(), srv.Token("alice"), "phone", nil)
-	bob := startE2E(t, srv.URL, srv.Token("bob"), "phone", nil)
-	ctx := ctxT(t)
-	conv, err := alice.OpenDirect(ctx, "bob")
-	if err != nil {
-		t.Fatalf("OpenDirect: %v", err)
-	}
-	// The send reaches the server but its ack never reaches alice; then the
-	// connection drops. The SDK must resend the same frame, not a new one.
-	px.blackhole(true)
-	type result struct {
-		ack Ack
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		ack, err := alice.SendWithID(ctx, conv.ConvID, "retry-me-1", "exactly once")
-		done <- result{ack, err}
-	}()
-	eventually(t, "message stored (bob sees it)", func() bool { return len(bob.rec.seqs(conv.ConvID)) > 0 })
-	px.blackhole(false)
-	px.cut()
-	r := <-done
-	if r.err != nil {
-		t.Fatalf("SendWithID: %v", r.err)
-	}
-	if !r.ack.Duplicate {
-		t.Fatalf("ack %+v: want the stored message's ack, marked duplicate", r.ack)
-	}
-	// And an explicit second attempt after the reconnect is deduplicated too.
-	again, err := alice.SendWithID(ctx, conv.ConvID, "retry-me-1", "exactly once")
-	if err != nil || !again.Duplicate || again.Seq != r.ack.Seq {
-		t.Fatalf("repeat = %+v, %v; want duplicate of seq %d", again, err, r.ack.Seq)
-	}
-	page, _, err := bob.History(ctx, conv.ConvID, HistoryQuery{Forward: true, Limit: 200})
-	if err != nil {
-		t.Fatalf("History: %v", err)
-	}
-	n := 0
-	for _, m := range page {
-		if m.ClientMsgID == "retry-me-1" {
-			n++
-		}
-	}
-	if n != 1 {
-		t.Fatalf("%d stored messages with the id, want 1", n)
-	}
-	eventually(t, "alice gets her own message once", func() bool { return alice.rec.hasSeq(conv.ConvID, r.ack.Seq) })
-	contiguous(t, "alice", alice.rec.seqs(conv.ConvID))
-}
-
-func TestE2EOfflineCatchUp(t *testing.T) {
-	srv := servertest.Start(t)
+	px := newProxy(t, srv.URL)
 	alice := startE2E(t, srv.URL, srv.Token("alice"), "phone", nil)
 	ctx := ctxT(t)
 	conv, err := alice.OpenDirect(ctx, "bob")
@@ -269,132 +183,171 @@ func TestE2EOfflineCatchUp(t *testing.T) {
 		t.Fatalf("OpenDirect: %v", err)
 	}
 	state := NewMemoryState()
-	bob := startE2E(t, srv.URL, srv.Token("bob"), "phone", func(c *Config) { c.State = state })
-	first, err := alice.Send(ctx, conv.ConvID, "before")
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "bob online gets it", func() bool { return bob.rec.hasSeq(conv.ConvID, first.Seq) })
-	bob.Close()
-	var last Ack
+	withState := func(c *Config) { c.State = state }
+	bob := startE2E(t, px.url(), srv.Token("bob"), "phone", withState)
 	for i := 0; i < 5; i++ {
-		if last, err = alice.Send(ctx, conv.ConvID, fmt.Sprint("while away ", i)); err != nil {
+		if _, err := alice.Send(ctx, conv.ConvID, fmt.Sprint("online ", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	bob2 := startE2E(t, srv.URL, srv.Token("bob"), "phone", func(c *Config) { c.State = state })
-	seqs := bob2.rec.seqs(conv.ConvID)
-	if len(seqs) != 5 || seqs[0] != first.Seq+1 || seqs[4] != last.Seq {
-		t.Fatalf("after reconnect bob got %v, want %d..%d by sync before Connected", seqs, first.Seq+1, last.Seq)
+	eventually(t, "first five", func() bool { return len(bob.rec.seqs(conv.ConvID)) == 5 })
+	bob.Close()
+	if pos, _ := state.Load(ctx); pos[conv.ConvID] != 5 {
+		t.Fatalf("stored position %d, want 5", pos[conv.ConvID])
 	}
+	for i := 0; i < 3; i++ {
+		if _, err := alice.Send(ctx, conv.ConvID, fmt.Sprint("while away ", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bob2 := startE2E(t, px.url(), srv.Token("bob"), "phone", withState)
+	// startE2E returned at EventConnected: the sync's messages came before it.
+	wantRun(t, bob2.rec.seqs(conv.ConvID), 6, 8)
 	if ev := bob2.rec.find(EventSnapshot, conv.ConvID); ev == nil || ev.Skipped != 0 {
 		t.Fatalf("snapshot event %+v", ev)
 	}
+	syncs := px.sent(protocol.TypeSync)
+	last := syncs[len(syncs)-1]
+	if !last.All || len(last.Convs) != 1 || last.Convs[0].ConvID != conv.ConvID || last.Convs[0].AfterSeq != 5 {
+		t.Fatalf("resume sync %+v, want all:true with after_seq 5", last)
+	}
+	eventually(t, "delivered after snapshot", func() bool { return alice.rec.receipt("bob", "phone", protocol.StateDelivered, 8) })
+}
+
+// A conversation too far behind is jumped: the snapshot says how much was
+// skipped, the latest messages follow, and later pushes continue from there.
+func TestE2ESnapshotJumpReportsSkipped(t *testing.T) {
+	// The server's range limit and latest count (200 and 50 by default)
+	// scaled down, so the test stores 30 messages rather than 300.
+	srv := servertest.Start(t, servertest.WithChat(func(c *chat.Config) { c.SnapshotRangeLimit, c.SnapshotLatest = 20, 5 }))
+	alice := startE2E(t, srv.URL, srv.Token("alice"), "phone", nil)
+	ctx := ctxT(t)
+	group, err := alice.CreateGroup(ctx, "g", []string{"bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 30; i++ {
+		if _, err := alice.Send(ctx, group.ConvID, "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bob := startE2E(t, srv.URL, srv.Token("bob"), "d1", nil)
+	ev := bob.rec.find(EventSnapshot, group.ConvID)
+	if ev == nil || ev.Skipped != 25 || ev.Snapshot.MoreUnread != 25 || ev.Snapshot.Messages != nil {
+		t.Fatalf("snapshot event %+v, want Skipped 25 without messages", ev)
+	}
+	wantRun(t, bob.rec.seqs(group.ConvID), 26, 30)
+	if _, err := alice.Send(ctx, group.ConvID, "after"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "next push", func() bool { return len(bob.rec.seqs(group.ConvID)) == 6 })
+	wantRun(t, bob.rec.seqs(group.ConvID), 26, 31)
 }
 
 func TestE2EUnauthorized(t *testing.T) {
 	srv := servertest.Start(t)
-	c, err := New(Config{URL: srv.URL, Token: "not-a-jwt", Device: "phone", Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
+	tokens := map[string]string{
+		"forged":  "not-a-jwt",
+		"expired": servertest.MintToken(t, srv.Key(), "alice", -time.Hour),
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- c.Run(context.Background()) }()
+	for name, token := range tokens {
+		t.Run(name, func(t *testing.T) {
+			c := launch(t, testConfig(t, srv.URL, token, "phone"), false)
+			select {
+			case err := <-c.errc:
+				if !errors.Is(err, ErrUnauthorized) {
+					t.Fatalf("Run = %v, want ErrUnauthorized", err)
+				}
+			case <-time.After(waitLimit):
+				t.Fatal("Run kept retrying a refused token")
+			}
+			if _, err := c.Send(ctxT(t), 1, "x"); !errors.Is(err, ErrClosed) {
+				t.Fatalf("Send after Run returned = %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
+// A second connection of the same user and device makes the server close
+// the first with 4009; that client stops instead of fighting back.
+func TestE2EReplacedStops(t *testing.T) {
+	srv := servertest.Start(t)
+	px := newProxy(t, srv.URL)
+	first := startE2E(t, px.url(), srv.Token("alice"), "d1", nil)
+	second := startE2E(t, srv.URL, srv.Token("alice"), "d1", nil)
 	select {
-	case err := <-errc:
-		if !errors.Is(err, ErrUnauthorized) {
-			t.Fatalf("Run = %v, want ErrUnauthorized", err)
+	case err := <-first.errc:
+		if !errors.Is(err, ErrReplaced) {
+			t.Fatalf("Run = %v, want ErrReplaced", err)
 		}
 	case <-time.After(waitLimit):
-		c.Close()
-		t.Fatal("Run kept retrying a bad token")
+		t.Fatal("Run did not stop after 4009")
+	}
+	<-first.rec.done // Events is closed
+	if evs, _ := first.rec.all(EventDisconnected); len(evs) != 1 || !errors.Is(evs[0].Err, ErrReplaced) {
+		t.Fatalf("disconnect events %+v, want one with ErrReplaced", evs)
+	}
+	if n := len(px.dials()); n != 1 {
+		t.Fatalf("%d dials by the replaced client, want 1", n)
+	}
+	if _, ok := second.Hello(); !ok || second.rec.count(EventDisconnected) != 0 {
+		t.Fatal("the newer connection did not stay")
 	}
 }
 
-// cutProxy forwards TCP to a server and can drop every connection at once
-// (a network cut) or silently swallow server→client bytes (lost answers).
-type cutProxy struct {
-	ln     net.Listener
-	target string
-	hole   atomic.Bool
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  map[net.Conn]bool // guarded by mu
+// The client pings every heartbeat_ms the hello announces, so a server with
+// a short idle timeout keeps it.
+func TestE2EHeartbeatPings(t *testing.T) {
+	srv := servertest.Start(t, servertest.WithGateway(func(g *gateway.Config) {
+		g.HeartbeatInterval, g.IdleTimeout = 50*time.Millisecond, 400*time.Millisecond
+	}))
+	px := newProxy(t, srv.URL)
+	c := startE2E(t, px.url(), srv.Token("alice"), "d1", nil)
+	// 30 pings take 1.5s: the server's once-a-second idle sweep has run.
+	eventually(t, "pings", func() bool { return len(px.sent(protocol.TypePing)) >= 30 })
+	if n := c.rec.count(EventDisconnected); n != 0 {
+		t.Fatalf("%d disconnects: the server found the client idle", n)
+	}
+	if pongs := len(px.framesOf(toClient, protocol.TypePong)); pongs == 0 {
+		t.Fatal("no pong came back")
+	}
 }
 
-func newCutProxy(t *testing.T, target string) *cutProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func TestE2ECloseLifecycle(t *testing.T) {
+	srv := servertest.Start(t)
+	c, err := New(testConfig(t, srv.URL, srv.Token("alice"), "d1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &cutProxy{ln: ln, target: target, conns: make(map[net.Conn]bool)}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(func() {
-		ln.Close()
-		p.cut()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *cutProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *cutProxy) blackhole(on bool) { p.hole.Store(on) }
-
-func (p *cutProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.conns {
-		c.Close()
-		delete(p.conns, c)
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
 	}
-}
-
-func (p *cutProxy) track(cs ...net.Conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range cs {
-		p.conns[c] = true
+	if err := c.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
 	}
-}
+	if _, open := <-c.Events(); open {
+		t.Fatal("Events open after Close")
+	}
+	if err := c.Run(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Run after Close = %v, want ErrClosed", err)
+	}
 
-func (p *cutProxy) accept() {
-	defer p.wg.Done()
-	for {
-		down, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			down.Close()
-			continue
-		}
-		p.track(down, up)
-		p.wg.Add(2)
-		go func() {
-			defer p.wg.Done()
-			_, _ = io.Copy(up, down)
-			up.Close()
-			down.Close()
-		}()
-		go func() {
-			defer p.wg.Done()
-			buf := make([]byte, 32<<10)
-			for {
-				n, err := up.Read(buf)
-				if n > 0 && !p.hole.Load() {
-					if _, werr := down.Write(buf[:n]); werr != nil {
-						break
-					}
-				}
-				if err != nil {
-					break
-				}
-			}
-			up.Close()
-			down.Close()
-		}()
+	rc := startE2E(t, srv.URL, srv.Token("alice"), "d2", nil)
+	if err := rc.Run(context.Background()); !errors.Is(err, ErrRunning) {
+		t.Fatalf("second Run = %v, want ErrRunning", err)
+	}
+	done := make(chan struct{})
+	go func() { rc.Close(); rc.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(waitLimit):
+		t.Fatal("Close did not return")
+	}
+	if err := <-rc.errc; err != nil {
+		t.Fatalf("Run after Close = %v, want nil", err)
+	}
+	<-rc.rec.done
+	if evs, _ := rc.rec.all(EventDisconnected); len(evs) != 1 || evs[0].Err != nil {
+		t.Fatalf("disconnect events %+v, want one with a nil Err (closed by the client)", evs)
 	}
 }

@@ -14,8 +14,13 @@ import (
 // Config configures a Client. Zero durations take the defaults below.
 type Config struct {
 	// URL is the server's WebSocket base, e.g. "ws://127.0.0.1:7480". A URL
-	// without a path gets /v1/ws.
+	// without a path gets /v1/ws. Exactly one of URL and URLs is set.
 	URL string
+	// URLs lists the gateways of a cluster. The client starts at a random
+	// one and every connection attempt after the first goes to the next in
+	// turn, so clients spread over the gateways and one that is draining,
+	// full or dead is left on the very next attempt.
+	URLs []string
 	// Token is a fixed bearer token. Exactly one of Token and TokenFunc is set.
 	Token string
 	// TokenFunc is called before every connection attempt, so a caller can
@@ -73,15 +78,13 @@ func (c Config) withDefaults() Config {
 // Validate reports the first problem with c after defaults are applied.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	u, err := url.Parse(c.URL)
-	if err != nil {
-		return fmt.Errorf("%w: url: %v", ErrInvalidConfig, err)
+	if (c.URL == "") == (len(c.URLs) == 0) {
+		return fmt.Errorf("%w: set exactly one of URL and URLs", ErrInvalidConfig)
 	}
-	if u.Scheme != "ws" && u.Scheme != "wss" {
-		return fmt.Errorf("%w: url %q: scheme must be ws or wss", ErrInvalidConfig, c.URL)
-	}
-	if u.Host == "" {
-		return fmt.Errorf("%w: url %q has no host", ErrInvalidConfig, c.URL)
+	for _, raw := range c.servers() {
+		if err := validURL(raw); err != nil {
+			return err
+		}
 	}
 	if (c.Token == "") == (c.TokenFunc == nil) {
 		return fmt.Errorf("%w: set exactly one of Token and TokenFunc", ErrInvalidConfig)
@@ -94,6 +97,28 @@ func (c Config) Validate() error {
 	}
 	if c.RequestTimeout < 0 || c.EventBuffer < 0 {
 		return fmt.Errorf("%w: RequestTimeout and EventBuffer must not be negative", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// servers is the list of URLs to rotate through.
+func (c Config) servers() []string {
+	if c.URL != "" {
+		return []string{c.URL}
+	}
+	return c.URLs
+}
+
+func validURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("%w: url: %v", ErrInvalidConfig, err)
+	}
+	if u.Scheme != "ws" && u.Scheme != "wss" {
+		return fmt.Errorf("%w: url %q: scheme must be ws or wss", ErrInvalidConfig, raw)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("%w: url %q has no host", ErrInvalidConfig, raw)
 	}
 	return nil
 }

@@ -25,6 +25,9 @@ var (
 	errConnGone       = errors.New("connection ended")
 	errAttemptTimeout = errors.New("no answer in time")
 	errClientStopping = errors.New("client stopping")
+	// errMoving ends a connection whose node sent goaway, once the delay it
+	// asked for is over; the next attempt goes to the next gateway.
+	errMoving = errors.New("node is draining (goaway): moving to the next gateway")
 )
 
 // pushQueue is how many pushes wait for the dispatcher before the reader
@@ -48,9 +51,9 @@ type dialError struct {
 func (e *dialError) Error() string { return e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
-// wsURL is the connect URL for cfg.
-func wsURL(cfg Config) (string, error) {
-	u, err := url.Parse(cfg.URL)
+// wsURL is the connect URL of device at the gateway base.
+func wsURL(base, device string) (string, error) {
+	u, err := url.Parse(base)
 	if err != nil {
 		return "", err
 	}
@@ -58,13 +61,13 @@ func wsURL(cfg Config) (string, error) {
 		u.Path = "/v1/ws"
 	}
 	q := u.Query()
-	q.Set("device", cfg.Device)
+	q.Set("device", device)
 	u.RawQuery = q.Encode()
 	return u.String(), nil
 }
 
-// dial opens a WebSocket and reads the hello.
-func dial(ctx context.Context, cfg Config) (*websocket.Conn, *protocol.Hello, error) {
+// dial opens a WebSocket to the gateway at base and reads the hello.
+func dial(ctx context.Context, cfg Config, base string) (*websocket.Conn, *protocol.Hello, error) {
 	token := cfg.Token
 	if cfg.TokenFunc != nil {
 		t, err := cfg.TokenFunc(ctx)
@@ -73,7 +76,7 @@ func dial(ctx context.Context, cfg Config) (*websocket.Conn, *protocol.Hello, er
 		}
 		token = t
 	}
-	target, err := wsURL(cfg)
+	target, err := wsURL(base, cfg.Device)
 	if err != nil {
 		return nil, nil, &dialError{err: fmt.Errorf("url: %w", err), permanent: true}
 	}
@@ -163,16 +166,20 @@ type conn struct {
 	hello   protocol.Hello
 	log     *slog.Logger
 	timeout time.Duration
+	bo      backoff
 
 	out    chan []byte          // to the writer; bounded
 	pushes chan *protocol.Frame // msg and receipt pushes, to the dispatcher
 	// overflow is set when a push was dropped because pushes was full; the
 	// dispatcher re-fetches once it has caught up.
 	overflow atomic.Bool
-	// goaway holds the delay (ms) of a goaway push, 0 if none came.
-	goaway atomic.Int64
-	rid    atomic.Uint64
-	disp   *dispatcher // set by serve before the goroutines start
+	// leaveAt is when this connection is to be left (Unix ns) because its
+	// node sent goaway: the server's delay plus jitter. 0 if none came.
+	leaveAt atomic.Int64
+	// leave hands the writer that delay, so it can end the connection then.
+	leave chan time.Duration
+	rid   atomic.Uint64
+	disp  *dispatcher // set by serve before the goroutines start
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -186,14 +193,16 @@ type conn struct {
 	}
 }
 
-func newConn(ws *websocket.Conn, hello protocol.Hello, cfg Config) *conn {
+func newConn(ws *websocket.Conn, hello protocol.Hello, cfg Config, bo backoff) *conn {
 	cn := &conn{
 		ws:      ws,
 		hello:   hello,
 		log:     cfg.Logger,
 		timeout: cfg.RequestTimeout,
+		bo:      bo,
 		out:     make(chan []byte, outboundQueue),
 		pushes:  make(chan *protocol.Frame, pushQueue),
+		leave:   make(chan time.Duration, 1),
 		stop:    make(chan struct{}),
 	}
 	cn.mu.pending = make(map[string]*pendingReq)
@@ -219,14 +228,14 @@ func (cn *conn) limits() protocol.Limits {
 }
 
 // fail ends the connection once: it records why, closes the socket (with a
-// close frame when the client itself is stopping) and fails every pending
+// close frame when the client itself chose to leave) and fails every pending
 // request with errConnGone so their callers can retry elsewhere.
 func (cn *conn) fail(err error) {
 	cn.stopOnce.Do(func() {
 		cn.err = err
 		close(cn.stop)
-		if errors.Is(err, errClientStopping) {
-			msg := websocket.FormatCloseMessage(websocket.CloseNormalClosure, "client closing")
+		if errors.Is(err, errClientStopping) || errors.Is(err, errMoving) {
+			msg := websocket.FormatCloseMessage(websocket.CloseNormalClosure, err.Error())
 			_ = cn.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(closeWriteWait))
 		}
 		_ = cn.ws.Close()
@@ -333,11 +342,25 @@ func (cn *conn) enqueue(f protocol.Frame) {
 func (cn *conn) writeLoop() {
 	t := time.NewTicker(cn.heartbeat())
 	defer t.Stop()
+	var leaveT *time.Timer
+	var leaveC <-chan time.Time // nil until a goaway came
+	defer func() {
+		if leaveT != nil {
+			leaveT.Stop()
+		}
+	}()
 	ping := []byte(`{"type":"ping"}`)
 	for {
 		var data []byte
 		select {
 		case <-cn.stop:
+			return
+		case d := <-cn.leave:
+			leaveT = time.NewTimer(d)
+			leaveC = leaveT.C
+			continue
+		case <-leaveC:
+			cn.fail(errMoving)
 			return
 		case data = <-cn.out:
 		case <-t.C:
@@ -349,6 +372,20 @@ func (cn *conn) writeLoop() {
 			return
 		}
 	}
+}
+
+// goAway handles the first goaway of the connection. The node keeps serving
+// while it drains, so the connection stays in use until the delay the node
+// asked for (plus jitter) is over and is then left for the next gateway.
+// Leaving on our own, rather than waiting to be cut, lets the drain end
+// early; the delay spreads the drained clients over time on the other nodes.
+func (cn *conn) goAway(asked time.Duration) {
+	d := cn.bo.after(asked)
+	if !cn.leaveAt.CompareAndSwap(0, time.Now().Add(d).UnixNano()) {
+		return
+	}
+	cn.log.Info("client: node is draining; will move", "delay", d)
+	cn.leave <- d // capacity 1 and sent at most once: never blocks
 }
 
 func (cn *conn) readLoop() {
@@ -392,11 +429,7 @@ func (cn *conn) readLoop() {
 				cn.overflow.Store(true)
 			}
 		case protocol.TypeGoAway:
-			ms := f.RetryAfter
-			if ms <= 0 {
-				ms = 1
-			}
-			cn.goaway.Store(ms)
+			cn.goAway(time.Duration(max(f.RetryAfter, 0)) * time.Millisecond)
 		case protocol.TypeError:
 			// These answer frames sent without rid (delivered); one bad
 			// conversation can produce one per flush, so log sparingly.

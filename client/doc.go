@@ -14,6 +14,17 @@
 // a newer connection of the same user and device (ErrReplaced), or a request
 // the server rejects as malformed.
 //
+// # Clusters
+//
+// Config.URLs lists several gateways. The client starts at a random one and
+// every later connection attempt (after a drop, a refused or failed dial, a
+// 1001 close or a goaway) goes to the next in turn, so a population of
+// clients spreads over the gateways and leaves a dead or draining one on its
+// next attempt. A goaway does not end the connection at once: the client
+// keeps using it until the delay the node asked for (plus jitter) is over,
+// then closes it and connects to the next gateway; if the node closes first,
+// the client still waits out the rest of that delay.
+//
 // # Delivery guarantees
 //
 // On every (re)connect the client first sends one sync request carrying the

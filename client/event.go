@@ -25,8 +25,9 @@ const (
 	// hello.
 	EventConnected
 	// EventDisconnected: the connection ended; Err says why, nil when the
-	// client itself closed it (Close, or Run's context). The client
-	// reconnects unless Run is returning.
+	// client itself closed it (Close, or Run's context). After a goaway the
+	// client leaves on its own and Err says it is moving to the next
+	// gateway. The client reconnects unless Run is returning.
 	EventDisconnected
 )
 

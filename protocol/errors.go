@@ -22,6 +22,7 @@ const (
 	CodeRateLimited      Code = "rate_limited"         // over a rate limit; retry after retry_after_ms
 	CodeStoreUnavailable Code = "store_unavailable"    // the durable write or read failed; nothing was stored; retry
 	CodeInternal         Code = "internal"             // a server bug; nothing is promised about the request
+	CodeTimeout          Code = "timeout"              // no answer in time; the outcome is unknown, retry (sends are idempotent)
 	CodeOverloaded       Code = "overloaded"           // admission control refused; retry after retry_after_ms
 )
 
@@ -29,7 +30,7 @@ const (
 // unchanged (after retry_after_ms when the error carries one).
 func (c Code) Retryable() bool {
 	switch c {
-	case CodeRateLimited, CodeStoreUnavailable, CodeOverloaded, CodeInternal:
+	case CodeRateLimited, CodeStoreUnavailable, CodeOverloaded, CodeInternal, CodeTimeout:
 		return true
 	}
 	return false

@@ -7,14 +7,16 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/parley-im/parley/internal/bench"
 )
 
-const benchUsage = `usage: parley bench <idle|send> [flags]
+const benchUsage = `usage: parley bench <idle|send|fanout> [flags]
 
-  idle   server RSS per idle authenticated connection (starts its own server)
-  send   durable 1:1 send→ACK throughput and send→deliver latency
+  idle    server RSS per idle authenticated connection (starts its own server)
+  send    durable 1:1 send→ACK throughput and send→deliver latency
+  fanout  group write amplification per fan-out tier and delivery to a large group
 
 Run 'parley bench <name> -h' for its flags. Results: docs/benchmarks.md.
 `
@@ -29,9 +31,14 @@ func runBench(ctx context.Context, args []string) error {
 		return runBenchIdle(ctx, args[1:])
 	case "send":
 		return runBenchSend(ctx, args[1:])
+	case "fanout":
+		return runBenchFanout(ctx, args[1:])
 	case idleClientCmd:
 		// Not in the usage: the idle benchmark starts these itself.
 		return runBenchIdleClient(ctx, args[1:])
+	case fanoutClientCmd:
+		// Not in the usage: the fanout benchmark starts these itself.
+		return runBenchFanoutClient(ctx, args[1:])
 	case "-h", "-help", "--help", "help":
 		fmt.Print(benchUsage)
 		return nil
@@ -40,7 +47,10 @@ func runBench(ctx context.Context, args []string) error {
 	return fmt.Errorf("bench: unknown benchmark %q", args[0])
 }
 
-const idleClientCmd = "idle-client"
+const (
+	idleClientCmd   = "idle-client"
+	fanoutClientCmd = "fanout-client"
+)
 
 func benchLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -110,4 +120,72 @@ func runBenchSend(ctx context.Context, args []string) error {
 	cfg.Logger = benchLogger()
 	_, err := bench.RunSend(ctx, cfg)
 	return err
+}
+
+func runBenchFanout(ctx context.Context, args []string) error {
+	cfg := bench.DefaultFanoutConfig()
+	fs := flag.NewFlagSet("bench fanout", flag.ContinueOnError)
+	fs.IntVar(&cfg.Messages, "messages", cfg.Messages, "messages sent per scenario")
+	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "messages per second; 0 sends each after the previous ACK")
+	fs.IntVar(&cfg.BodyBytes, "body-bytes", cfg.BodyBytes, "message body size")
+	fs.DurationVar(&cfg.AckEvery, "ack-every", cfg.AckEvery, "each member connection's cumulative delivered cadence; 0 acks every push")
+	procs := fs.Int("procs", 3, fmt.Sprintf("client processes of the delivery scenario (each holds at most %d)", bench.MaxConnsPerClient))
+	members := fs.Int("delivery-members", 10000, "members of the delivery scenario's group, all online")
+	only := fs.String("only", "", "comma-separated scenario names to run (default: all)")
+	fs.DurationVar(&cfg.DeliveryWait, "delivery-wait", cfg.DeliveryWait, "wait for pushes after the last ACK")
+	fs.StringVar(&cfg.Addr, "addr", "", "attach to this running node (host:port) instead of starting one")
+	fs.StringVar(&cfg.DataDir, "data-dir", "", "with -addr: the node's data directory (its development key signs the tokens)")
+	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "bound on the whole run")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.Scenarios = bench.DefaultFanoutScenarios(*members, *procs)
+	if *only != "" {
+		var picked []bench.FanoutScenario
+		for _, name := range strings.Split(*only, ",") {
+			found := false
+			for _, s := range cfg.Scenarios {
+				if s.Name == strings.TrimSpace(name) {
+					picked, found = append(picked, s), true
+				}
+			}
+			if !found {
+				return fmt.Errorf("bench fanout: no scenario %q", name)
+			}
+		}
+		cfg.Scenarios = picked
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("bench fanout: %w", err)
+	}
+	cfg.Binary = exe
+	cfg.Logger = benchLogger()
+	cfg.ClientArgs = func(c bench.FanoutClientConfig) []string {
+		return []string{"bench", fanoutClientCmd,
+			"-addr", c.Addr, "-data-dir", c.DataDir, "-local-ip", c.LocalIP, "-prefix", c.Prefix,
+			"-from", strconv.Itoa(c.From), "-to", strconv.Itoa(c.To), "-device", c.Device,
+			"-concurrency", strconv.Itoa(c.Concurrency), "-ack-every", c.AckEvery.String()}
+	}
+	_, err = bench.RunFanout(ctx, cfg)
+	return err
+}
+
+func runBenchFanoutClient(ctx context.Context, args []string) error {
+	cfg := bench.DefaultFanoutClientConfig()
+	fs := flag.NewFlagSet("bench "+fanoutClientCmd, flag.ContinueOnError)
+	fs.StringVar(&cfg.Addr, "addr", "", "node address, host:port")
+	fs.StringVar(&cfg.DataDir, "data-dir", "", "the node's data directory (development key)")
+	fs.StringVar(&cfg.LocalIP, "local-ip", "", "source IP address of the connections")
+	fs.StringVar(&cfg.Prefix, "prefix", "", "user id prefix")
+	fs.IntVar(&cfg.From, "from", 0, "first user number")
+	fs.IntVar(&cfg.To, "to", 0, "user number after the last")
+	fs.StringVar(&cfg.Device, "device", cfg.Device, "device id of every connection")
+	fs.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "handshakes in flight")
+	fs.DurationVar(&cfg.AckEvery, "ack-every", cfg.AckEvery, "cumulative delivered cadence; 0 acks every push")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.Logger = benchLogger().With("client", fmt.Sprintf("%s%d-%d", cfg.Prefix, cfg.From, cfg.To))
+	return bench.RunFanoutClient(ctx, cfg, os.Stdin, os.Stdout)
 }

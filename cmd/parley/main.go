@@ -21,7 +21,8 @@ commands:
   serve    run a node (every role, embedded storage under ./data, by default)
   token    mint a development token for a user
   chat     terminal chat client
-  bench    benchmarks against a running system (idle, send)
+  bench    benchmarks against a running system (idle, send, fanout)
+  migrate  create or upgrade the Cassandra schema of cluster mode
   version  print the version
 
 Run 'parley <command> -h' for a command's flags.
@@ -57,6 +58,8 @@ func run(ctx context.Context, args []string) error {
 		return runChat(ctx, rest, os.Stdin, os.Stdout)
 	case "bench":
 		return runBench(ctx, rest)
+	case "migrate":
+		return runMigrate(ctx, rest, os.Stdout)
 	case "version":
 		fmt.Println("parley", version)
 		return nil

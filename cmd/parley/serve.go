@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/parley-im/parley/internal/auth"
@@ -13,6 +14,7 @@ import (
 	"github.com/parley-im/parley/internal/gateway"
 	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/server"
+	"github.com/parley-im/parley/internal/store/cassandra"
 )
 
 func runServe(ctx context.Context, args []string) error {
@@ -21,9 +23,6 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLogger(cfg.Log)
-	if cfg.Roles != config.RoleAll {
-		return fmt.Errorf("roles %q: only %q runs in this version (separate roles come with cluster mode)", cfg.Roles, config.RoleAll)
-	}
 	authCfg, err := cfg.ResolveAuth()
 	if err != nil {
 		return err
@@ -69,12 +68,36 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 	gw.MaxConnections = g.MaxConnections
 	gw.HandshakeRate = g.HandshakeRate
 	gw.HandshakeBurst = g.HandshakeBurst
+	gw.SyncRate = g.SyncRate
+	gw.SyncBurst = g.SyncBurst
 	gw.OutboundQueueBytes = g.OutboundQueueBytes
-	return server.Options{
+	roles := cfg.RoleSet()
+	o := server.Options{
 		Listen: cfg.Listen, DataDir: cfg.DataDir, Node: cfg.NodeID, Auth: authCfg,
+		RunGateway: roles[config.RoleGateway], RunChat: roles[config.RoleChat],
 		Gateway: gw, Chat: ch, BucketWidth: cfg.Chat.BucketWidth,
 		Presence: presence.Config{Flush: cfg.Chat.PresenceFlush, MinGap: cfg.Chat.PresenceMinGap},
 		Logger:   log,
+	}
+	if cfg.Cluster.Enabled() {
+		o.Cluster = &server.Cluster{
+			Redis: cfg.Cluster.Redis, NATS: cfg.Cluster.NATS, Cassandra: cassandraConfig(cfg),
+			Namespace: cfg.Cluster.Namespace,
+		}
+	}
+	return o
+}
+
+func cassandraConfig(cfg config.Config) cassandra.Config {
+	var hosts []string
+	for _, h := range strings.Split(cfg.Cluster.CassandraHosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			hosts = append(hosts, h)
+		}
+	}
+	return cassandra.Config{
+		Hosts: hosts, Keyspace: cfg.Cluster.Keyspace, Consistency: cfg.Cluster.Consistency,
+		ReplicationFactor: cfg.Cluster.ReplicationFactor, BucketWidth: cfg.Chat.BucketWidth,
 	}
 }
 

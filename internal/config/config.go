@@ -68,7 +68,30 @@ type Config struct {
 	Limits  Limits  `yaml:"limits"`
 	Chat    Chat    `yaml:"chat"`
 	Metrics Metrics `yaml:"metrics"`
+	// Cluster names the distributed engines; empty runs on embedded ones.
+	Cluster Cluster `yaml:"cluster"`
 }
+
+// Cluster configures cluster mode: roles as separate processes on Redis
+// (registry, presence leases, limits), NATS with JetStream (routing between
+// nodes, compensation tasks) and Cassandra/ScyllaDB (messages and rows).
+type Cluster struct {
+	Redis string `yaml:"redis"` // host:port
+	NATS  string `yaml:"nats"`  // nats://host:port[,nats://...]
+	// CassandraHosts are contact points, comma-separated host[:port].
+	CassandraHosts string `yaml:"cassandra_hosts"`
+	Keyspace       string `yaml:"keyspace"`
+	// ReplicationFactor of the keyspace `parley migrate` creates.
+	ReplicationFactor int `yaml:"replication_factor"`
+	// Consistency of Cassandra reads and writes (QUORUM, LOCAL_QUORUM, ...).
+	Consistency string `yaml:"consistency"`
+	// Namespace prefixes the deployment's NATS subjects, JetStream streams
+	// and Redis keys, so several deployments can share engines.
+	Namespace string `yaml:"namespace"`
+}
+
+// Enabled reports whether any cluster engine is configured.
+func (c Cluster) Enabled() bool { return c.Redis != "" || c.NATS != "" || c.CassandraHosts != "" }
 
 // Log configures the server's structured log.
 type Log struct {
@@ -104,6 +127,10 @@ type Gateway struct {
 	// connections, so a reconnect storm queues instead of toppling the node.
 	HandshakeRate  float64 `yaml:"handshake_rate"` // per second
 	HandshakeBurst int     `yaml:"handshake_burst"`
+	// SyncRate and SyncBurst are the node's token bucket for sync requests
+	// (offline pulls), the other half of reconnect-storm protection.
+	SyncRate       float64 `yaml:"sync_rate"`
+	SyncBurst      int     `yaml:"sync_burst"`
 	MaxConnections int     `yaml:"max_connections"`
 }
 
@@ -173,6 +200,8 @@ func defaults() Config {
 			DrainTimeout:       10 * time.Second,
 			HandshakeRate:      1000,
 			HandshakeBurst:     2000,
+			SyncRate:           500,
+			SyncBurst:          1000,
 			MaxConnections:     100000,
 		},
 		Limits: Limits(protocol.DefaultLimits),
@@ -191,6 +220,7 @@ func defaults() Config {
 			PresenceMinGap:     5 * time.Second,
 		},
 		Metrics: Metrics{Enabled: true},
+		Cluster: Cluster{Keyspace: "parley", ReplicationFactor: 1, Consistency: "QUORUM", Namespace: "parley"},
 	}
 }
 
@@ -334,6 +364,16 @@ func (c Config) Validate() error {
 }
 
 func (c Config) validateRoles(p *problems) {
+	if c.Cluster.Enabled() {
+		p.check(c.Cluster.Redis != "", "cluster.redis", "cluster mode needs Redis (host:port)")
+		p.check(c.Cluster.NATS != "", "cluster.nats", "cluster mode needs NATS (nats://host:port)")
+		p.check(validNamespace(c.Cluster.Namespace), "cluster.namespace", "%q must be 1-32 bytes of [a-z0-9_]", c.Cluster.Namespace)
+		if c.RoleSet()[RoleChat] {
+			p.check(c.Cluster.CassandraHosts != "", "cluster.cassandra_hosts", "the chat role needs Cassandra contact points")
+		}
+	} else if rs := c.RoleSet(); !rs[RoleGateway] || !rs[RoleChat] {
+		p.add("roles", "%q: separate roles need the cluster engines (cluster.redis, cluster.nats, cluster.cassandra_hosts)", c.Roles)
+	}
 	parts := strings.Split(c.Roles, ",")
 	for _, r := range parts {
 		r = strings.TrimSpace(r)
@@ -371,6 +411,8 @@ func (c Config) validateGateway(p *problems) {
 	p.check(g.DrainTimeout >= 0, "gateway.drain_timeout", "must not be negative, got %v", g.DrainTimeout)
 	p.check(g.HandshakeRate > 0, "gateway.handshake_rate", "must be positive, got %v", g.HandshakeRate)
 	p.check(g.HandshakeBurst > 0, "gateway.handshake_burst", "must be positive, got %d", g.HandshakeBurst)
+	p.check(g.SyncRate > 0, "gateway.sync_rate", "must be positive, got %v", g.SyncRate)
+	p.check(g.SyncBurst > 0, "gateway.sync_burst", "must be positive, got %d", g.SyncBurst)
 	p.check(g.MaxConnections > 0, "gateway.max_connections", "must be positive, got %d", g.MaxConnections)
 }
 
@@ -413,4 +455,16 @@ func (p problems) err() error {
 		return nil
 	}
 	return fmt.Errorf("config: %w: %s", ErrInvalid, strings.Join(p, "; "))
+}
+
+func validNamespace(ns string) bool {
+	if len(ns) == 0 || len(ns) > 32 {
+		return false
+	}
+	for i := 0; i < len(ns); i++ {
+		if c := ns[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
 }

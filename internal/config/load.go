@@ -178,6 +178,8 @@ func fields(c *Config) []field {
 		{"gateway.drain_timeout", "time given to connections to leave on shutdown", durVal{&g.DrainTimeout}},
 		{"gateway.handshake_rate", "handshakes per second admitted by this node", floatVal{&g.HandshakeRate}},
 		{"gateway.handshake_burst", "handshakes admitted at once above the rate", intVal{&g.HandshakeBurst}},
+		{"gateway.sync_rate", "sync requests (offline pulls) admitted per second", floatVal{&g.SyncRate}},
+		{"gateway.sync_burst", "sync requests admitted at once above the rate", intVal{&g.SyncBurst}},
 		{"gateway.max_connections", "connections open at once on this node", intVal{&g.MaxConnections}},
 		{"limits.max_frame_bytes", "largest client frame", intVal{&l.MaxFrameBytes}},
 		{"limits.max_body_bytes", "largest message body", intVal{&l.MaxBodyBytes}},
@@ -201,6 +203,13 @@ func fields(c *Config) []field {
 		{"chat.presence_flush", "presence changes are aggregated over this interval", durVal{&ch.PresenceFlush}},
 		{"chat.presence_min_gap", "a user's presence is broadcast at most once per this interval", durVal{&ch.PresenceMinGap}},
 		{"metrics.enabled", "serve Prometheus metrics on /metrics", boolVal{&c.Metrics.Enabled}},
+		{"cluster.redis", "Redis host:port (cluster mode)", strVal{&c.Cluster.Redis}},
+		{"cluster.nats", "NATS URL, e.g. nats://127.0.0.1:4222 (cluster mode)", strVal{&c.Cluster.NATS}},
+		{"cluster.cassandra_hosts", "Cassandra contact points, comma-separated (cluster mode)", strVal{&c.Cluster.CassandraHosts}},
+		{"cluster.keyspace", "Cassandra keyspace", strVal{&c.Cluster.Keyspace}},
+		{"cluster.replication_factor", "replication factor of the keyspace parley migrate creates", intVal{&c.Cluster.ReplicationFactor}},
+		{"cluster.consistency", "Cassandra consistency of reads and writes", strVal{&c.Cluster.Consistency}},
+		{"cluster.namespace", "prefix of the deployment's NATS subjects, streams and Redis keys", strVal{&c.Cluster.Namespace}},
 	}
 }
 

@@ -152,7 +152,7 @@ func (g *Gateway) admitRequest(w http.ResponseWriter, r *http.Request) (auth.Ide
 }
 
 func (g *Gateway) newSession(user, device string, tr transport) *session {
-	s := &session{g: g, id: g.node() + "-" + strconv.FormatUint(g.nextID.Add(1), 36), user: user, device: device, tr: tr}
+	s := &session{g: g, id: g.sessionPrefix + "-" + strconv.FormatUint(g.nextID.Add(1), 36), user: user, device: device, tr: tr}
 	s.lastSeen.Store(g.now().UnixMilli())
 	return s
 }
@@ -186,8 +186,6 @@ func (g *Gateway) open(s *session) {
 	g.presence.Connected(ctx, s.user)
 	s.present.Store(true)
 }
-
-func (g *Gateway) node() string { return g.cfg.Node }
 
 func (g *Gateway) refuse(w http.ResponseWriter, result string, code protocol.Code, msg string, after time.Duration) {
 	g.observeHandshake(result)
@@ -291,6 +289,12 @@ func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Fram
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.RequestTimeout)
 	defer cancel()
+	if f.Type == protocol.TypeSync {
+		if perr := g.AdmitSync(); perr != nil {
+			reply(chat.ErrorFrame(f.RID, perr))
+			return
+		}
+	}
 	if f.Type == protocol.TypePresenceSub {
 		reply(g.watch(ctx, s, f))
 		return
@@ -316,4 +320,16 @@ func (g *Gateway) watch(ctx context.Context, s *session, f *protocol.Frame) *pro
 		}
 	}
 	return &protocol.Frame{Type: protocol.TypePresence, RID: f.RID, States: g.presence.Watch(s, f.Users)}
+}
+
+// AdmitSync takes a token for one offline pull (a sync frame or an HTTP
+// snapshot): after a mass reconnect, pulls queue up client-side with
+// jittered retry-after instead of all hitting the store at once (M31).
+func (g *Gateway) AdmitSync() *protocol.Error {
+	ok, wait := g.syncs.take(g.now())
+	if ok {
+		return nil
+	}
+	return &protocol.Error{Code: protocol.CodeOverloaded, Msg: "too many sync requests; retry later",
+		RetryAfter: (wait + rand.N(time.Second)).Milliseconds() + 1}
 }

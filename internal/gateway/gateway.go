@@ -68,7 +68,12 @@ type Config struct {
 	MaxConnections    int
 	HandshakeRate     float64 // handshakes per second admitted (token bucket)
 	HandshakeBurst    int
+	SyncRate          float64 // sync requests per second admitted (token bucket, M31)
+	SyncBurst         int
 	RequestTimeout    time.Duration // bound on one request to the backend
+	// SessionPrefix starts every session id (default: Node). Make it unique
+	// per process so ids never repeat across restarts of a node.
+	SessionPrefix string
 	// OutboundQueueBytes bounds the bytes waiting for one slow reader;
 	// past it the connection is dropped (the slow-consumer policy).
 	OutboundQueueBytes int
@@ -88,6 +93,8 @@ func DefaultConfig() Config {
 		MaxConnections:     100000,
 		HandshakeRate:      1000,
 		HandshakeBurst:     2000,
+		SyncRate:           500,
+		SyncBurst:          1000,
 		RequestTimeout:     10 * time.Second,
 		OutboundQueueBytes: 1 << 20,
 	}
@@ -102,8 +109,8 @@ func (c Config) Validate() error {
 		return errors.New("gateway: idle timeout must exceed a positive heartbeat interval")
 	case c.RetransmitAfter <= 0 || c.RetransmitMax < 0 || c.MaxInflight <= 0:
 		return errors.New("gateway: retransmit settings must be positive")
-	case c.MaxConnections <= 0 || c.HandshakeRate <= 0 || c.HandshakeBurst <= 0:
-		return errors.New("gateway: connection and handshake limits must be positive")
+	case c.MaxConnections <= 0 || c.HandshakeRate <= 0 || c.HandshakeBurst <= 0 || c.SyncRate <= 0 || c.SyncBurst <= 0:
+		return errors.New("gateway: connection, handshake and sync limits must be positive")
 	case c.RequestTimeout <= 0 || c.DrainTimeout <= 0:
 		return errors.New("gateway: timeouts must be positive")
 	case c.OutboundQueueBytes < c.Limits.MaxFrameBytes:
@@ -146,8 +153,11 @@ type Gateway struct {
 	nextID   atomic.Uint64
 	shutOnce sync.Once
 	admit    *bucket
-	polls    sync.Map // poll session id → *mailbox
-	shards   [64]shard
+	syncs    *bucket // admission of sync requests (offline pulls)
+	// sessionPrefix starts session ids (Config.SessionPrefix or Node).
+	sessionPrefix string
+	polls         sync.Map // poll session id → *mailbox
+	shards        [64]shard
 }
 
 // shard indexes the local sessions of the users that hash to it.
@@ -188,6 +198,11 @@ func New(cfg Config, d Deps) (*Gateway, error) {
 		presence: d.Presence, mayWatch: d.MayWatch, log: d.Logger, obs: d.Observer, now: d.Now}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.admit = newBucket(cfg.HandshakeRate, cfg.HandshakeBurst, d.Now())
+	g.syncs = newBucket(cfg.SyncRate, cfg.SyncBurst, d.Now())
+	g.sessionPrefix = cfg.SessionPrefix
+	if g.sessionPrefix == "" {
+		g.sessionPrefix = cfg.Node
+	}
 	for i := range g.shards {
 		g.shards[i].users = make(map[string][]*session)
 	}
@@ -310,6 +325,12 @@ func (g *Gateway) sweep() {
 			s.retransmit(resendBefore, now.UnixMilli())
 		})
 	}
+}
+
+// CloseAll closes every connection of the node with code (the registry
+// lease was lost, so the sessions must register again).
+func (g *Gateway) CloseAll(code int, reason string) {
+	g.each(func(s *session) { s.close(code, reason) })
 }
 
 // Drain tells every client to move to another node, with delays spread

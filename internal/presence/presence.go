@@ -288,6 +288,11 @@ func (t *Tracker) Flush() {
 			batches[s] = append(batches[s], st)
 		}
 	}
+	for u, last := range t.mu.lastSent { // keep the map to recent senders
+		if now-last >= gap && !t.mu.pending[u] {
+			delete(t.mu.lastSent, u)
+		}
+	}
 	t.mu.Unlock()
 	for s, states := range batches {
 		s.Presence(states)

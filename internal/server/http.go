@@ -29,10 +29,25 @@ func (s *Server) handleSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeError(w, protocol.Errorf(protocol.CodeInvalidArgument, "device must be 1-64 bytes of [A-Za-z0-9._@-]"))
 		return
 	}
-	snap, perr := s.chat.Snapshot(r.Context(), chat.Caller{User: id.User, Device: device}, convs, all)
-	if perr != nil {
+	if perr := s.gw.AdmitSync(); perr != nil {
+		w.Header().Set("Retry-After", strconv.FormatInt((perr.RetryAfter+999)/1000, 10))
 		writeError(w, perr)
 		return
+	}
+	// Through the backend, so a gateway-only node asks the chat tier.
+	var resp *protocol.Frame
+	s.backend.Handle(r.Context(), chat.Caller{User: id.User, Device: device}, &protocol.Frame{Type: protocol.TypeSync, Convs: convs, All: all}, func(f *protocol.Frame) { resp = f })
+	switch {
+	case resp == nil:
+		writeError(w, protocol.Errorf(protocol.CodeInternal, "no answer"))
+		return
+	case resp.Type == protocol.TypeError:
+		writeError(w, &protocol.Error{Code: resp.Code, Msg: resp.Error, RetryAfter: resp.RetryAfter})
+		return
+	}
+	snap := resp.Snapshot
+	if snap == nil {
+		snap = []protocol.ConvSnapshot{}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(struct {

@@ -1,40 +1,54 @@
 // Package server assembles a Parley node: it opens the engines, builds the
-// chat service and the gateway, and serves them with the HTTP endpoints on
-// one event-loop listener. With no engine configured every role runs in this
-// one process on embedded storage.
+// roles the node runs (gateway, chat, or both) and serves them with the HTTP
+// endpoints on one event-loop listener. With no cluster engines configured,
+// every role runs in this one process on embedded storage (Pebble, the
+// in-memory registry and bus); with them, roles run as separate processes on
+// Redis, NATS (JetStream) and Cassandra.
 //
-// Start returns a running Server; Shutdown drains and stops it (idempotent,
-// bounded by its context).
+// Start returns a running Server; Shutdown stops it (idempotent, bounded by
+// its context). Every goroutine Start launches is owned by the Server and
+// waited for by Shutdown.
 package server
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/lesismal/nbio/mempool"
 	"github.com/lesismal/nbio/nbhttp"
+	natsio "github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/parley-im/parley/internal/auth"
+	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/bus/local"
+	pnats "github.com/parley-im/parley/internal/bus/nats"
 	"github.com/parley-im/parley/internal/chat"
+	"github.com/parley-im/parley/internal/cluster"
 	"github.com/parley-im/parley/internal/gateway"
 	"github.com/parley-im/parley/internal/ledger"
 	"github.com/parley-im/parley/internal/metrics"
 	"github.com/parley-im/parley/internal/presence"
+	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/registry/memory"
+	rredis "github.com/parley-im/parley/internal/registry/redis"
 	"github.com/parley-im/parley/internal/snowflake"
 	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/internal/store/cassandra"
 	pstore "github.com/parley-im/parley/internal/store/pebble"
 	"github.com/parley-im/parley/protocol"
 )
@@ -50,78 +64,229 @@ type Options struct {
 	Chat        chat.Config
 	BucketWidth time.Duration
 	Presence    presence.Config
+	// Gateway and Chat select the roles; both false means both.
+	RunGateway, RunChat bool
+	// Cluster, when set, runs on distributed engines instead of embedded
+	// ones.
+	Cluster *Cluster
 	// WrapStore, if set, wraps the store the chat service uses (tests
 	// inject faults with it).
 	WrapStore func(store.Store) store.Store
 	Logger    *slog.Logger
 }
 
+// Cluster names the distributed engines.
+type Cluster struct {
+	Redis     string // host:port
+	NATS      string // nats://host:port
+	Cassandra cassandra.Config
+	// Namespace prefixes every NATS subject, JetStream stream and Redis key
+	// of the deployment, so several can share engines (default "parley").
+	Namespace string
+	// PresenceResync is how often a process rebuilds its view of who is
+	// online from the gateways (default 15s).
+	PresenceResync time.Duration
+}
+
+func (c *Cluster) namespace() string {
+	if c.Namespace == "" {
+		return "parley"
+	}
+	return c.Namespace
+}
+
 // Server is a running node.
 type Server struct {
 	opts     Options
-	now      func() time.Time
 	log      *slog.Logger
+	now      func() time.Time
 	ln       net.Listener
 	engine   *nbhttp.Engine
-	store    store.Store
-	gw       *gateway.Gateway
-	chat     *chat.Service
-	verifier *auth.Verifier
 	reg      *prometheus.Registry
 	metrics  *metrics.Metrics
-	ledger   *ledger.Pebble
 	presence *presence.Tracker
 
-	bg       sync.WaitGroup // the ledger and presence loops
-	bgCancel context.CancelFunc
+	// Engines; nil when the node's roles do not use them.
+	store    store.Store
+	ledger   ledger.Ledger
+	registry registry.Registry
+	bus      bus.Bus
+	nc       *natsio.Conn
+	redis    goredis.UniversalClient
+	relay    *cluster.Relay
 
+	chat     *chat.Service
+	backend  gateway.Backend
+	verifier *auth.Verifier
+	gw       *gateway.Gateway
+
+	bg       sync.WaitGroup // loops owned by the server
+	bgCtx    context.Context
+	bgCancel context.CancelFunc
+	closers  []func() error // engines, closed in reverse order
 	shutOnce sync.Once
 	shutErr  error
 }
 
-// Start opens the store, builds the roles and starts listening.
-func Start(ctx context.Context, o Options) (*Server, error) {
+// Start opens the engines, builds the roles and starts listening.
+func Start(ctx context.Context, o Options) (_ *Server, err error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	if o.Node == "" {
 		return nil, errors.New("server: node is required")
 	}
+	if !o.RunGateway && !o.RunChat {
+		o.RunGateway, o.RunChat = true, true
+	}
+	if o.Cluster == nil && !(o.RunGateway && o.RunChat) {
+		return nil, errors.New("server: separate roles need the cluster engines (Redis, NATS, Cassandra)")
+	}
 	setNBIOLogger(o.Logger)
 	s := &Server{opts: o, log: o.Logger, now: time.Now}
-	v, err := auth.NewVerifier(o.Auth)
-	if err != nil {
-		return nil, fmt.Errorf("server: %w", err)
-	}
-	s.verifier = v
+	s.bgCtx, s.bgCancel = context.WithCancel(context.Background())
+	defer func() {
+		if err != nil {
+			if s.gw != nil {
+				_ = s.gw.Shutdown(ctx)
+			}
+			s.bgCancel()
+			s.bg.Wait()
+			_ = s.closeEngines()
+		}
+	}()
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = metrics.New(s.reg)
 
-	st, err := pstore.Open(ctx, pstore.Config{
-		Dir: filepath.Join(o.DataDir, "store"), FS: o.StoreFS, BucketWidth: o.BucketWidth, Logger: o.Logger,
+	if err := s.openEngines(ctx); err != nil {
+		return nil, err
+	}
+	if o.RunChat {
+		if err := s.startChat(); err != nil {
+			return nil, err
+		}
+	}
+	if o.RunGateway {
+		if err := s.startGateway(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.listen(o); err != nil {
+		return nil, err
+	}
+	s.log.Info("parley node started", "node", o.Node, "addr", s.Addr(), "gateway", o.RunGateway, "chat", o.RunChat, "cluster", o.Cluster != nil)
+	return s, nil
+}
+
+func (s *Server) onClose(f func() error) { s.closers = append(s.closers, f) }
+
+func (s *Server) closeEngines() error {
+	var errs []error
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		errs = append(errs, s.closers[i]())
+	}
+	s.closers = nil
+	return errors.Join(errs...)
+}
+
+// openEngines opens the store and ledger (chat role), the registry and the
+// bus, embedded or distributed.
+func (s *Server) openEngines(ctx context.Context) error {
+	o := s.opts
+	var rows presence.RowLister
+	if o.Cluster == nil {
+		st, err := pstore.Open(ctx, pstore.Config{
+			Dir: filepath.Join(o.DataDir, "store"), FS: o.StoreFS, BucketWidth: o.BucketWidth, Logger: o.Logger,
+		})
+		if err != nil {
+			return fmt.Errorf("server: open store: %w", err)
+		}
+		s.store = st
+		s.onClose(st.Close)
+		led, err := ledger.Open(ledger.Config{Dir: filepath.Join(o.DataDir, "ledger"), FS: o.StoreFS, Logger: o.Logger})
+		if err != nil {
+			return fmt.Errorf("server: open ledger: %w", err)
+		}
+		s.ledger = led
+		s.onClose(led.Close)
+		s.registry = memory.New()
+		s.bus = local.New()
+		s.presence = presence.New(o.Presence, st, nil)
+		s.runLoop(func(ctx context.Context) { s.presence.Run(ctx) })
+		return nil
+	}
+	c := o.Cluster
+	ns := c.namespace()
+	s.redis = goredis.NewClient(&goredis.Options{Addr: c.Redis})
+	s.onClose(s.redis.Close)
+	reg, err := rredis.New(s.redis, rredis.Config{Prefix: ns + ":", Logger: o.Logger})
+	if err != nil {
+		return fmt.Errorf("server: registry: %w", err)
+	}
+	s.registry = reg
+	nc, err := pnats.Connect(ctx, pnats.ConnConfig{URL: c.NATS, Name: "parley-" + o.Node, Logger: o.Logger})
+	if err != nil {
+		return fmt.Errorf("server: nats: %w", err)
+	}
+	s.nc = nc
+	s.onClose(func() error { nc.Close(); return nil })
+	b, err := pnats.New(nc, pnats.Config{Subject: ns + ".node", Logger: o.Logger})
+	if err != nil {
+		return fmt.Errorf("server: bus: %w", err)
+	}
+	s.bus = b
+	if o.RunChat {
+		cc := c.Cassandra
+		cc.Logger = o.Logger
+		if cc.BucketWidth == 0 {
+			cc.BucketWidth = o.BucketWidth
+		}
+		st, err := cassandra.Open(ctx, cc)
+		if err != nil {
+			return fmt.Errorf("server: open store: %w", err)
+		}
+		s.store = st
+		s.onClose(st.Close)
+		rows = st
+		tasks, err := pnats.NewTasks(ctx, nc, pnats.TasksConfig{
+			Stream: strings.ToUpper(ns) + "_TASKS", Subject: ns + ".tasks", DeadSubject: ns + ".dead", Logger: o.Logger,
+		})
+		if err != nil {
+			return fmt.Errorf("server: tasks: %w", err)
+		}
+		s.ledger = cluster.NewLedger(tasks)
+	}
+	s.presence = presence.New(o.Presence, rows, nil)
+	s.runLoop(func(ctx context.Context) { s.presence.Run(ctx) })
+	resync := c.PresenceResync
+	if resync <= 0 {
+		resync = 15 * time.Second
+	}
+	s.relay = cluster.NewRelay(nc, ns, o.Node, s.presence, resync, o.Logger)
+	s.runLoop(func(ctx context.Context) {
+		if err := s.relay.Run(ctx); err != nil {
+			s.log.Error("presence relay stopped", "err", err)
+		}
 	})
-	if err != nil {
-		return nil, fmt.Errorf("server: open store: %w", err)
-	}
-	s.store = st
-	led, err := ledger.Open(ledger.Config{Dir: filepath.Join(o.DataDir, "ledger"), FS: o.StoreFS, Logger: o.Logger})
-	if err != nil {
-		_ = st.Close()
-		return nil, fmt.Errorf("server: open ledger: %w", err)
-	}
-	s.ledger = led
-	s.presence = presence.New(o.Presence, st, nil)
-	reg := memory.New()
-	b := local.New()
-	m := s.metrics
-	var chatStore store.Store = st
+	return nil
+}
+
+// runLoop runs f on a goroutine owned by the server until Shutdown.
+func (s *Server) runLoop(f func(ctx context.Context)) {
+	s.bg.Add(1)
+	go func() { defer s.bg.Done(); f(s.bgCtx) }()
+}
+
+func (s *Server) startChat() error {
+	o, m := s.opts, s.metrics
+	chatStore := s.store
 	if o.WrapStore != nil {
-		chatStore = o.WrapStore(st)
+		chatStore = o.WrapStore(chatStore)
 	}
-	s.chat, err = chat.New(o.Chat, chat.Deps{
-		Store: chatStore, Registry: reg, Bus: b, IDs: snowflake.New(snowflake.NodeNumber(o.Node), nil), Logger: o.Logger,
-		Online: s.presence, Ledger: led,
+	svc, err := chat.New(o.Chat, chat.Deps{
+		Store: chatStore, Registry: s.registry, Bus: s.bus, IDs: snowflake.New(snowflake.NodeNumber(o.Node), nil),
+		Logger: o.Logger, Online: s.presence, Ledger: s.ledger,
 		Observer: chat.Observer{
 			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },
 			StoreFailed: func(op string) { m.StoreErrors.WithLabelValues(op).Inc() },
@@ -136,17 +301,71 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		},
 	})
 	if err != nil {
-		s.closeEngines()
-		return nil, err
+		return err
 	}
+	s.chat = svc
 	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "parley_compensation_backlog", Help: "Compensation tasks waiting for a successful retry.",
-	}, func() float64 { return float64(led.Backlog()) }))
+	}, func() float64 { return float64(s.ledger.Backlog()) }))
+	s.runLoop(func(ctx context.Context) {
+		if err := s.ledger.Run(ctx, svc.Compensate); err != nil && ctx.Err() == nil {
+			s.log.Error("compensation ledger stopped", "err", err)
+		}
+	})
+	if s.nc != nil {
+		s.runLoop(func(ctx context.Context) {
+			if err := cluster.Serve(ctx, s.nc, o.Cluster.namespace(), svc, o.Gateway.RequestTimeout, s.log); err != nil {
+				s.log.Error("chat service stopped serving", "err", err)
+			}
+		})
+	}
+	return nil
+}
+
+// hub is the gateway's presence: the node's tracker, plus the relay that
+// tells the other processes in cluster mode.
+type hub struct {
+	*presence.Tracker
+	relay *cluster.Relay
+}
+
+func (h hub) Connected(ctx context.Context, user string) {
+	h.Tracker.Connected(ctx, user)
+	if h.relay != nil {
+		h.relay.Local(user, true)
+	}
+}
+
+func (h hub) Disconnected(user string) {
+	h.Tracker.Disconnected(user)
+	if h.relay != nil {
+		h.relay.Local(user, false)
+	}
+}
+
+func (s *Server) startGateway(ctx context.Context) error {
+	o, m := s.opts, s.metrics
+	v, err := auth.NewVerifier(o.Auth)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	s.verifier = v
+	var mayWatch gateway.MayWatch
+	if s.chat != nil {
+		s.backend, mayWatch = s.chat, s.chat.SharesConversation
+	} else {
+		r := cluster.NewRemote(s.nc, o.Cluster.namespace(), o.Gateway.RequestTimeout)
+		s.backend, mayWatch = r, r.MayWatch
+	}
 	gcfg := o.Gateway
 	gcfg.Node = o.Node
+	gcfg.SessionPrefix = o.Node + "-" + nonce()
+	if err := s.registry.DropNode(ctx, o.Node); err != nil {
+		return fmt.Errorf("server: registry: %w", err)
+	}
 	s.gw, err = gateway.New(gcfg, gateway.Deps{
-		Backend: s.chat, Verifier: v, Registry: reg, Bus: b, Logger: o.Logger,
-		Presence: s.presence, MayWatch: s.chat.SharesConversation,
+		Backend: s.backend, Verifier: v, Registry: s.registry, Bus: s.bus, Logger: o.Logger,
+		Presence: hub{s.presence, s.relay}, MayWatch: mayWatch,
 		Observer: gateway.Observer{
 			Connections: func(d int) { m.Connections.Add(float64(d)) },
 			Handshake:   func(r string) { m.Handshakes.WithLabelValues(r).Inc() },
@@ -158,21 +377,42 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		},
 	})
 	if err != nil {
-		s.closeEngines()
-		return nil, err
+		return err
 	}
-	if err := s.listen(o); err != nil {
-		_ = s.gw.Shutdown(ctx)
-		s.closeEngines()
-		return nil, err
+	if rr, ok := s.registry.(*rredis.Registry); ok {
+		s.runLoop(func(ctx context.Context) { s.refreshLease(ctx, rr) })
 	}
-	bgCtx, cancel := context.WithCancel(context.Background())
-	s.bgCancel = cancel
-	s.bg.Add(2)
-	go func() { defer s.bg.Done(); _ = led.Run(bgCtx, s.chat.Compensate) }()
-	go func() { defer s.bg.Done(); s.presence.Run(bgCtx) }()
-	s.log.Info("parley node started", "node", o.Node, "addr", s.Addr(), "data_dir", o.DataDir)
-	return s, nil
+	return nil
+}
+
+// refreshLease keeps this gateway's registry entries alive; if the lease
+// lapsed (the node was cut off long enough for others to consider it
+// dead), its sessions are closed so their clients reconnect and register
+// again.
+func (s *Server) refreshLease(ctx context.Context, r *rredis.Registry) {
+	tick := time.NewTicker(r.TTL() / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		err := r.Refresh(ctx, s.opts.Node)
+		switch {
+		case errors.Is(err, rredis.ErrLeaseLost):
+			s.log.Warn("registry lease lost; closing sessions so they register again")
+			s.gw.CloseAll(protocol.CloseGoingAway, "session registry lease lost")
+		case err != nil && ctx.Err() == nil:
+			s.log.Warn("registry refresh failed; retrying", "err", err)
+		}
+	}
+}
+
+func nonce() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 func (s *Server) listen(o Options) error {
@@ -181,11 +421,14 @@ func (s *Server) listen(o Options) error {
 		return fmt.Errorf("server: listen: %w", err)
 	}
 	s.ln = ln
+	s.onClose(func() error { _ = ln.Close(); return nil })
 	mux := http.NewServeMux()
-	mux.Handle("GET /v1/ws", s.gw)
-	mux.HandleFunc("GET /v1/poll", s.gw.ServePoll)
-	mux.HandleFunc("POST /v1/rpc", s.gw.ServeRPC)
-	mux.HandleFunc("GET /v1/conversations/snapshot", s.handleSnapshot)
+	if s.gw != nil {
+		mux.Handle("GET /v1/ws", s.gw)
+		mux.HandleFunc("GET /v1/poll", s.gw.ServePoll)
+		mux.HandleFunc("POST /v1/rpc", s.gw.ServeRPC)
+		mux.HandleFunc("GET /v1/conversations/snapshot", s.handleSnapshot)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
@@ -218,11 +461,11 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 // Metrics exposes the node's collectors (for tests and benchmarks).
 func (s *Server) Metrics() *metrics.Metrics { return s.metrics }
 
-// Gateway exposes the node's gateway.
+// Gateway exposes the node's gateway (nil on a chat-only node).
 func (s *Server) Gateway() *gateway.Gateway { return s.gw }
 
 func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
-	if s.gw.Draining() {
+	if s.gw != nil && s.gw.Draining() {
 		http.Error(w, "draining", http.StatusServiceUnavailable)
 		return
 	}
@@ -230,23 +473,31 @@ func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 }
 
 // Drain tells clients to move and waits for them, bounded by ctx and the
-// gateway's drain timeout.
-func (s *Server) Drain(ctx context.Context) { s.gw.Drain(ctx) }
+// gateway's drain timeout. A chat-only node has nothing to drain.
+func (s *Server) Drain(ctx context.Context) {
+	if s.gw != nil {
+		s.gw.Drain(ctx)
+	}
+}
 
 // Shutdown stops the node: connections are closed, the listener and the
-// event loop stop, and the store is closed. Call Drain first for a graceful
-// stop. It is idempotent.
+// event loop stop, the server's loops end, and the engines are closed. Call
+// Drain first for a graceful stop. It is idempotent.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutOnce.Do(func() {
-		errGW := s.gw.Shutdown(ctx)
+		var errGW error
+		if s.gw != nil {
+			errGW = s.gw.Shutdown(ctx)
+			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if err := s.registry.DropNode(dctx, s.opts.Node); err != nil {
+				s.log.Warn("registry: drop node", "err", err)
+			}
+			cancel()
+		}
 		s.engine.Stop()
 		s.bgCancel()
 		s.bg.Wait()
 		s.shutErr = errors.Join(errGW, s.closeEngines())
 	})
 	return s.shutErr
-}
-
-func (s *Server) closeEngines() error {
-	return errors.Join(s.ledger.Close(), s.store.Close())
 }

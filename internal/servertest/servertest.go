@@ -40,6 +40,12 @@ func WithChat(f func(*chat.Config)) Option {
 	return func(o *server.Options) { f(&o.Chat) }
 }
 
+// WithNode names the node: the hello's node field and the snowflake node
+// number derive from it. Two nodes of one test need different names.
+func WithNode(name string) Option {
+	return func(o *server.Options) { o.Node = name }
+}
+
 // WithDataDir runs the node on an existing data directory (restart tests).
 func WithDataDir(dir string) Option {
 	return func(o *server.Options) { o.DataDir = dir }

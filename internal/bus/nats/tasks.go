@@ -293,3 +293,16 @@ func (t *Tasks) bury(ctx context.Context, kind string, msg jetstream.Msg, cause 
 		t.cfg.Logger.Warn("task term failed", "kind", kind, "err", err)
 	}
 }
+
+// Pending is the number of tasks stored and not yet acknowledged.
+func (t *Tasks) Pending(ctx context.Context) (uint64, error) {
+	s, err := t.js.Stream(ctx, t.cfg.Stream)
+	if err != nil {
+		return 0, fmt.Errorf("nats: pending: %w", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("nats: pending: %w", err)
+	}
+	return info.State.Msgs, nil
+}

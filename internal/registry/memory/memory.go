@@ -2,11 +2,14 @@
 // single-process mode. All methods are safe for concurrent use; one mutex
 // guards the map (registry writes happen once per connect/disconnect, far
 // below what a mutex sustains).
+//
+// A user's devices are a small slice, not a map: users have a handful of
+// devices, and an inner map would cost most of an idle connection's memory.
 package memory
 
 import (
 	"context"
-
+	"slices"
 	"sync"
 
 	"github.com/parley-im/parley/internal/registry"
@@ -16,7 +19,7 @@ import (
 type Registry struct {
 	mu struct {
 		sync.RWMutex
-		users map[string]map[string]registry.Entry // user → device → entry
+		users map[string][]registry.Entry // user → its online devices
 	}
 }
 
@@ -25,7 +28,7 @@ var _ registry.Registry = (*Registry)(nil)
 // New returns an empty registry.
 func New() *Registry {
 	r := &Registry{}
-	r.mu.users = make(map[string]map[string]registry.Entry)
+	r.mu.users = make(map[string][]registry.Entry)
 	return r
 }
 
@@ -33,15 +36,16 @@ func (r *Registry) Register(_ context.Context, e registry.Entry) (*registry.Entr
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	devs := r.mu.users[e.User]
-	if devs == nil {
-		devs = make(map[string]registry.Entry, 1)
-		r.mu.users[e.User] = devs
+	for i, old := range devs {
+		if old.Device == e.Device {
+			devs[i] = e
+			if old.Session != e.Session || old.Node != e.Node {
+				return &old, nil
+			}
+			return nil, nil
+		}
 	}
-	old, had := devs[e.Device]
-	devs[e.Device] = e
-	if had && (old.Session != e.Session || old.Node != e.Node) {
-		return &old, nil
-	}
+	r.mu.users[e.User] = append(devs, e)
 	return nil, nil
 }
 
@@ -49,13 +53,22 @@ func (r *Registry) Unregister(_ context.Context, user, device, session string) e
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	devs := r.mu.users[user]
-	if e, ok := devs[device]; ok && e.Session == session {
-		delete(devs, device)
-		if len(devs) == 0 {
-			delete(r.mu.users, user)
+	for i, e := range devs {
+		if e.Device == device && e.Session == session {
+			r.set(user, slices.Delete(devs, i, i+1))
+			return nil
 		}
 	}
 	return nil
+}
+
+// set stores devs for user, dropping users without devices.
+func (r *Registry) set(user string, devs []registry.Entry) {
+	if len(devs) == 0 {
+		delete(r.mu.users, user)
+		return
+	}
+	r.mu.users[user] = devs
 }
 
 func (r *Registry) Lookup(_ context.Context, users []string) (map[string][]registry.Entry, error) {
@@ -63,15 +76,9 @@ func (r *Registry) Lookup(_ context.Context, users []string) (map[string][]regis
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	for _, u := range users {
-		devs := r.mu.users[u]
-		if len(devs) == 0 {
-			continue
+		if devs := r.mu.users[u]; len(devs) > 0 {
+			out[u] = slices.Clone(devs)
 		}
-		es := make([]registry.Entry, 0, len(devs))
-		for _, e := range devs {
-			es = append(es, e)
-		}
-		out[u] = es
 	}
 	return out, nil
 }
@@ -80,14 +87,7 @@ func (r *Registry) DropNode(_ context.Context, node string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for u, devs := range r.mu.users {
-		for d, e := range devs {
-			if e.Node == node {
-				delete(devs, d)
-			}
-		}
-		if len(devs) == 0 {
-			delete(r.mu.users, u)
-		}
+		r.set(u, slices.DeleteFunc(devs, func(e registry.Entry) bool { return e.Node == node }))
 	}
 	return nil
 }

@@ -191,6 +191,8 @@ func (st *convState) visible(msgs []store.Message, d uint64) {
 		for _, r := range st.ov.m[msgs[i].Seq] {
 			if r.event > d {
 				msgs[i] = r.before
+				// Readers share the image; none may alias its slice.
+				msgs[i].Mentions = cloneMentions(r.before.Mentions)
 				break
 			}
 		}

@@ -28,10 +28,13 @@ func (g *walGate) close() {
 	g.mu.Unlock()
 }
 
+// open releases held fsyncs; it is a no-op on an open gate.
 func (g *walGate) open() {
 	g.mu.Lock()
-	close(g.blocked)
-	g.blocked = nil
+	if g.blocked != nil {
+		close(g.blocked)
+		g.blocked = nil
+	}
 	g.mu.Unlock()
 }
 
@@ -77,7 +80,10 @@ func TestUnsyncedIsInvisible(t *testing.T) {
 	gate := &walGate{}
 	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(gate.inject))
 	s := openT(t, Config{Dir: "db", FS: fs})
-	defer s.Close()
+	t.Cleanup(func() {
+		gate.open()
+		_ = s.Close()
+	})
 
 	err := s.CreateConversation(ctx, store.Conversation{ID: 1, Kind: store.Group}, []store.Member{{UserID: "alice"}})
 	if err != nil {
@@ -185,6 +191,11 @@ func gatedStore(t *testing.T) (*Store, *walGate, *vfs.MemFS) {
 	mem := vfs.NewCrashableMem()
 	gate := &walGate{}
 	s := openT(t, Config{Dir: "db", FS: errorfs.Wrap(mem, errorfs.InjectorFunc(gate.inject))})
+	// A failing test must not leave Close waiting for a held fsync.
+	t.Cleanup(func() {
+		gate.open()
+		_ = s.Close()
+	})
 	err := s.CreateConversation(context.Background(), store.Conversation{ID: 1, Kind: store.Group},
 		[]store.Member{{UserID: "alice"}, {UserID: "bob"}})
 	if err != nil {
@@ -210,7 +221,6 @@ func stateMsg(id uint64, body string) store.Message {
 func TestCoalesceUnsyncedDoesNotSupersede(t *testing.T) {
 	ctx := context.Background()
 	s, gate, mem := gatedStore(t)
-	defer s.Close()
 	first, err := s.Append(ctx, store.Append{Msg: stateMsg(1, "100 left")})
 	if err != nil {
 		t.Fatalf("Append: %v", err)
@@ -271,7 +281,6 @@ func TestCoalesceUnsyncedDoesNotSupersede(t *testing.T) {
 func TestUpdateRowsWaitsForSync(t *testing.T) {
 	ctx := context.Background()
 	s, gate, mem := gatedStore(t)
-	defer s.Close()
 	if _, err := s.Append(ctx, store.Append{Msg: stateMsg(1, "x")}); err != nil {
 		t.Fatalf("Append: %v", err)
 	}

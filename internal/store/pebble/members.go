@@ -132,9 +132,9 @@ func (s *Store) addMembers(conv uint64, users []string, role store.Role) ([]stor
 		if err != nil {
 			return nil, err
 		}
-		// LastSeq = last so the new member's unread count starts at 0; a
-		// rejoining member's row is never lowered.
-		r.JoinSeq, r.LeaveSeq, r.LastSeq = m.JoinSeq, 0, max(r.LastSeq, last)
+		// LastSeq = last so the new member's unread count starts at 0. No
+		// row is above last: UpdateRows refuses seqs that are not stored.
+		r.JoinSeq, r.LeaveSeq, r.LastSeq = m.JoinSeq, 0, last
 		if err := b.Set(userConvKey(u, conv), encodeConvRow(r), nil); err != nil {
 			return nil, err
 		}
@@ -207,7 +207,7 @@ func (s *Store) removeMembers(conv uint64, users []string) ([]store.Member, erro
 		if err != nil {
 			return nil, err
 		}
-		r.JoinSeq, r.LeaveSeq, r.LastSeq = m.JoinSeq, last, max(r.LastSeq, last)
+		r.JoinSeq, r.LeaveSeq, r.LastSeq = m.JoinSeq, last, last
 		if err := b.Set(userConvKey(u, conv), encodeConvRow(r), nil); err != nil {
 			return nil, err
 		}

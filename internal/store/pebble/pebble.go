@@ -9,16 +9,19 @@
 // component. Values are a version byte plus varints and length-prefixed
 // strings (codec.go).
 //
-//	table  key                                  value                           wide-column equivalent
-//	M      M | conv | bucket u32 | ^msgid        message (all fields)            messages, partition (conv, bucket), clustering msg_id DESC
-//	S      S | conv | seq                        bucket u32 | msgid u64          seq index of a conversation
-//	C      C | conv                              kind, created, last_seq, members, name  conversations
-//	B      B | conv | user                       role, join_seq                  members, partition conv
-//	U      U | user 0 | conv                     kind, join_seq, last_seq        user_conversations, partition user (write fan-out target)
-//	D      D | lo 0 hi (sorted pair)             conv                            direct_pairs
-//	I      I | conv | sender 0 client_msg_id     seq                             idempotency
-//	R      R | user 0 | conv [| device]          read seq                        read_positions
-//	V      V | user 0 | conv                     delivered seq                   delivered_positions
+//	table  key                                  value                                wide-column equivalent
+//	M      M | conv | bucket u32 | ^msgid        message (all fields)                 messages, partition (conv, bucket), clustering msg_id DESC
+//	S      S | conv | seq                        bucket u32 | msgid u64               seq index of a conversation
+//	C      C | conv                              kind, created, last_seq, members,    conversations
+//	                                             name, tier
+//	B      B | conv | user                       role, join_seq, leave_seq, muted     members, partition conv
+//	U      U | user 0 | conv                     kind, join_seq, last_seq,            user_conversations, partition user (write fan-out target)
+//	                                             leave_seq, mention_seq
+//	K      K | conv | coalesce_key               latest seq with that key             coalesce_latest, partition conv
+//	D      D | lo 0 hi (sorted pair)             conv                                 direct_pairs
+//	I      I | conv | sender 0 client_msg_id     seq                                  idempotency
+//	R      R | user 0 | conv [| device]          read seq                             read_positions
+//	V      V | user 0 | conv                     delivered seq                        delivered_positions
 //
 // bucket = ServerTime (unix ms) / BucketWidth: a busy conversation spreads
 // over many partitions, and ^msgid makes the newest message of a bucket sort
@@ -28,17 +31,25 @@
 //
 // Each conversation has an in-memory state (convState) whose mutex
 // serialises its writers. Append allocates seq = last_seq+1 and applies one
-// batch (M, S, C, I and the fan-out U rows, plus the rewritten target of an
-// edit or recall) with ApplyNoSyncWait while holding that mutex, so WAL order
-// equals seq order and a crash can only lose a suffix, never leave a hole or
-// let a seq be reused. The fsync is awaited after the mutex is released, so
-// concurrent appends, also to one conversation, share fsyncs (group commit).
+// batch (M, S, C, I, the K row of a coalescible message, and the rewritten
+// target of an edit or recall) with ApplyNoSyncWait while holding that
+// mutex, so WAL order equals seq order and a crash can only lose a suffix,
+// never leave a hole or let a seq be reused. The fsync is awaited after the
+// mutex is released, so concurrent appends, also to one conversation, share
+// fsyncs (group commit). Membership changes (B, U and C rows) are decided
+// under the same mutex, so joins and leaves fall between two seqs.
+//
+// Write fan-out (UpdateRows, rows.go) is apart from Append: it raises U rows
+// under the conversation's rows lock only, never lowers them, and shares
+// fsyncs the same way. Fan-out failing never touches the stored message.
 //
 // Pebble makes a batch readable before its WAL fsync completes. Readers
 // therefore never look past the conversation's durable watermark (the
-// highest seq whose fsync finished), and an edit's rewritten target is
-// hidden behind its pre-edit image until the edit is durable, so no client
-// can see a message that a crash could take back.
+// highest seq whose fsync finished), an edit's rewritten target is hidden
+// behind its pre-edit image until the edit is durable, and a state message
+// is only superseded by a later one of its coalesce key that is durable
+// (coalesce.go), so no client can see a message, or lose a state's body, by
+// a write a crash could take back.
 //
 // Read and delivered positions are written without fsync: losing one on a
 // crash only re-shows a badge or re-sends a delivered mark, and they are
@@ -47,8 +58,9 @@
 // # Concurrency
 //
 // Store is safe for concurrent use. Lock order: Store.gate (read side, per
-// call) → direct-pair stripe → convState.mu → convState.ov.mu; Store.convs.mu
-// and position stripes are leaves. Close waits for calls in progress.
+// call) → direct-pair stripe → convState.mu → convState.rowsMu →
+// convState.ov.mu; Store.convs.mu and position stripes are leaves. Close
+// waits for calls in progress.
 package pebble
 
 import (

@@ -76,3 +76,32 @@ func TestConfigValidate(t *testing.T) {
 		t.Error("Open with an invalid Config succeeded")
 	}
 }
+
+// TestEditKeepsCoalesceKey: the K row indexes a state message by its key,
+// so an edit's Check cannot move the message to another key.
+func TestEditKeepsCoalesceKey(t *testing.T) {
+	ctx := context.Background()
+	s := openT(t, Config{Dir: "db", FS: vfs.NewMem()})
+	defer s.Close()
+	if err := s.CreateConversation(ctx, store.Conversation{ID: 1, Kind: store.Group}, []store.Member{{UserID: "a"}}); err != nil {
+		t.Fatalf("CreateConversation: %v", err)
+	}
+	for id, key := range []string{"k", "other"} {
+		m := store.Message{ConvID: 1, MsgID: uint64(id + 1), Sender: "a", Kind: "state", CoalesceKey: key, Body: key}
+		if _, err := s.Append(ctx, store.Append{Msg: m}); err != nil {
+			t.Fatalf("Append: %v", err)
+		}
+	}
+	ev := store.Message{ConvID: 1, MsgID: 3, Sender: "a", Kind: "edit", TargetSeq: 1}
+	_, err := s.Append(ctx, store.Append{Msg: ev, Check: func(m store.Message) (store.Message, error) {
+		m.CoalesceKey, m.Body, m.Edited = "other", "edited", true
+		return m, nil
+	}})
+	if err != nil {
+		t.Fatalf("Append(edit): %v", err)
+	}
+	msgs, err := s.Messages(ctx, 1, 1, 1, 1)
+	if err != nil || len(msgs) != 1 || msgs[0].CoalesceKey != "k" || msgs[0].Superseded || msgs[0].Body != "edited" {
+		t.Errorf("edited state = %+v, %v; want key k kept, body edited, not superseded", msgs, err)
+	}
+}

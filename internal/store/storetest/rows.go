@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -93,13 +94,17 @@ func testUpdateRows(t *testing.T, e *env) {
 
 // testUpdateRowsConcurrent runs write fan-out the way a busy group does:
 // appends and their UpdateRows interleave, compensation repeats old seqs, a
-// member leaves midway, and a reader watches one row. Rows must end at the
-// maximum and never go down on the way.
+// member leaves and rejoins again and again, another leaves for good, and a
+// reader watches one row. Rows must end at the maximum, never go down on
+// the way, and agree with the memberships.
 func testUpdateRowsConcurrent(t *testing.T, e *env) {
 	ctx := context.Background()
-	users := make([]string, 8)
-	for i := range users {
-		users[i] = fmt.Sprintf("u%d", i)
+	// u6 toggles and comes first in every fan-out, so its row is read
+	// long before the batch is applied: a leave or join that does not
+	// exclude fan-out would be overwritten in that window.
+	users := []string{"u6", "u0", "u1", "u2", "u3", "u4", "u5", "u7"}
+	for i := range 120 {
+		users = append(users, fmt.Sprintf("x%d", i))
 	}
 	e.group(t, 1, users...)
 	e.send(t, 1, "u0", 1) // a leave needs a seq
@@ -134,7 +139,7 @@ func testUpdateRowsConcurrent(t *testing.T, e *env) {
 	for w := range workers {
 		wg.Go(func() {
 			for i := range perWorker {
-				m := e.msg(1, users[w%len(users)], "", fmt.Sprintf("w%d i%d", w, i))
+				m := e.msg(1, users[1+w%6], "", fmt.Sprintf("w%d i%d", w, i))
 				res, err := e.s.Append(ctx, store.Append{Msg: m})
 				if err != nil {
 					t.Errorf("Append: %v", err)
@@ -146,8 +151,15 @@ func testUpdateRowsConcurrent(t *testing.T, e *env) {
 					t.Errorf("UpdateRows(%d): %v", seq, err)
 				}
 				// A compensation task repeating an older fan-out.
-				if err := e.s.UpdateRows(ctx, 1, seq/2, users[:4], true); err != nil {
+				if err := e.s.UpdateRows(ctx, 1, seq/2, users[1:5], true); err != nil {
 					t.Errorf("UpdateRows(%d): %v", seq/2, err)
+				}
+				if w == 1 {
+					// The previous toggle's fan-out has landed by now.
+					if _, err := e.rowMatchesMember(1, "u6"); err != nil {
+						t.Error(err)
+					}
+					e.toggle(t, 1, "u6")
 				}
 				if w == 0 && i == perWorker/2 {
 					ms, err := e.s.RemoveMembers(ctx, 1, []string{"u7"})
@@ -168,15 +180,57 @@ func testUpdateRowsConcurrent(t *testing.T, e *env) {
 		t.Fatalf("LastSeq = %d, want %d", got, total)
 	}
 	wantMention := total - total%mentionEvery
-	for _, u := range users[:7] {
+	for _, u := range slices.Concat(users[1:7], users[8:]) {
 		if r := e.row(t, u, 1); r.LastSeq != total || r.MentionSeq != wantMention {
 			t.Errorf("row of %s = LastSeq %d MentionSeq %d, want %d %d", u, r.LastSeq, r.MentionSeq, total, wantMention)
 		}
 	}
 	// Fan-out of a seq starts after its append, so any seq that reached
 	// u7 before the leave is ≤ LeaveSeq, and the leave raised the row to it.
-	r := e.row(t, "u7", 1)
+	if _, err := e.rowMatchesMember(1, "u6"); err != nil {
+		t.Error(err)
+	}
+	r, err := e.rowMatchesMember(1, "u7")
+	if err != nil {
+		t.Error(err)
+	}
 	if l := leave.Load(); r.LeaveSeq != l || r.LastSeq != l || r.MentionSeq > l {
 		t.Errorf("row of u7 (left at %d) = %+v, want LeaveSeq = LastSeq = %d, MentionSeq ≤ it", l, r, l)
 	}
+}
+
+// toggle removes user from conv if a current member, else adds it back.
+func (e *env) toggle(t *testing.T, conv uint64, user string) {
+	ctx := context.Background()
+	left, err := e.s.RemoveMembers(ctx, conv, []string{user})
+	if err == nil && len(left) == 0 {
+		_, err = e.s.AddMembers(ctx, conv, []string{user}, store.RoleMember)
+	}
+	if err != nil {
+		t.Errorf("toggle %s: %v", user, err)
+	}
+}
+
+// rowMatchesMember reports whether user's row carries its membership's
+// seqs, and returns the row.
+func (e *env) rowMatchesMember(conv uint64, user string) (store.ConvRow, error) {
+	ctx := context.Background()
+	m, err := e.s.Member(ctx, conv, user)
+	if err != nil {
+		return store.ConvRow{}, fmt.Errorf("Member(%s): %w", user, err)
+	}
+	rows, err := e.s.UserConversations(ctx, user)
+	if err != nil {
+		return store.ConvRow{}, fmt.Errorf("UserConversations(%s): %w", user, err)
+	}
+	for _, r := range rows {
+		if r.ConvID != conv {
+			continue
+		}
+		if r.JoinSeq != m.JoinSeq || r.LeaveSeq != m.LeaveSeq {
+			return r, fmt.Errorf("row of %s = %+v, membership %+v: JoinSeq and LeaveSeq differ", user, r, m)
+		}
+		return r, nil
+	}
+	return store.ConvRow{}, fmt.Errorf("%s has no row for conversation %d", user, conv)
 }

@@ -1,0 +1,221 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	natsio "github.com/nats-io/nats.go"
+)
+
+// Presence subjects: every node announces its local connects and
+// disconnects; a node that starts asks the gateways for everyone online.
+func subjectPresence(ns string) string     { return ns + ".presence" }
+func subjectPresenceDump(ns string) string { return ns + ".presence.dump" }
+
+// Tracker is what the relay feeds (presence.Tracker).
+type Tracker interface {
+	Connected(ctx context.Context, user string)
+	Disconnected(user string)
+}
+
+type presenceEvent struct {
+	Node   string `json:"n"`
+	User   string `json:"u"`
+	Online bool   `json:"o"`
+}
+
+// Relay shares presence between processes over core NATS. A gateway calls
+// Local for each connect and disconnect it sees (and feeds its own tracker
+// directly); every process's tracker gets the other nodes' events. Events
+// are at-most-once: a process that missed some resynchronises with Sync.
+type Relay struct {
+	nc      *natsio.Conn
+	ns      string
+	node    string
+	tracker Tracker
+	log     *slog.Logger
+	resync  time.Duration
+
+	mu struct {
+		sync.Mutex
+		local map[string]int // users with devices on this node (gateways)
+		// remote counts devices per user announced by other nodes, per
+		// node, so Sync can replace a node's view wholesale.
+		remote map[string]map[string]int
+	}
+}
+
+// NewRelay returns a relay for node feeding tracker, resynchronising every
+// resync.
+func NewRelay(nc *natsio.Conn, ns, node string, tracker Tracker, resync time.Duration, log *slog.Logger) *Relay {
+	r := &Relay{nc: nc, ns: ns, node: node, tracker: tracker, log: log, resync: resync}
+	r.mu.local = make(map[string]int)
+	r.mu.remote = make(map[string]map[string]int)
+	return r
+}
+
+// Local records a local device connecting (online) or leaving and
+// announces it.
+func (r *Relay) Local(user string, online bool) {
+	r.mu.Lock()
+	if online {
+		r.mu.local[user]++
+	} else if r.mu.local[user]--; r.mu.local[user] <= 0 {
+		delete(r.mu.local, user)
+	}
+	r.mu.Unlock()
+	data, _ := json.Marshal(presenceEvent{Node: r.node, User: user, Online: online})
+	if err := r.nc.Publish(subjectPresence(r.ns), data); err != nil {
+		r.log.Warn("presence announce failed", "err", err)
+	}
+}
+
+// Run applies other nodes' events and answers dumps until ctx ends.
+func (r *Relay) Run(ctx context.Context) error {
+	sub, err := r.nc.Subscribe(subjectPresence(r.ns), func(m *natsio.Msg) {
+		var ev presenceEvent
+		if json.Unmarshal(m.Data, &ev) != nil || ev.Node == r.node {
+			return
+		}
+		r.apply(ctx, ev.Node, ev.User, ev.Online)
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: presence: %w", err)
+	}
+	defer sub.Unsubscribe()
+	dump, err := r.nc.Subscribe(subjectPresenceDump(r.ns), func(m *natsio.Msg) {
+		r.mu.Lock()
+		users := make(map[string]int, len(r.mu.local))
+		for u, n := range r.mu.local {
+			users[u] = n
+		}
+		r.mu.Unlock()
+		if len(users) == 0 {
+			return
+		}
+		data, _ := json.Marshal(struct {
+			Node  string         `json:"n"`
+			Users map[string]int `json:"u"`
+		}{r.node, users})
+		_ = m.Respond(data)
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: presence: %w", err)
+	}
+	defer dump.Unsubscribe()
+	if err := r.nc.Flush(); err != nil {
+		return fmt.Errorf("cluster: presence: %w", err)
+	}
+	tick := time.NewTicker(r.resync)
+	defer tick.Stop()
+	for {
+		r.Sync(ctx, 300*time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+func (r *Relay) apply(ctx context.Context, node, user string, online bool) {
+	r.mu.Lock()
+	devs := r.mu.remote[node]
+	if devs == nil {
+		devs = make(map[string]int)
+		r.mu.remote[node] = devs
+	}
+	if online {
+		devs[user]++
+	} else if devs[user] > 0 {
+		if devs[user]--; devs[user] == 0 {
+			delete(devs, user)
+		}
+	} else {
+		r.mu.Unlock()
+		return // an offline event for a device we never saw
+	}
+	r.mu.Unlock()
+	if online {
+		r.tracker.Connected(ctx, user)
+	} else {
+		r.tracker.Disconnected(user)
+	}
+}
+
+// Sync asks every gateway for its online users (waiting up to wait for
+// answers) and replaces the tracker's view of other nodes with theirs: a
+// node that does not answer (it died without announcing its disconnects)
+// loses its users; counts that drifted through lost events are corrected.
+func (r *Relay) Sync(ctx context.Context, wait time.Duration) {
+	inbox := r.nc.NewRespInbox()
+	answers := make(chan *natsio.Msg, 64)
+	sub, err := r.nc.ChanSubscribe(inbox, answers)
+	if err != nil {
+		r.log.Warn("presence sync failed", "err", err)
+		return
+	}
+	defer sub.Unsubscribe()
+	if err := r.nc.PublishRequest(subjectPresenceDump(r.ns), inbox, nil); err != nil {
+		r.log.Warn("presence sync failed", "err", err)
+		return
+	}
+	views := make(map[string]map[string]int)
+	timeout := time.After(wait)
+collect:
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timeout:
+			break collect
+		case m := <-answers:
+			var d struct {
+				Node  string         `json:"n"`
+				Users map[string]int `json:"u"`
+			}
+			if json.Unmarshal(m.Data, &d) == nil && d.Node != r.node {
+				views[d.Node] = d.Users
+			}
+		}
+	}
+	r.mu.Lock()
+	nodes := make(map[string]bool, len(r.mu.remote)+len(views))
+	for n := range r.mu.remote {
+		nodes[n] = true
+	}
+	for n := range views {
+		nodes[n] = true
+	}
+	type change struct {
+		node, user string
+		delta      int
+	}
+	var changes []change
+	for n := range nodes {
+		have, want := r.mu.remote[n], views[n]
+		for u, c := range want {
+			if d := c - have[u]; d != 0 {
+				changes = append(changes, change{n, u, d})
+			}
+		}
+		for u, c := range have {
+			if _, ok := want[u]; !ok {
+				changes = append(changes, change{n, u, -c})
+			}
+		}
+	}
+	r.mu.Unlock()
+	for _, c := range changes {
+		for i := 0; i < c.delta; i++ {
+			r.apply(ctx, c.node, c.user, true)
+		}
+		for i := 0; i > c.delta; i-- {
+			r.apply(ctx, c.node, c.user, false)
+		}
+	}
+}

@@ -1,0 +1,170 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	natsio "github.com/nats-io/nats.go"
+
+	"github.com/parley-im/parley/internal/chat"
+	"github.com/parley-im/parley/protocol"
+)
+
+// Subjects of the chat tier, under the deployment's namespace (several
+// deployments, or tests, can share one NATS). Chat processes subscribe in
+// one queue group, so each request goes to exactly one of them.
+func subjectHandle(ns string) string   { return ns + ".chat.handle" }
+func subjectMayWatch(ns string) string { return ns + ".chat.maywatch" }
+
+const chatQueue = "chat"
+
+// request is a gateway's call to the chat tier.
+type request struct {
+	User   string          `json:"u"`
+	Device string          `json:"d"`
+	Frame  json.RawMessage `json:"f,omitempty"`
+	Peer   string          `json:"p,omitempty"` // maywatch
+}
+
+// Remote is the chat tier as seen from a gateway: gateway.Backend over NATS.
+type Remote struct {
+	nc      *natsio.Conn
+	ns      string
+	timeout time.Duration
+}
+
+// NewRemote returns a backend that sends requests over nc to the chat tier
+// of namespace ns, each bounded by timeout (and by the caller's context).
+func NewRemote(nc *natsio.Conn, ns string, timeout time.Duration) *Remote {
+	return &Remote{nc: nc, ns: ns, timeout: timeout}
+}
+
+// Handle forwards f to one chat process and relays its single answer.
+func (r *Remote) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, reply func(*protocol.Frame)) {
+	raw, err := json.Marshal(f)
+	if err != nil {
+		reply(chat.ErrorFrame(f.RID, protocol.Errorf(protocol.CodeInternal, "encode request")))
+		return
+	}
+	data, _ := json.Marshal(request{User: c.User, Device: c.Device, Frame: raw})
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	msg, err := r.nc.RequestWithContext(ctx, subjectHandle(r.ns), data)
+	if err != nil {
+		reply(chat.ErrorFrame(f.RID, remoteErr(err)))
+		return
+	}
+	if len(msg.Data) == 0 || string(msg.Data) == "null" {
+		return // the request needed no answer
+	}
+	var resp protocol.Frame
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		reply(chat.ErrorFrame(f.RID, protocol.Errorf(protocol.CodeInternal, "undecodable answer from the chat tier")))
+		return
+	}
+	reply(&resp)
+}
+
+// MayWatch asks the chat tier whether a may see b's presence.
+func (r *Remote) MayWatch(ctx context.Context, a, b string) (bool, error) {
+	data, _ := json.Marshal(request{User: a, Peer: b})
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	msg, err := r.nc.RequestWithContext(ctx, subjectMayWatch(r.ns), data)
+	if err != nil {
+		return false, fmt.Errorf("cluster: maywatch: %w", err)
+	}
+	switch string(msg.Data) {
+	case "1":
+		return true, nil
+	case "0":
+		return false, nil
+	}
+	return false, fmt.Errorf("cluster: maywatch: %s", msg.Data)
+}
+
+// remoteErr maps a failed request to the client-facing error. A timeout
+// leaves the outcome unknown: the client retries, and sends are idempotent.
+func remoteErr(err error) *protocol.Error {
+	switch {
+	case errors.Is(err, natsio.ErrNoResponders):
+		return &protocol.Error{Code: protocol.CodeOverloaded, Msg: "no chat service is available", RetryAfter: 1000}
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, natsio.ErrTimeout):
+		return protocol.Errorf(protocol.CodeTimeout, "the chat service did not answer in time; retry")
+	}
+	return &protocol.Error{Code: protocol.CodeOverloaded, Msg: "the chat service is unreachable", RetryAfter: 1000}
+}
+
+// Serve answers gateways' requests with svc until ctx ends. Each request
+// runs on its own goroutine (NATS delivers a subscription's messages one
+// by one), bounded by timeout.
+func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, timeout time.Duration, log *slog.Logger) error {
+	handle := func(m *natsio.Msg) {
+		var req request
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			log.Warn("undecodable chat request", "err", err)
+			return
+		}
+		go func() {
+			rctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			var answered bool
+			reply := func(resp *protocol.Frame) {
+				if answered {
+					return
+				}
+				answered = true
+				data, _ := json.Marshal(resp)
+				_ = m.Respond(data)
+			}
+			// The gateway validated the frame (protocol.DecodeClient)
+			// before forwarding it.
+			var f protocol.Frame
+			if err := json.Unmarshal(req.Frame, &f); err != nil {
+				reply(chat.ErrorFrame("", protocol.Errorf(protocol.CodeBadFrame, "undecodable frame")))
+				return
+			}
+			svc.Handle(rctx, chat.Caller{User: req.User, Device: req.Device}, &f, reply)
+			if !answered {
+				_ = m.Respond(nil)
+			}
+		}()
+	}
+	sub1, err := nc.QueueSubscribe(subjectHandle(ns), chatQueue, handle)
+	if err != nil {
+		return fmt.Errorf("cluster: subscribe: %w", err)
+	}
+	defer sub1.Unsubscribe()
+	sub2, err := nc.QueueSubscribe(subjectMayWatch(ns), chatQueue, func(m *natsio.Msg) {
+		var req request
+		if json.Unmarshal(m.Data, &req) != nil {
+			return
+		}
+		go func() {
+			rctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			ok, err := svc.SharesConversation(rctx, req.User, req.Peer)
+			switch {
+			case err != nil:
+				_ = m.Respond([]byte("error: " + err.Error()))
+			case ok:
+				_ = m.Respond([]byte("1"))
+			default:
+				_ = m.Respond([]byte("0"))
+			}
+		}()
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: subscribe: %w", err)
+	}
+	defer sub2.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		return fmt.Errorf("cluster: subscribe: %w", err)
+	}
+	<-ctx.Done()
+	return nil
+}

@@ -1,0 +1,537 @@
+package cassandra
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	gocql "github.com/apache/cassandra-gocql-driver/v2"
+
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/protocol"
+)
+
+// Append stores a.Msg with the next seq of its conversation (see the
+// package comment for the protocol).
+//
+// It writes no conversation rows; that is UpdateRows. A message with an
+// empty ClientMsgID is never deduplicated; a duplicate returns the original
+// as stored, its edits applied but never marked Superseded. With TargetSeq != 0 the
+// target must exist; if a.Check is nil the event is stored without
+// rewriting the target. Check may run more than once when another process
+// rewrites the target at the same time; only its last result is stored.
+//
+// An error means nothing was stored, except when the outcome of the seq
+// claim could not be learnt (the error then says so): the message may then
+// be stored, and a retry with the same client_msg_id finds it.
+func (s *Store) Append(ctx context.Context, a store.Append) (store.AppendResult, error) {
+	const op = "append"
+	if err := s.enter(ctx, op); err != nil {
+		return store.AppendResult{}, err
+	}
+	defer s.gate.RUnlock()
+	m := a.Msg
+	switch {
+	case !protocol.ValidID(m.Sender):
+		return store.AppendResult{}, fmt.Errorf("cassandra: %s: invalid sender %q", op, m.Sender)
+	case m.SenderDevice != "" && !protocol.ValidID(m.SenderDevice):
+		return store.AppendResult{}, fmt.Errorf("cassandra: %s: invalid sender device %q", op, m.SenderDevice)
+	case m.MsgID == 0 || m.MsgID > maxSeq:
+		return store.AppendResult{}, fmt.Errorf("cassandra: %s: msg id %d outside [1, 2^63)", op, m.MsgID)
+	}
+	// The result is shared with waiting duplicates: it must not alias the
+	// caller's slice. Superseded is never stored.
+	a.Msg.Mentions = cloneMentions(a.Msg.Mentions)
+	a.Msg.Superseded = false
+	res, err := s.append(ctx, a)
+	if ce, ok := err.(checkError); ok {
+		return store.AppendResult{}, ce.err
+	}
+	if err != nil {
+		return store.AppendResult{}, fmt.Errorf("cassandra: %s %d: %w", op, m.ConvID, err)
+	}
+	return res, nil
+}
+
+// cloneMentions copies ms, with nil for none, so that a message reads back
+// as it was appended.
+func cloneMentions(ms []string) []string {
+	if len(ms) == 0 {
+		return nil
+	}
+	return append([]string(nil), ms...)
+}
+
+// checkError carries an error of Append.Check, which Append returns
+// unchanged: the caller decides the policy and matches its own errors.
+type checkError struct{ err error }
+
+func (e checkError) Error() string { return e.err.Error() }
+
+func (s *Store) append(ctx context.Context, a store.Append) (store.AppendResult, error) {
+	st, err := s.existing(ctx, a.Msg.ConvID)
+	if err != nil {
+		return store.AppendResult{}, err
+	}
+	if a.Msg.ClientMsgID == "" {
+		return s.appendNew(ctx, st, a, false)
+	}
+	key := a.Msg.Sender + "\x00" + a.Msg.ClientMsgID
+	for {
+		st.inflight.mu.Lock()
+		if p := st.inflight.m[key]; p != nil {
+			st.inflight.mu.Unlock()
+			select {
+			case <-p.done:
+			case <-ctx.Done():
+				return store.AppendResult{}, ctx.Err()
+			}
+			if p.err == nil {
+				dup := p.res.Msg
+				dup.Mentions = cloneMentions(dup.Mentions)
+				return store.AppendResult{Msg: dup, Duplicate: true}, nil
+			}
+			continue // the original failed: take its place
+		}
+		p := &pendingAppend{done: make(chan struct{})}
+		st.inflight.m[key] = p
+		st.inflight.mu.Unlock()
+
+		p.res, p.err = s.appendNew(ctx, st, a, true)
+		st.inflight.mu.Lock()
+		delete(st.inflight.m, key)
+		st.inflight.mu.Unlock()
+		close(p.done)
+		return p.res, p.err
+	}
+}
+
+// idemRecord is an idempotency row.
+type idemRecord struct {
+	msgID  uint64
+	bucket int32
+	start  uint64
+}
+
+// appendNew stores a message that this process has not seen before; idem
+// says whether it has a client_msg_id.
+func (s *Store) appendNew(ctx context.Context, st *convState, a store.Append, idem bool) (store.AppendResult, error) {
+	m := a.Msg
+	m.Seq = 0
+	bucket := s.bucketOf(m.ServerTime)
+	if m.TargetSeq == 0 {
+		if err := s.writeBody(ctx, m, bucket); err != nil {
+			return store.AppendResult{}, err
+		}
+		start := uint64(0) // without a record: right above the hint
+		if idem {
+			rec, ours, err := s.claimIdem(ctx, st, m, bucket)
+			if err != nil {
+				return store.AppendResult{}, err
+			}
+			if !ours {
+				return s.duplicate(ctx, st, rec)
+			}
+			start = rec.start
+		}
+		st.mu.Lock()
+		seq, err := s.claim(ctx, st, m.MsgID, bucket, start, idem)
+		st.mu.Unlock()
+		if err != nil {
+			return store.AppendResult{}, err
+		}
+		m.Seq = seq
+		s.afterClaim(ctx, st, seq, m.CoalesceKey)
+		return store.AppendResult{Msg: m}, nil
+	}
+
+	// An edit or recall: Check and the rewrite run under the mutex, before
+	// the event is stored, so a refused event stores nothing.
+	st.mu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			st.mu.Unlock()
+		}
+	}()
+	if idem {
+		rec, found, err := s.readIdem(ctx, st.id, m)
+		if err != nil {
+			return store.AppendResult{}, err
+		}
+		if found {
+			st.mu.Unlock()
+			locked = false
+			return s.duplicate(ctx, st, rec)
+		}
+	}
+	if err := s.rewriteTarget(ctx, st, a.Check, m.TargetSeq); err != nil {
+		return store.AppendResult{}, err
+	}
+	if err := s.writeBody(ctx, m, bucket); err != nil {
+		return store.AppendResult{}, err
+	}
+	start := uint64(0)
+	if idem {
+		rec, ours, err := s.claimIdem(ctx, st, m, bucket)
+		if err != nil {
+			return store.AppendResult{}, err
+		}
+		if !ours {
+			// Another process stored the same event meanwhile (and
+			// rewrote the target as this one did).
+			st.mu.Unlock()
+			locked = false
+			return s.duplicate(ctx, st, rec)
+		}
+		start = rec.start
+	}
+	seq, err := s.claim(ctx, st, m.MsgID, bucket, start, idem)
+	if err != nil {
+		return store.AppendResult{}, err
+	}
+	st.mu.Unlock()
+	locked = false
+	m.Seq = seq
+	s.afterClaim(ctx, st, seq, m.CoalesceKey)
+	return store.AppendResult{Msg: m}, nil
+}
+
+// writeBody stores m's body, which no reader sees until a slot points to
+// it. A msg id already used by another message is refused; one used by an
+// earlier attempt of the same (sender, client_msg_id) is written again.
+func (s *Store) writeBody(ctx context.Context, m store.Message, bucket int32) error {
+	var sender, cmid string
+	err := s.q(ctx, `SELECT sender, client_msg_id FROM messages WHERE conv_id = ? AND bucket = ? AND message_id = ?`,
+		i64(m.ConvID), bucket, i64(m.MsgID)).Scan(&sender, &cmid)
+	switch {
+	case err == nil && (m.ClientMsgID == "" || sender != m.Sender || cmid != m.ClientMsgID):
+		return fmt.Errorf("msg id %d: %w", m.MsgID, store.ErrConflict)
+	case err != nil && !errors.Is(err, gocql.ErrNotFound):
+		return err
+	}
+	return s.q(ctx, `INSERT INTO messages (conv_id, bucket, message_id, sender, sender_device, client_msg_id,
+		kind, body, target_seq, server_time, mentions, mention_all, coalesce_key)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		i64(m.ConvID), bucket, i64(m.MsgID), m.Sender, m.SenderDevice, m.ClientMsgID,
+		m.Kind, m.Body, i64(m.TargetSeq), m.ServerTime, unsetIfEmpty(m.Mentions), m.MentionAll, m.CoalesceKey).Exec()
+}
+
+// unsetIfEmpty leaves an empty list column unset: binding null would write
+// a tombstone with every message.
+func unsetIfEmpty(ms []string) any {
+	if len(ms) == 0 {
+		return gocql.UnsetValue
+	}
+	return ms
+}
+
+// claimIdem claims (conv, sender, client_msg_id) for m. It returns the
+// record that owns the key and whether it is m's.
+func (s *Store) claimIdem(ctx context.Context, st *convState, m store.Message, bucket int32) (idemRecord, bool, error) {
+	mine := idemRecord{msgID: m.MsgID, bucket: bucket, start: st.hint.Load() + 1}
+	for {
+		cur := map[string]any{}
+		applied, err := s.lwt(ctx, `INSERT INTO idempotency (conv_id, sender, client_msg_id, message_id, bucket, start_seq)
+			VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS`,
+			i64(st.id), m.Sender, m.ClientMsgID, i64(mine.msgID), mine.bucket, i64(mine.start)).MapScanCAS(cur)
+		if err == nil {
+			if applied {
+				return mine, true, nil
+			}
+			// MapScanCAS returns a CQL int as a Go int.
+			id, _ := cur["message_id"].(int64)
+			bucket, _ := cur["bucket"].(int)
+			start, _ := cur["start_seq"].(int64)
+			rec := idemRecord{msgID: u64(id), bucket: int32(bucket), start: u64(start)}
+			return rec, rec.msgID == mine.msgID, nil
+		}
+		// Unknown outcome: a SERIAL read finishes the round and decides.
+		rec, found, rerr := s.readIdemAt(ctx, st.id, m, s.serial)
+		if rerr != nil {
+			return idemRecord{}, false, errors.Join(err, rerr)
+		}
+		if found {
+			return rec, rec.msgID == mine.msgID, nil
+		}
+		if ctx.Err() != nil {
+			return idemRecord{}, false, err
+		}
+	}
+}
+
+func (s *Store) readIdem(ctx context.Context, conv uint64, m store.Message) (idemRecord, bool, error) {
+	return s.readIdemAt(ctx, conv, m, s.cons)
+}
+
+func (s *Store) readIdemAt(ctx context.Context, conv uint64, m store.Message, c gocql.Consistency) (idemRecord, bool, error) {
+	var (
+		id, start int64
+		rec       idemRecord
+	)
+	err := s.sess.Query(`SELECT message_id, bucket, start_seq FROM idempotency WHERE conv_id = ? AND sender = ? AND client_msg_id = ?`,
+		i64(conv), m.Sender, m.ClientMsgID).WithContext(ctx).Consistency(c).Scan(&id, &rec.bucket, &start)
+	if errors.Is(err, gocql.ErrNotFound) {
+		return idemRecord{}, false, nil
+	}
+	if err != nil {
+		return idemRecord{}, false, err
+	}
+	rec.msgID, rec.start = u64(id), u64(start)
+	return rec, true, nil
+}
+
+// duplicate returns the message that owns an idempotency record, claiming
+// its slot first if its owner has not (yet): see claim.
+func (s *Store) duplicate(ctx context.Context, st *convState, rec idemRecord) (store.AppendResult, error) {
+	st.mu.Lock()
+	seq, claimed, err := s.claimFor(ctx, st, rec.msgID, rec.bucket, rec.start, true)
+	st.mu.Unlock()
+	if err != nil {
+		return store.AppendResult{}, fmt.Errorf("original %d: %w", rec.msgID, err)
+	}
+	m, err := s.messageAt(ctx, st.id, slot{seq: seq, msgID: rec.msgID, bucket: rec.bucket})
+	if err != nil {
+		return store.AppendResult{}, fmt.Errorf("original %d: %w", rec.msgID, err)
+	}
+	if claimed {
+		// The owner may be gone: finish its append.
+		s.afterClaim(ctx, st, seq, m.CoalesceKey)
+	}
+	return store.AppendResult{Msg: m, Duplicate: true}, nil
+}
+
+// claim is claimFor without the claimed flag.
+func (s *Store) claim(ctx context.Context, st *convState, msgID uint64, bucket int32, start uint64, shared bool) (uint64, error) {
+	seq, _, err := s.claimFor(ctx, st, msgID, bucket, start, shared)
+	return seq, err
+}
+
+// claimFor gives message msgID the lowest free seq ≥ start (0: above the
+// hint) and returns it,
+// and whether this call wrote the slot. It runs under st.mu.
+//
+// A slot is tried only when every lower one is known to be claimed, which
+// keeps seqs dense. shared says that other callers (duplicates in other
+// processes) may be claiming the same message: then every claimer walks
+// the slots from the same start (the idempotency record's) and stops at
+// the message if it finds it, so the message ends in exactly one slot.
+// Without shared, a lost slot sends the claimer straight above the top.
+func (s *Store) claimFor(ctx context.Context, st *convState, msgID uint64, bucket int32, start uint64, shared bool) (uint64, bool, error) {
+	k := max(start, 1)
+	if shared && k <= st.hint.Load() {
+		at, top, err := s.find(ctx, st.id, k, msgID)
+		if err != nil {
+			return 0, false, err
+		}
+		if at != 0 {
+			st.raiseHint(top)
+			return at, false, nil
+		}
+		st.raiseHint(top)
+		k = top + 1
+	} else {
+		k = max(k, st.hint.Load()+1)
+	}
+	lost := 0
+	for {
+		if err := ctx.Err(); err != nil {
+			return 0, false, err
+		}
+		holder, applied, err := s.claimSlot(ctx, st.id, k, msgID, bucket)
+		if err != nil {
+			return 0, false, fmt.Errorf("seq %d: outcome unknown, the message may be stored: %w", k, err)
+		}
+		st.raiseHint(k)
+		if applied || holder == msgID {
+			return k, applied, nil
+		}
+		// k is another message's: another process is appending too. Let
+		// its next claim go first, or both keep colliding on the
+		// partition; then look above k.
+		lost++
+		if err := backoff(ctx, min(lost-1, 3)); err != nil {
+			return 0, false, err
+		}
+		if shared {
+			at, top, err := s.find(ctx, st.id, k+1, msgID)
+			if err != nil {
+				return 0, false, err
+			}
+			st.raiseHint(top)
+			if at != 0 {
+				return at, false, nil
+			}
+			k = top + 1
+			continue
+		}
+		top, err := s.top(ctx, st)
+		if err != nil {
+			return 0, false, err
+		}
+		k = top + 1
+	}
+}
+
+// claimSlot tries to insert slot k → msgID. It returns the slot's holder
+// and whether this call inserted it. A transaction whose answer is lost
+// (timeout, contention) is settled by a SERIAL read of the slot, retried
+// with backoff since it contends for the same partition.
+func (s *Store) claimSlot(ctx context.Context, conv, k, msgID uint64, bucket int32) (uint64, bool, error) {
+	for {
+		cur := map[string]any{}
+		applied, err := s.lwt(ctx, `INSERT INTO message_seq (conv_id, seq_block, seq, message_id, bucket)
+			VALUES (?, ?, ?, ?, ?) IF NOT EXISTS`,
+			i64(conv), s.blockOf(k), i64(k), i64(msgID), bucket).MapScanCAS(cur)
+		if err == nil {
+			if applied {
+				return msgID, true, nil
+			}
+			id, _ := cur["message_id"].(int64)
+			return u64(id), false, nil
+		}
+		s.log.Warn("cassandra: seq claim outcome unknown; reading the slot", logKeyConv, conv, logKeySeq, k, logKeyErr, err)
+		id, found, rerr := s.settleSlot(ctx, conv, k)
+		if rerr != nil {
+			return 0, false, errors.Join(err, rerr)
+		}
+		if found {
+			// Whether this call or a retry wrote it, the slot is id's.
+			return id, id == msgID, nil
+		}
+		// The round was not chosen and can no longer be: try again.
+	}
+}
+
+// settleSlot reads slot k at SERIAL, retrying with backoff while the
+// partition is contended.
+func (s *Store) settleSlot(ctx context.Context, conv, k uint64) (uint64, bool, error) {
+	const attempts = 8
+	var err error
+	for i := range attempts {
+		var id int64
+		err = s.serialRead(ctx, `SELECT message_id FROM message_seq WHERE conv_id = ? AND seq_block = ? AND seq = ?`,
+			i64(conv), s.blockOf(k), i64(k)).Scan(&id)
+		switch {
+		case err == nil:
+			return u64(id), true, nil
+		case errors.Is(err, gocql.ErrNotFound):
+			return 0, false, nil
+		}
+		if werr := backoff(ctx, i); werr != nil {
+			return 0, false, errors.Join(err, werr)
+		}
+	}
+	return 0, false, err
+}
+
+// backoff sleeps before retry i (0-based): random up to 10 ms · 2^i,
+// capped at 1 s, so contending proposers fall out of step.
+func backoff(ctx context.Context, i int) error {
+	d := min(10*time.Millisecond<<i, time.Second)
+	t := time.NewTimer(rand.N(d) + time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// afterClaim raises the conversation's last_seq hint and, for a state
+// message, its key's latest seq to seq. Both are max-registers (USING
+// TIMESTAMP seq), so writes arriving out of order never lower them. The
+// message is stored already, so a failure here is logged, not returned:
+// the hint only saves index probes, and the key catches up with its next
+// message.
+func (s *Store) afterClaim(ctx context.Context, st *convState, seq uint64, key string) {
+	n := 1
+	if key != "" {
+		n = 2
+	}
+	err := s.each(ctx, n, func(ctx context.Context, i int) error {
+		if i == 0 {
+			return s.q(ctx, `UPDATE conversations USING TIMESTAMP ? SET last_seq = ? WHERE conv_id = ?`,
+				i64(seq), i64(seq), i64(st.id)).Exec()
+		}
+		return s.q(ctx, `UPDATE coalesce_latest USING TIMESTAMP ? SET seq = ? WHERE conv_id = ? AND key = ?`,
+			i64(seq), i64(seq), i64(st.id), key).Exec()
+	})
+	if err != nil {
+		s.log.Warn("cassandra: append: hints behind", logKeyConv, st.id, logKeySeq, seq, logKeyErr, err)
+	}
+}
+
+// rewriteTarget stores the target of an edit or recall as check rewrites
+// it, by compare-and-set on its rev so that a concurrent rewrite in
+// another process is never overwritten unseen. It runs under st.mu.
+func (s *Store) rewriteTarget(ctx context.Context, st *convState, check func(store.Message) (store.Message, error), target uint64) error {
+	top, err := s.top(ctx, st)
+	if err != nil {
+		return err
+	}
+	if target > top {
+		return fmt.Errorf("target %d: %w", target, store.ErrNotFound)
+	}
+	ss, err := s.slots(ctx, st.id, target, target, 1)
+	if err != nil {
+		return err
+	}
+	if len(ss) == 0 {
+		return fmt.Errorf("target %d: %w", target, store.ErrNotFound)
+	}
+	if check == nil {
+		return nil
+	}
+	sl := ss[0]
+	for {
+		r, err := s.readRow(ctx, st.id, sl.bucket, sl.msgID)
+		if err != nil {
+			return fmt.Errorf("target %d: %w", target, err)
+		}
+		old, err := r.message(st.id, target)
+		if err != nil {
+			return err
+		}
+		next, err := check(old)
+		if err != nil {
+			return checkError{err}
+		}
+		// Identity and CoalesceKey (which indexes the message) are kept:
+		// the image holds only what an edit may change.
+		img, err := json.Marshal(imageOf(next))
+		if err != nil {
+			return err
+		}
+		rev := 1
+		var cond any // nil binds null: the first rewrite
+		if r.rev != nil {
+			rev, cond = *r.rev+1, *r.rev
+		}
+		seen := map[string]any{}
+		applied, err := s.lwt(ctx, `UPDATE messages SET rev = ?, edit = ? WHERE conv_id = ? AND bucket = ? AND message_id = ? IF rev = ?`,
+			rev, img, i64(st.id), sl.bucket, i64(sl.msgID), cond).MapScanCAS(seen)
+		if err != nil {
+			// Unknown outcome: settle it with a SERIAL read.
+			var (
+				gotRev *int
+				gotImg []byte
+			)
+			rerr := s.serialRead(ctx, `SELECT rev, edit FROM messages WHERE conv_id = ? AND bucket = ? AND message_id = ?`,
+				i64(st.id), sl.bucket, i64(sl.msgID)).Scan(&gotRev, &gotImg)
+			if rerr != nil {
+				return errors.Join(err, rerr)
+			}
+			applied = gotRev != nil && *gotRev == rev && bytes.Equal(gotImg, img)
+		}
+		if applied {
+			return nil
+		}
+		// Another process rewrote the target: Check its new version.
+	}
+}

@@ -1,0 +1,420 @@
+package cassandra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+
+	gocql "github.com/apache/cassandra-gocql-driver/v2"
+
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/protocol"
+)
+
+// convState is this process's view of one conversation.
+type convState struct {
+	id uint64
+
+	// kind is set before exists and never changes; readers load exists
+	// first.
+	kind   store.ConvKind
+	exists atomic.Bool
+	// hint is a seq known to be claimed (0: none known): claims start
+	// right above it and index probes start at its block.
+	hint atomic.Uint64
+
+	// mu orders this process's seq claims, edits and membership changes
+	// of the conversation.
+	mu sync.Mutex
+
+	// inflight maps sender 0x00 client_msg_id to this process's append in
+	// progress; a local duplicate waits for it instead of racing it.
+	inflight struct {
+		mu sync.Mutex
+		m  map[string]*pendingAppend
+	}
+}
+
+type pendingAppend struct {
+	done chan struct{}
+	res  store.AppendResult // valid after done if err == nil
+	err  error
+}
+
+func (st *convState) raiseHint(seq uint64) {
+	for {
+		cur := st.hint.Load()
+		if seq <= cur || st.hint.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}
+
+// state returns conv's state, creating an empty one.
+func (s *Store) state(conv uint64) *convState {
+	s.convs.mu.Lock()
+	defer s.convs.mu.Unlock()
+	st := s.convs.m[conv]
+	if st == nil {
+		st = &convState{id: conv}
+		st.inflight.m = make(map[string]*pendingAppend)
+		s.convs.m[conv] = st
+	}
+	return st
+}
+
+// existing returns conv's state after checking that the conversation
+// exists (store.ErrNotFound if not). Only existing conversations are cached.
+func (s *Store) existing(ctx context.Context, conv uint64) (*convState, error) {
+	s.convs.mu.Lock()
+	st := s.convs.m[conv]
+	s.convs.mu.Unlock()
+	if st != nil && st.exists.Load() {
+		return st, nil
+	}
+	row, err := s.convRow(ctx, conv)
+	if err != nil {
+		return nil, err
+	}
+	st = s.state(conv)
+	s.learn(st, row)
+	return st, nil
+}
+
+// learn records what a conversations row says about st.
+func (s *Store) learn(st *convState, row store.Conversation) {
+	st.raiseHint(row.LastSeq)
+	if !st.exists.Load() {
+		st.mu.Lock()
+		if !st.exists.Load() {
+			st.kind = row.Kind
+			st.exists.Store(true)
+		}
+		st.mu.Unlock()
+	}
+}
+
+// convRow reads a conversations row as stored: LastSeq is the hint.
+func (s *Store) convRow(ctx context.Context, conv uint64) (store.Conversation, error) {
+	var (
+		kind, tier int8
+		name       string
+		created    int64
+		members    int
+		last       int64
+	)
+	err := s.q(ctx, `SELECT kind, name, created_at, members, tier, last_seq FROM conversations WHERE conv_id = ?`, i64(conv)).
+		Scan(&kind, &name, &created, &members, &tier, &last)
+	if errors.Is(err, gocql.ErrNotFound) {
+		return store.Conversation{}, store.ErrNotFound
+	}
+	if err != nil {
+		return store.Conversation{}, err
+	}
+	return store.Conversation{ID: conv, Kind: store.ConvKind(kind), Name: name, CreatedAt: created,
+		LastSeq: u64(last), Members: members, Tier: uint8(tier)}, nil
+}
+
+// CreateConversation stores c with its members, all with JoinSeq 1.
+func (s *Store) CreateConversation(ctx context.Context, c store.Conversation, members []store.Member) error {
+	const op = "create conversation"
+	if err := s.enter(ctx, op); err != nil {
+		return err
+	}
+	defer s.gate.RUnlock()
+	if err := s.create(ctx, c, members, ""); err != nil {
+		return fmt.Errorf("cassandra: %s %d: %w", op, c.ID, err)
+	}
+	return nil
+}
+
+// create stores a new conversation (store.ErrExists if the id is taken)
+// and then its members; pair is the direct_pairs key of a 1:1
+// conversation, "" for a group.
+func (s *Store) create(ctx context.Context, c store.Conversation, members []store.Member, pair string) error {
+	if c.Kind != store.Direct && c.Kind != store.Group {
+		return fmt.Errorf("invalid kind %d", c.Kind)
+	}
+	seen := make(map[string]bool, len(members))
+	uniq := members[:0:0]
+	for _, m := range members {
+		if !protocol.ValidID(m.UserID) {
+			return fmt.Errorf("invalid user id %q", m.UserID)
+		}
+		if m.Role > store.RoleOwner {
+			return fmt.Errorf("invalid role %d", m.Role)
+		}
+		if !seen[m.UserID] {
+			seen[m.UserID] = true
+			uniq = append(uniq, m)
+		}
+	}
+	// last_seq is left null: it is a max-register written with the seq as
+	// its timestamp, which a write with a wall-clock timestamp would shadow.
+	ins := s.lwt(ctx, `INSERT INTO conversations (conv_id, kind, name, created_at, members, direct_pair)
+		VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS`,
+		i64(c.ID), int8(c.Kind), c.Name, c.CreatedAt, len(uniq), pair)
+	applied, err := ins.MapScanCAS(map[string]any{})
+	if err != nil {
+		// Unknown outcome: the row decides whether the insert was ours.
+		applied, err = s.sameConvRow(ctx, c, len(uniq), pair)
+	}
+	if err != nil {
+		return err
+	}
+	if !applied {
+		return store.ErrExists
+	}
+	return s.writeMembers(ctx, c.ID, c.Kind, uniq)
+}
+
+// sameConvRow reads conv's row at SERIAL and reports whether it is the one
+// create would have written.
+func (s *Store) sameConvRow(ctx context.Context, c store.Conversation, members int, pair string) (bool, error) {
+	var (
+		kind      int8
+		name, got string
+		created   int64
+		n         int
+	)
+	err := s.serialRead(ctx, `SELECT kind, name, created_at, members, direct_pair FROM conversations WHERE conv_id = ?`, i64(c.ID)).
+		Scan(&kind, &name, &created, &n, &got)
+	if err != nil {
+		return false, err
+	}
+	return store.ConvKind(kind) == c.Kind && name == c.Name && created == c.CreatedAt && n == members && got == pair, nil
+}
+
+// writeMembers writes the members and conversation rows of a new
+// conversation.
+func (s *Store) writeMembers(ctx context.Context, conv uint64, kind store.ConvKind, members []store.Member) error {
+	return s.each(ctx, len(members), func(ctx context.Context, i int) error {
+		m := members[i]
+		err := s.q(ctx, `INSERT INTO members (conv_id, user_id, role, join_seq) VALUES (?, ?, ?, 1)`,
+			i64(conv), m.UserID, int8(m.Role)).Exec()
+		if err != nil {
+			return err
+		}
+		return s.q(ctx, `UPDATE user_conversations SET kind = ?, join_seq = 1 WHERE user_id = ? AND conv_id = ?`,
+			int8(kind), m.UserID, i64(conv)).Exec()
+	})
+}
+
+// each runs fn for 0..n-1 with bounded parallelism and returns the first
+// error; it returns after every fn has.
+func (s *Store) each(ctx context.Context, n int, fn func(ctx context.Context, i int) error) error {
+	const parallel = 16
+	if n == 1 {
+		return fn(ctx, 0)
+	}
+	var (
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, parallel)
+		mu   sync.Mutex
+		errs []error
+	)
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := fn(ctx, i); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return errs[0]
+	}
+	return nil
+}
+
+// pairKey is the direct_pairs key (and conversations.direct_pair) of a
+// user pair, sorted so (a, b) and (b, a) meet.
+func pairKey(a, b string) (lo, hi string) {
+	if b < a {
+		a, b = b, a
+	}
+	return a, b
+}
+
+// Direct returns the 1:1 conversation of a and b, creating it as newID.
+func (s *Store) Direct(ctx context.Context, a, b string, newID uint64, now int64) (store.Conversation, error) {
+	const op = "direct"
+	if err := s.enter(ctx, op); err != nil {
+		return store.Conversation{}, err
+	}
+	defer s.gate.RUnlock()
+	if !protocol.ValidID(a) || !protocol.ValidID(b) {
+		return store.Conversation{}, fmt.Errorf("cassandra: %s: invalid user id %q or %q", op, a, b)
+	}
+	lo, hi := pairKey(a, b)
+	mu := &s.directLocks[maphash.String(directSeed, lo+"\x00"+hi)%directStripes]
+	mu.Lock()
+	defer mu.Unlock()
+	c, err := s.direct(ctx, lo, hi, newID, now)
+	if err != nil {
+		return store.Conversation{}, fmt.Errorf("cassandra: %s: %w", op, err)
+	}
+	return c, nil
+}
+
+var directSeed = maphash.MakeSeed()
+
+// direct resolves the pair to a conversation id with a transaction on
+// direct_pairs, then makes sure that conversation exists and is this
+// pair's. A pair row left by a crash between the two steps is finished by
+// the next call; one whose id turned out to belong to another conversation
+// is removed again.
+func (s *Store) direct(ctx context.Context, lo, hi string, newID uint64, now int64) (store.Conversation, error) {
+	pair := lo + "\x00" + hi
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return store.Conversation{}, err
+		}
+		if attempt > 3 {
+			return store.Conversation{}, fmt.Errorf("pair %q keeps changing: %w", pair, store.ErrConflict)
+		}
+		id, ours, err := s.claimPair(ctx, lo, hi, newID)
+		if err != nil {
+			return store.Conversation{}, err
+		}
+		row, err := s.convRow(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			// The pair's creator has not written the conversation yet, or
+			// crashed before: create it (again); both write the same rows.
+			c := store.Conversation{ID: id, Kind: store.Direct, CreatedAt: now}
+			members := []store.Member{{UserID: lo}, {UserID: hi}}
+			err = s.create(ctx, c, members, pair)
+			if errors.Is(err, store.ErrExists) {
+				err = nil // someone else's creation won; the check below decides
+			}
+			if err == nil {
+				row, err = s.convRow(ctx, id)
+			}
+		}
+		if err != nil {
+			return store.Conversation{}, err
+		}
+		if row.Kind == store.Direct && s.pairOf(ctx, id) == pair {
+			// The creator may still be writing the members rows, or have
+			// crashed before: write the missing ones.
+			if err := s.finishDirect(ctx, id, lo, hi); err != nil {
+				return store.Conversation{}, err
+			}
+			return s.withTop(ctx, row)
+		}
+		// The id belongs to another conversation: undo the pair row.
+		if err := s.releasePair(ctx, lo, hi, id); err != nil {
+			return store.Conversation{}, err
+		}
+		if ours {
+			return store.Conversation{}, fmt.Errorf("conversation %d: %w", id, store.ErrExists)
+		}
+	}
+}
+
+// finishDirect writes the member rows of lo and hi in direct conversation
+// id that are missing; rows that exist are left as they are.
+func (s *Store) finishDirect(ctx context.Context, id uint64, lo, hi string) error {
+	var missing []store.Member
+	for _, u := range []string{lo, hi} {
+		if _, err := s.member(ctx, id, u); errors.Is(err, store.ErrNotMember) {
+			missing = append(missing, store.Member{UserID: u})
+		} else if err != nil {
+			return err
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return s.writeMembers(ctx, id, store.Direct, missing)
+}
+
+// claimPair inserts pair → newID unless the pair has a conversation; it
+// returns the pair's conversation and whether the row is the one it wrote.
+func (s *Store) claimPair(ctx context.Context, lo, hi string, newID uint64) (uint64, bool, error) {
+	cur := map[string]any{}
+	applied, err := s.lwt(ctx, `INSERT INTO direct_pairs (user_lo, user_hi, conv_id) VALUES (?, ?, ?) IF NOT EXISTS`,
+		lo, hi, i64(newID)).MapScanCAS(cur)
+	if err == nil {
+		if applied {
+			return newID, true, nil
+		}
+		id, _ := cur["conv_id"].(int64)
+		return u64(id), false, nil
+	}
+	// Unknown outcome: read the row at SERIAL.
+	var id int64
+	if rerr := s.serialRead(ctx, `SELECT conv_id FROM direct_pairs WHERE user_lo = ? AND user_hi = ?`, lo, hi).Scan(&id); rerr != nil {
+		return 0, false, errors.Join(err, rerr)
+	}
+	return u64(id), u64(id) == newID, nil
+}
+
+func (s *Store) releasePair(ctx context.Context, lo, hi string, id uint64) error {
+	_, err := s.lwt(ctx, `DELETE FROM direct_pairs WHERE user_lo = ? AND user_hi = ? IF conv_id = ?`, lo, hi, i64(id)).
+		MapScanCAS(map[string]any{})
+	return err
+}
+
+// pairOf returns conversations.direct_pair of id ("" if unreadable: the
+// caller then treats the id as someone else's, which is the safe side).
+func (s *Store) pairOf(ctx context.Context, id uint64) string {
+	var pair string
+	if err := s.q(ctx, `SELECT direct_pair FROM conversations WHERE conv_id = ?`, i64(id)).Scan(&pair); err != nil {
+		s.log.Warn("cassandra: direct: reading the pair failed", logKeyConv, id, logKeyErr, err)
+		return ""
+	}
+	return pair
+}
+
+// Conversation returns the conversation's row with LastSeq read from the
+// seq index.
+func (s *Store) Conversation(ctx context.Context, id uint64) (store.Conversation, error) {
+	const op = "conversation"
+	if err := s.enter(ctx, op); err != nil {
+		return store.Conversation{}, err
+	}
+	defer s.gate.RUnlock()
+	row, err := s.convRow(ctx, id)
+	if err == nil {
+		row, err = s.withTop(ctx, row)
+	}
+	if err != nil {
+		return store.Conversation{}, fmt.Errorf("cassandra: %s %d: %w", op, id, err)
+	}
+	return row, nil
+}
+
+// withTop sets row.LastSeq to the top of the seq index.
+func (s *Store) withTop(ctx context.Context, row store.Conversation) (store.Conversation, error) {
+	st := s.state(row.ID)
+	s.learn(st, row)
+	top, err := s.top(ctx, st)
+	row.LastSeq = top
+	return row, err
+}
+
+// SetTier records the conversation's fan-out tier. Nothing else writes
+// the tier cell, so a plain write suffices.
+func (s *Store) SetTier(ctx context.Context, convID uint64, tier uint8) error {
+	const op = "set tier"
+	if err := s.enter(ctx, op); err != nil {
+		return err
+	}
+	defer s.gate.RUnlock()
+	_, err := s.existing(ctx, convID)
+	if err == nil {
+		err = s.q(ctx, `UPDATE conversations SET tier = ? WHERE conv_id = ?`, int8(tier), i64(convID)).Exec()
+	}
+	if err != nil {
+		return fmt.Errorf("cassandra: %s %d: %w", op, convID, err)
+	}
+	return nil
+}

@@ -1,0 +1,379 @@
+package cassandra
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	gocql "github.com/apache/cassandra-gocql-driver/v2"
+
+	"github.com/parley-im/parley/internal/store"
+)
+
+var errCorrupt = errors.New("corrupt data")
+
+// slot is a message_seq row.
+type slot struct {
+	seq    uint64
+	msgID  uint64
+	bucket int32
+}
+
+// bucketOf maps a message's server time to its time bucket. Times before the
+// epoch land in bucket 0 and times past the u32 range in the last bucket
+// (the int column holds the u32's bits), as in store/pebble.
+func (s *Store) bucketOf(serverTimeMS int64) int32 {
+	if serverTimeMS <= 0 {
+		return 0
+	}
+	b := serverTimeMS / s.bucketMS
+	if b > math.MaxUint32 {
+		b = math.MaxUint32
+	}
+	return int32(uint32(b))
+}
+
+// blockOf is the message_seq partition of seq.
+func (s *Store) blockOf(seq uint64) int64 { return i64(seq / s.block) }
+
+// maxSeq bounds scans: a seq is a CQL bigint.
+const maxSeq = math.MaxInt64
+
+// top returns the highest claimed seq of st's conversation. It starts at
+// the hint's block; blocks fill in order, so only a full block sends it to
+// the next one.
+func (s *Store) top(ctx context.Context, st *convState) (uint64, error) {
+	h := st.hint.Load()
+	for b := h / s.block; ; b++ {
+		var seq int64
+		err := s.q(ctx, `SELECT seq FROM message_seq WHERE conv_id = ? AND seq_block = ? ORDER BY seq DESC LIMIT 1`,
+			i64(st.id), i64(b)).Scan(&seq)
+		if errors.Is(err, gocql.ErrNotFound) {
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+		h = max(h, u64(seq))
+		if u64(seq) != (b+1)*s.block-1 {
+			break
+		}
+	}
+	st.raiseHint(h)
+	return h, nil
+}
+
+// slots returns up to limit slots with lo ≤ seq ≤ hi, lowest first. Slots
+// are dense, so a block that returns fewer rows than its range holds ends
+// the scan.
+func (s *Store) slots(ctx context.Context, conv, lo, hi uint64, limit int) ([]slot, error) {
+	lo = max(lo, 1)
+	hi = min(hi, maxSeq)
+	var out []slot
+	for lo <= hi && len(out) < limit {
+		end := min(hi, (lo/s.block+1)*s.block-1)
+		want := min(uint64(limit-len(out)), end-lo+1)
+		iter := s.q(ctx, `SELECT seq, message_id, bucket FROM message_seq
+			WHERE conv_id = ? AND seq_block = ? AND seq >= ? AND seq <= ? LIMIT ?`,
+			i64(conv), s.blockOf(lo), i64(lo), i64(end), int(want)).Iter()
+		var (
+			seq, id int64
+			bucket  int32
+			n       uint64
+		)
+		for iter.Scan(&seq, &id, &bucket) {
+			out = append(out, slot{seq: u64(seq), msgID: u64(id), bucket: bucket})
+			n++
+		}
+		if err := iter.Close(); err != nil {
+			return nil, err
+		}
+		if n < want || end == maxSeq {
+			break
+		}
+		lo = end + 1
+	}
+	return out, nil
+}
+
+// find walks the slots from lo up to the top and returns the seq holding
+// msgID (0 if none) and the highest seq it saw (lo-1 if none).
+func (s *Store) find(ctx context.Context, conv, lo, msgID uint64) (at, top uint64, err error) {
+	const page = 1024
+	top = lo - 1
+	for {
+		ss, err := s.slots(ctx, conv, top+1, maxSeq, page)
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, sl := range ss {
+			if sl.msgID == msgID {
+				return sl.seq, max(top, sl.seq), nil
+			}
+			top = sl.seq
+		}
+		if len(ss) < page {
+			return 0, top, nil
+		}
+	}
+}
+
+// messageColumns are the columns decodeMessage reads, in its order.
+const messageColumns = `message_id, sender, sender_device, client_msg_id, kind, body, target_seq, server_time,
+	mentions, mention_all, coalesce_key, rev, edit`
+
+// row is a messages row as scanned.
+type row struct {
+	id, target, time int64
+	sender, device   string
+	cmid, kind, body string
+	mentions         []string
+	mentionAll       bool
+	key              string
+	rev              *int
+	edit             []byte
+}
+
+func (r *row) dest() []any {
+	return []any{&r.id, &r.sender, &r.device, &r.cmid, &r.kind, &r.body, &r.target, &r.time,
+		&r.mentions, &r.mentionAll, &r.key, &r.rev, &r.edit}
+}
+
+// message returns the row as seq's message, with an edit applied.
+func (r *row) message(conv, seq uint64) (store.Message, error) {
+	m := store.Message{
+		ConvID: conv, Seq: seq, MsgID: u64(r.id), Sender: r.sender, SenderDevice: r.device,
+		ClientMsgID: r.cmid, Kind: r.kind, Body: r.body, TargetSeq: u64(r.target), ServerTime: r.time,
+		Mentions: cloneMentions(r.mentions), MentionAll: r.mentionAll, CoalesceKey: r.key,
+	}
+	if r.rev == nil || len(r.edit) == 0 {
+		return m, nil
+	}
+	var e editImage
+	if err := json.Unmarshal(r.edit, &e); err != nil {
+		return store.Message{}, fmt.Errorf("message %d: edit: %w: %w", m.MsgID, errCorrupt, err)
+	}
+	return e.apply(m), nil
+}
+
+// editImage is a message's content after edits and recalls: everything but
+// its identity (conversation, seq, msg id, server time) and CoalesceKey.
+type editImage struct {
+	Sender       string   `json:"s"`
+	SenderDevice string   `json:"d,omitempty"`
+	ClientMsgID  string   `json:"c,omitempty"`
+	Kind         string   `json:"k"`
+	Body         string   `json:"b,omitempty"`
+	TargetSeq    uint64   `json:"t,omitempty"`
+	Edited       bool     `json:"e,omitempty"`
+	Recalled     bool     `json:"r,omitempty"`
+	Mentions     []string `json:"m,omitempty"`
+	MentionAll   bool     `json:"a,omitempty"`
+}
+
+func imageOf(m store.Message) editImage {
+	return editImage{Sender: m.Sender, SenderDevice: m.SenderDevice, ClientMsgID: m.ClientMsgID, Kind: m.Kind,
+		Body: m.Body, TargetSeq: m.TargetSeq, Edited: m.Edited, Recalled: m.Recalled,
+		Mentions: cloneMentions(m.Mentions), MentionAll: m.MentionAll}
+}
+
+func (e editImage) apply(m store.Message) store.Message {
+	m.Sender, m.SenderDevice, m.ClientMsgID, m.Kind = e.Sender, e.SenderDevice, e.ClientMsgID, e.Kind
+	m.Body, m.TargetSeq, m.Edited, m.Recalled = e.Body, e.TargetSeq, e.Edited, e.Recalled
+	m.Mentions, m.MentionAll = cloneMentions(e.Mentions), e.MentionAll
+	return m
+}
+
+// readRow reads one messages row.
+func (s *Store) readRow(ctx context.Context, conv uint64, bucket int32, msgID uint64) (row, error) {
+	var r row
+	err := s.q(ctx, `SELECT `+messageColumns+` FROM messages WHERE conv_id = ? AND bucket = ? AND message_id = ?`,
+		i64(conv), bucket, i64(msgID)).Scan(r.dest()...)
+	return r, err
+}
+
+// messageAt reads the message in slot sl.
+func (s *Store) messageAt(ctx context.Context, conv uint64, sl slot) (store.Message, error) {
+	r, err := s.readRow(ctx, conv, sl.bucket, sl.msgID)
+	if errors.Is(err, gocql.ErrNotFound) {
+		return store.Message{}, fmt.Errorf("message %d of seq %d: %w", sl.msgID, sl.seq, errCorrupt)
+	}
+	if err != nil {
+		return store.Message{}, err
+	}
+	return r.message(conv, sl.seq)
+}
+
+// bodies reads the messages of ss, one IN query per bucket (in parallel),
+// and returns them in the order of ss.
+func (s *Store) bodies(ctx context.Context, conv uint64, ss []slot) ([]store.Message, error) {
+	const maxIn = 100 // keeps the coordinator's IN fan-in modest
+	type chunk struct {
+		bucket int32
+		ids    []int64
+	}
+	var chunks []chunk
+	byBucket := map[int32]int{} // bucket → index of its open chunk
+	for _, sl := range ss {
+		i, ok := byBucket[sl.bucket]
+		if !ok || len(chunks[i].ids) == maxIn {
+			chunks = append(chunks, chunk{bucket: sl.bucket})
+			i = len(chunks) - 1
+			byBucket[sl.bucket] = i
+		}
+		chunks[i].ids = append(chunks[i].ids, i64(sl.msgID))
+	}
+	rows := make([]map[uint64]row, len(chunks))
+	err := s.each(ctx, len(chunks), func(ctx context.Context, i int) error {
+		c := chunks[i]
+		iter := s.q(ctx, `SELECT `+messageColumns+` FROM messages WHERE conv_id = ? AND bucket = ? AND message_id IN ?`,
+			i64(conv), c.bucket, c.ids).Iter()
+		got := make(map[uint64]row, len(c.ids))
+		var r row
+		for iter.Scan(r.dest()...) {
+			got[u64(r.id)] = r
+			r = row{}
+		}
+		rows[i] = got
+		return iter.Close()
+	})
+	if err != nil {
+		return nil, err
+	}
+	all := rows[0]
+	for _, got := range rows[1:] {
+		for id, r := range got {
+			all[id] = r
+		}
+	}
+	out := make([]store.Message, 0, len(ss))
+	for _, sl := range ss {
+		r, found := all[sl.msgID]
+		if !found {
+			return nil, fmt.Errorf("message %d of seq %d: %w", sl.msgID, sl.seq, errCorrupt)
+		}
+		m, err := r.message(conv, sl.seq)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// Messages returns the messages with from ≤ seq ≤ to, lowest first, at most
+// limit (limit ≤ 0 returns none).
+func (s *Store) Messages(ctx context.Context, convID, from, to uint64, limit int) ([]store.Message, error) {
+	const op = "messages"
+	if err := s.enter(ctx, op); err != nil {
+		return nil, err
+	}
+	defer s.gate.RUnlock()
+	msgs, err := s.messages(ctx, convID, from, to, limit)
+	if err != nil {
+		return nil, fmt.Errorf("cassandra: %s %d: %w", op, convID, err)
+	}
+	return msgs, nil
+}
+
+func (s *Store) messages(ctx context.Context, conv, from, to uint64, limit int) ([]store.Message, error) {
+	if _, err := s.existing(ctx, conv); err != nil {
+		return nil, err
+	}
+	if limit <= 0 || from > to {
+		return nil, nil
+	}
+	ss, err := s.slots(ctx, conv, from, to, limit)
+	if err != nil || len(ss) == 0 {
+		return nil, err
+	}
+	return s.read(ctx, conv, ss)
+}
+
+// read returns the messages of ss with superseded states blanked.
+func (s *Store) read(ctx context.Context, conv uint64, ss []slot) ([]store.Message, error) {
+	msgs, err := s.bodies(ctx, conv, ss)
+	if err == nil {
+		err = s.supersede(ctx, conv, msgs)
+	}
+	return msgs, err
+}
+
+// supersede marks the state messages among msgs that a later message with
+// the same coalesce key replaced, and empties their bodies.
+func (s *Store) supersede(ctx context.Context, conv uint64, msgs []store.Message) error {
+	var keys []string
+	for _, m := range msgs {
+		if m.CoalesceKey != "" && !slices.Contains(keys, m.CoalesceKey) {
+			keys = append(keys, m.CoalesceKey)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	latest := make(map[string]uint64, len(keys))
+	iter := s.q(ctx, `SELECT key, seq FROM coalesce_latest WHERE conv_id = ? AND key IN ?`, i64(conv), keys).Iter()
+	var (
+		key string
+		seq int64
+	)
+	for iter.Scan(&key, &seq) {
+		latest[key] = u64(seq)
+	}
+	if err := iter.Close(); err != nil {
+		return err
+	}
+	for i := range msgs {
+		m := &msgs[i]
+		if m.CoalesceKey != "" && latest[m.CoalesceKey] > m.Seq {
+			m.Superseded, m.Body = true, ""
+		}
+	}
+	return nil
+}
+
+// Latest returns the highest ≤ n messages with floor ≤ seq < before (before
+// 0: no upper bound), in ascending order.
+func (s *Store) Latest(ctx context.Context, convID uint64, before, floor uint64, n int) ([]store.Message, error) {
+	const op = "latest"
+	if err := s.enter(ctx, op); err != nil {
+		return nil, err
+	}
+	defer s.gate.RUnlock()
+	msgs, err := s.latest(ctx, convID, before, floor, n)
+	if err != nil {
+		return nil, fmt.Errorf("cassandra: %s %d: %w", op, convID, err)
+	}
+	return msgs, nil
+}
+
+func (s *Store) latest(ctx context.Context, conv, before, floor uint64, n int) ([]store.Message, error) {
+	st, err := s.existing(ctx, conv)
+	if err != nil || n <= 0 || before == 1 {
+		return nil, err
+	}
+	top, err := s.top(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	hi := top
+	if before != 0 {
+		hi = min(hi, before-1)
+	}
+	// Seqs are dense: the n highest are exactly hi-n+1..hi.
+	lo := max(floor, 1)
+	if hi >= uint64(n) {
+		lo = max(lo, hi-uint64(n)+1)
+	}
+	if lo > hi {
+		return nil, nil
+	}
+	ss, err := s.slots(ctx, conv, lo, hi, n)
+	if err != nil || len(ss) == 0 {
+		return nil, err
+	}
+	return s.read(ctx, conv, ss)
+}

@@ -1,0 +1,230 @@
+package cassandra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	gocql "github.com/apache/cassandra-gocql-driver/v2"
+)
+
+// migration is one schema step. Its statements are idempotent (IF NOT
+// EXISTS), so a step cut short by a crash is simply run again.
+type migration struct {
+	version int
+	desc    string
+	stmts   []string
+}
+
+// migrations are applied in order; append, never edit a released one.
+var migrations = []migration{
+	{1, "messages, seq index, conversations, members, rows, positions, idempotency", []string{
+		`CREATE TABLE IF NOT EXISTS messages (
+			conv_id bigint, bucket int, message_id bigint,
+			sender text, sender_device text, client_msg_id text, kind text, body text,
+			target_seq bigint, server_time bigint,
+			mentions list<text>, mention_all boolean, coalesce_key text,
+			rev int, edit blob,
+			PRIMARY KEY ((conv_id, bucket), message_id)
+		) WITH CLUSTERING ORDER BY (message_id DESC)`,
+		`CREATE TABLE IF NOT EXISTS message_seq (
+			conv_id bigint, seq_block bigint, seq bigint,
+			message_id bigint, bucket int,
+			PRIMARY KEY ((conv_id, seq_block), seq)
+		) WITH CLUSTERING ORDER BY (seq ASC)`,
+		`CREATE TABLE IF NOT EXISTS coalesce_latest (
+			conv_id bigint, key text, seq bigint,
+			PRIMARY KEY (conv_id, key)
+		)`,
+		`CREATE TABLE IF NOT EXISTS conversations (
+			conv_id bigint PRIMARY KEY,
+			kind tinyint, name text, created_at bigint, members int, direct_pair text, tier tinyint,
+			last_seq bigint
+		)`,
+		`CREATE TABLE IF NOT EXISTS members (
+			conv_id bigint, user_id text,
+			role tinyint, join_seq bigint, leave_seq bigint, muted boolean,
+			PRIMARY KEY (conv_id, user_id)
+		)`,
+		`CREATE TABLE IF NOT EXISTS user_conversations (
+			user_id text, conv_id bigint,
+			kind tinyint, join_seq bigint, leave_seq bigint, last_seq bigint, mention_seq bigint,
+			PRIMARY KEY (user_id, conv_id)
+		)`,
+		`CREATE TABLE IF NOT EXISTS direct_pairs (
+			user_lo text, user_hi text, conv_id bigint,
+			PRIMARY KEY ((user_lo, user_hi))
+		)`,
+		`CREATE TABLE IF NOT EXISTS idempotency (
+			conv_id bigint, sender text, client_msg_id text,
+			message_id bigint, bucket int, start_seq bigint,
+			PRIMARY KEY ((conv_id, sender, client_msg_id))
+		)`,
+		`CREATE TABLE IF NOT EXISTS read_positions (
+			user_id text, conv_id bigint, device text, seq bigint,
+			PRIMARY KEY (user_id, conv_id, device)
+		)`,
+		`CREATE TABLE IF NOT EXISTS delivered_positions (
+			user_id text, conv_id bigint, seq bigint,
+			PRIMARY KEY (user_id, conv_id)
+		)`,
+	}},
+}
+
+var latestVersion = migrations[len(migrations)-1].version
+
+// lockVersion is the schema_migrations row that serves as the migration
+// lock; real versions start at 1.
+const (
+	lockVersion = 0
+	lockTTL     = 120 // seconds; frees the lock of a crashed migrate
+)
+
+// Migrate creates the keyspace of cfg (SimpleStrategy, ReplicationFactor)
+// if it does not exist and applies the schema migrations it lacks. It is
+// safe to run again and from several processes: a lock row taken with a
+// transaction lets one of them apply the steps at a time.
+func Migrate(ctx context.Context, cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	cfg = cfg.withDefaults()
+	cluster, err := newCluster(cfg, "")
+	if err != nil {
+		return err
+	}
+	sess, err := cluster.CreateSession()
+	if err != nil {
+		return fmt.Errorf("cassandra: migrate: connect: %w", err)
+	}
+	defer sess.Close()
+	if err := migrate(ctx, sess, cfg); err != nil {
+		return fmt.Errorf("cassandra: migrate %s: %w", cfg.Keyspace, err)
+	}
+	return nil
+}
+
+func migrate(ctx context.Context, sess *gocql.Session, cfg Config) error {
+	ks := cfg.Keyspace // validated: a plain identifier, safe to splice
+	ddl := []string{
+		fmt.Sprintf(`CREATE KEYSPACE IF NOT EXISTS %s WITH replication = {'class': 'SimpleStrategy', 'replication_factor': %d}`,
+			ks, cfg.ReplicationFactor),
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.schema_migrations (
+			version int PRIMARY KEY, description text, applied_at timestamp, owner text)`, ks),
+	}
+	for _, stmt := range ddl {
+		if err := execDDL(ctx, sess, stmt); err != nil {
+			return err
+		}
+	}
+	owner := gocql.TimeUUID().String()
+	if err := lockMigrations(ctx, sess, ks, owner); err != nil {
+		return err
+	}
+	defer func() {
+		// Best effort: the TTL frees the lock if this fails.
+		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		var applied = map[string]any{}
+		_, err := sess.Query(fmt.Sprintf(`DELETE FROM %s.schema_migrations WHERE version = ? IF owner = ?`, ks),
+			lockVersion, owner).WithContext(unlockCtx).MapScanCAS(applied)
+		if err != nil {
+			cfg.Logger.Warn("cassandra: migrate: releasing the lock failed", logKeyErr, err)
+		}
+	}()
+	done, err := appliedVersions(ctx, sess, ks)
+	if err != nil {
+		return err
+	}
+	for _, m := range migrations {
+		if done[m.version] {
+			continue
+		}
+		for _, stmt := range m.stmts {
+			if err := execDDL(ctx, sess, qualify(ks, stmt)); err != nil {
+				return fmt.Errorf("migration %d: %w", m.version, err)
+			}
+		}
+		err := sess.Query(fmt.Sprintf(`INSERT INTO %s.schema_migrations (version, description, applied_at) VALUES (?, ?, ?)`, ks),
+			m.version, m.desc, time.Now()).WithContext(ctx).Exec()
+		if err != nil {
+			return fmt.Errorf("migration %d: record: %w", m.version, err)
+		}
+		cfg.Logger.Info("cassandra: migrated", "version", m.version, "keyspace", ks)
+	}
+	return nil
+}
+
+// qualify prefixes the table of a CREATE TABLE IF NOT EXISTS statement with
+// the keyspace, so migrations need no session bound to it.
+func qualify(ks, stmt string) string {
+	const prefix = "CREATE TABLE IF NOT EXISTS "
+	if len(stmt) > len(prefix) && stmt[:len(prefix)] == prefix {
+		return prefix + ks + "." + stmt[len(prefix):]
+	}
+	return stmt
+}
+
+// execDDL runs a schema change and waits until every node agrees on the
+// schema, so the next statement sees it.
+func execDDL(ctx context.Context, sess *gocql.Session, stmt string) error {
+	if err := sess.Query(stmt).WithContext(ctx).Exec(); err != nil {
+		return err
+	}
+	return sess.AwaitSchemaAgreement(ctx)
+}
+
+// lockMigrations takes the lock row, waiting while another migrate holds it.
+func lockMigrations(ctx context.Context, sess *gocql.Session, ks, owner string) error {
+	stmt := fmt.Sprintf(`INSERT INTO %s.schema_migrations (version, description, owner) VALUES (?, 'lock', ?) IF NOT EXISTS USING TTL %d`,
+		ks, lockTTL)
+	for {
+		cur := map[string]any{}
+		applied, err := sess.Query(stmt, lockVersion, owner).WithContext(ctx).MapScanCAS(cur)
+		if err != nil {
+			return fmt.Errorf("lock: %w", err)
+		}
+		if applied || cur["owner"] == owner {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("lock held by %v: %w", cur["owner"], ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func appliedVersions(ctx context.Context, sess *gocql.Session, ks string) (map[int]bool, error) {
+	iter := sess.Query(fmt.Sprintf(`SELECT version FROM %s.schema_migrations`, ks)).WithContext(ctx).Iter()
+	done := map[int]bool{}
+	var v int
+	for iter.Scan(&v) {
+		if v != lockVersion {
+			done[v] = true
+		}
+	}
+	if err := iter.Close(); err != nil {
+		return nil, fmt.Errorf("read versions: %w", err)
+	}
+	return done, nil
+}
+
+// schemaVersion returns the highest applied migration of the session's
+// keyspace, 0 if none.
+func schemaVersion(ctx context.Context, sess *gocql.Session) (int, error) {
+	iter := sess.Query(`SELECT version FROM schema_migrations`).WithContext(ctx).Iter()
+	top, v := 0, 0
+	for iter.Scan(&v) {
+		top = max(top, v)
+	}
+	if err := iter.Close(); err != nil {
+		var reqErr gocql.RequestError
+		if errors.As(err, &reqErr) && reqErr.Code() == gocql.ErrCodeInvalid {
+			return 0, nil // no schema_migrations table: never migrated
+		}
+		return 0, fmt.Errorf("schema version: %w", err)
+	}
+	return top, nil
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Starts the distributed engines cluster mode and its tests use — Redis, NATS
+# with JetStream, Cassandra — on loopback, the way CI does, and prints the
+# variables that point the tests and `parley serve` at them.
+#
+#   scripts/engines/up.sh          # start (idempotent) and print the exports
+#   source "${PARLEY_ENGINES_DIR:-/tmp/parley-engines}/env"
+#   scripts/engines/up.sh stop     # stop all three
+set -euo pipefail
+cd "$(dirname "$0")"
+action="${1:-start}"
+for engine in redis nats cassandra; do
+	"./$engine.sh" "$action"
+done
+if [[ "$action" == start ]]; then
+	dir="${PARLEY_ENGINES_DIR:-/tmp/parley-engines}"
+	cat "$dir/env"
+	# shellcheck disable=SC1091
+	source "$dir/env"
+	cat <<MSG
+
+Cluster mode against these engines (one chat and one gateway process):
+  go run ./cmd/parley migrate --cluster.cassandra-hosts $PARLEY_TEST_CASSANDRA
+  go run ./cmd/parley serve --roles chat --listen 127.0.0.1:7481 --cluster.redis $PARLEY_TEST_REDIS \\
+      --cluster.nats $PARLEY_TEST_NATS --cluster.cassandra-hosts $PARLEY_TEST_CASSANDRA
+  go run ./cmd/parley serve --roles gateway --listen 127.0.0.1:7480 --cluster.redis $PARLEY_TEST_REDIS \\
+      --cluster.nats $PARLEY_TEST_NATS
+MSG
+fi
