@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/bench"
 )
 
@@ -39,6 +40,9 @@ func runBench(ctx context.Context, args []string) error {
 	case fanoutClientCmd:
 		// Not in the usage: the fanout benchmark starts these itself.
 		return runBenchFanoutClient(ctx, args[1:])
+	case stormClientCmd:
+		// Not in the usage: internal/clustertest's reconnect storm starts these.
+		return runBenchStormClient(ctx, args[1:])
 	case "-h", "-help", "--help", "help":
 		fmt.Print(benchUsage)
 		return nil
@@ -50,6 +54,7 @@ func runBench(ctx context.Context, args []string) error {
 const (
 	idleClientCmd   = "idle-client"
 	fanoutClientCmd = "fanout-client"
+	stormClientCmd  = "storm-client"
 )
 
 func benchLogger() *slog.Logger {
@@ -188,4 +193,46 @@ func runBenchFanoutClient(ctx context.Context, args []string) error {
 	}
 	cfg.Logger = benchLogger().With("client", fmt.Sprintf("%s%d-%d", cfg.Prefix, cfg.From, cfg.To))
 	return bench.RunFanoutClient(ctx, cfg, os.Stdin, os.Stdout)
+}
+
+func runBenchStormClient(ctx context.Context, args []string) error {
+	cfg := bench.DefaultStormClientConfig()
+	fs := flag.NewFlagSet("bench "+stormClientCmd, flag.ContinueOnError)
+	urls := fs.String("urls", "", "comma-separated gateway WebSocket bases (ws://host:port)")
+	key := fs.String("key", "", "the cluster's HS256 key, hex (mints the tokens)")
+	fs.StringVar(&cfg.Prefix, "prefix", "", "user id prefix")
+	fs.IntVar(&cfg.From, "from", 0, "first user number")
+	fs.IntVar(&cfg.To, "to", 0, "user number after the last")
+	fs.StringVar(&cfg.Device, "device", cfg.Device, "device id of every client")
+	fs.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "clients making their first connection at once")
+	fs.DurationVar(&cfg.MinBackoff, "min-backoff", cfg.MinBackoff, "reconnect backoff floor")
+	fs.DurationVar(&cfg.MaxBackoff, "max-backoff", cfg.MaxBackoff, "reconnect backoff ceiling")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var err error
+	if cfg.URLs, cfg.Key, err = clusterTarget(*urls, *key); err != nil {
+		return fmt.Errorf("bench %s: %w", stormClientCmd, err)
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("client", fmt.Sprintf("%s%d-%d", cfg.Prefix, cfg.From, cfg.To))
+	return bench.RunStormClient(ctx, cfg, os.Stdin, os.Stdout)
+}
+
+// clusterTarget parses -urls and -key: the gateways of a running cluster
+// and the HS256 key its tokens are signed with.
+func clusterTarget(urls, key string) ([]string, []byte, error) {
+	var out []string
+	for _, u := range strings.Split(urls, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			out = append(out, u)
+		}
+	}
+	if len(out) == 0 {
+		return nil, nil, fmt.Errorf("-urls names no gateway")
+	}
+	k, err := auth.ParseHS256Key(key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-key: %w", err)
+	}
+	return out, k, nil
 }

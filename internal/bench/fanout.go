@@ -128,8 +128,11 @@ func (c FanoutConfig) Validate() error {
 			errs = append(errs, fmt.Errorf("scenario %s: %d connections over %d processes exceeds %d per process", s.Name, s.Online, s.Procs, MaxConnsPerClient))
 		}
 	}
-	if c.Messages < 1 || c.BodyBytes < 1 || c.Chunk < 1 {
-		errs = append(errs, fmt.Errorf("messages, body bytes and chunk must be positive, got %d, %d, %d", c.Messages, c.BodyBytes, c.Chunk))
+	if c.Messages < 1 || c.Chunk < 1 {
+		errs = append(errs, fmt.Errorf("messages and chunk must be positive, got %d, %d", c.Messages, c.Chunk))
+	}
+	if c.BodyBytes < stampLen {
+		errs = append(errs, fmt.Errorf("body bytes must be at least %d (the send-time stamp), got %d", stampLen, c.BodyBytes))
 	}
 	if c.Rate < 0 || c.AckEvery < 0 || c.DeliveryWait < 0 || c.Timeout <= 0 {
 		errs = append(errs, errors.New("rate, ack every and delivery wait must not be negative, timeout must be positive"))
@@ -163,6 +166,9 @@ type FanoutResult struct {
 	Gaps    int64
 	Elapsed time.Duration // first send → last first receipt
 	Latency Latencies     // receipt − server_time, 1 ms resolution
+	// FromSend is receipt − the moment the sender wrote the send frame:
+	// Latency plus the time the send waited at the node for its turn.
+	FromSend Latencies
 }
 
 // RowsPerMessage is the measured write amplification in rows.
@@ -306,16 +312,17 @@ func WriteFanoutTables(w io.Writer, rs []FanoutResult) {
 			r.PushesPerMessage(), r.WritesPerMessage())
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| scenario | online | messages | deliveries (want) | missing / extra / re-sent | server retransmits | elapsed | deliveries/s | latency p50 / p99 / max |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| scenario | online | messages | deliveries (want) | missing / extra / re-sent | server retransmits | elapsed | deliveries/s | from server_time p50 / p99 / max | from send p50 / p99 / max |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rs {
 		if r.Scenario.Online == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "| %s | %d | %d | %d (%d) | %d / %d / %d | %.0f | %v | %.0f | %v / %v / %v |\n",
+		fmt.Fprintf(w, "| %s | %d | %d | %d (%d) | %d / %d / %d | %.0f | %v | %.0f | %v / %v / %v | %v / %v / %v |\n",
 			r.Scenario.Name, r.Scenario.Online, r.Acked, r.Check.Delivered, r.Check.Want,
 			r.Check.Missing, r.Check.Extra, r.Dups, r.Retransmits, r.Elapsed.Round(time.Millisecond),
-			r.DeliveriesPerSecond(), r.Latency.P50, r.Latency.P99, r.Latency.Max)
+			r.DeliveriesPerSecond(), r.Latency.P50, r.Latency.P99, r.Latency.Max,
+			r.FromSend.P50, r.FromSend.P99, r.FromSend.Max)
 	}
 }
 
@@ -398,7 +405,7 @@ func (r *fanoutRun) scenario(ctx context.Context, idx int, s FanoutScenario) (re
 		return res, err
 	}
 	start := time.Now()
-	seqs, errs, err := owner.sendAll(ctx, conv.ConvID, prefix, r.cfg.Messages, r.cfg.Rate, strings.Repeat("x", r.cfg.BodyBytes))
+	seqs, errs, err := owner.sendAll(ctx, conv.ConvID, prefix, r.cfg.Messages, r.cfg.Rate, r.cfg.BodyBytes)
 	if err != nil {
 		return res, err
 	}
@@ -424,6 +431,7 @@ func (r *fanoutRun) scenario(ctx context.Context, idx int, s FanoutScenario) (re
 		res.Check = checkDeliveries(rep.Counts, conv.ConvID, seqs, s.Online)
 		res.Dups, res.Gaps = rep.Dups, rep.Gaps
 		res.Latency = rep.Latency.Summarize()
+		res.FromSend = rep.FromSend.Summarize()
 		if rep.LastNS > 0 {
 			res.Elapsed = time.Unix(0, rep.LastNS).Sub(start)
 		}
@@ -761,7 +769,7 @@ func (c *rpcConn) createGroup(ctx context.Context, name string, members []string
 // sendAll sends n messages to conv, paced at rate per second (0: each after
 // the previous ACK), and returns the seqs of those ACKed and the number
 // answered with an error.
-func (c *rpcConn) sendAll(ctx context.Context, conv uint64, prefix string, n int, rate float64, body string) ([]uint64, int, error) {
+func (c *rpcConn) sendAll(ctx context.Context, conv uint64, prefix string, n int, rate float64, bodyBytes int) ([]uint64, int, error) {
 	start := time.Now()
 	answers := make([]<-chan *protocol.Frame, 0, n)
 	var seqs []uint64
@@ -785,6 +793,7 @@ func (c *rpcConn) sendAll(ctx context.Context, conv uint64, prefix string, n int
 				return nil, 0, err
 			}
 		}
+		body := stampBody(time.Now(), bodyBytes)
 		ch, err := c.request(&protocol.Frame{Type: protocol.TypeSend, ConvID: conv, ClientMsgID: prefix + "m" + strconv.Itoa(j), Body: body})
 		if err != nil {
 			return nil, 0, err

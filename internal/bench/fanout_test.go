@@ -64,13 +64,13 @@ func TestHistogramRecordClampsNegative(t *testing.T) {
 }
 
 func TestMergeReports(t *testing.T) {
-	a := FanoutReport{Opened: 2, Live: 2, Dups: 1, Latency: Histogram{1: 2, 3: 1}, FirstNS: 50, LastNS: 90,
+	a := FanoutReport{Opened: 2, Live: 2, Dups: 1, Latency: Histogram{1: 2, 3: 1}, FromSend: Histogram{4: 3}, FirstNS: 50, LastNS: 90,
 		Counts: []SeqCount{{Conv: 9, Seq: 2, N: 2}, {Conv: 9, Seq: 1, N: 2}}}
-	b := FanoutReport{Opened: 3, Live: 2, Gaps: 1, Latency: Histogram{3: 4}, FirstNS: 40, LastNS: 80,
+	b := FanoutReport{Opened: 3, Live: 2, Gaps: 1, Latency: Histogram{3: 4}, FromSend: Histogram{4: 1, 9: 3}, FirstNS: 40, LastNS: 80,
 		Counts: []SeqCount{{Conv: 9, Seq: 1, N: 3}, {Conv: 4, Seq: 7, N: 1}}}
 	idle := FanoutReport{Opened: 1, Live: 1, Latency: Histogram{}}
 	got := mergeReports([]FanoutReport{a, b, idle})
-	want := FanoutReport{Opened: 6, Live: 5, Dups: 1, Gaps: 1, Latency: Histogram{1: 2, 3: 5}, FirstNS: 40, LastNS: 90,
+	want := FanoutReport{Opened: 6, Live: 5, Dups: 1, Gaps: 1, Latency: Histogram{1: 2, 3: 5}, FromSend: Histogram{4: 4, 9: 3}, FirstNS: 40, LastNS: 90,
 		Counts: []SeqCount{{Conv: 4, Seq: 7, N: 1}, {Conv: 9, Seq: 1, N: 5}, {Conv: 9, Seq: 2, N: 2}}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("merge:\n got %+v\nwant %+v", got, want)
@@ -135,17 +135,36 @@ func TestSplitRangeAndChunks(t *testing.T) {
 }
 
 func TestParseReport(t *testing.T) {
-	r, err := parseReport(`report {"opened":2,"live":2,"counts":[{"conv":"18446744073709551615","seq":3,"n":2}],"latency_ms":{"4":2},"first_ns":1,"last_ns":2}`)
+	r, err := parseReport(`report {"opened":2,"live":2,"counts":[{"conv":"18446744073709551615","seq":3,"n":2}],"latency_ms":{"4":2},"from_send_ms":{"6":2},"first_ns":1,"last_ns":2}`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := FanoutReport{Opened: 2, Live: 2, Counts: []SeqCount{{Conv: 1<<64 - 1, Seq: 3, N: 2}}, Latency: Histogram{4: 2}, FirstNS: 1, LastNS: 2}
+	want := FanoutReport{Opened: 2, Live: 2, Counts: []SeqCount{{Conv: 1<<64 - 1, Seq: 3, N: 2}}, Latency: Histogram{4: 2}, FromSend: Histogram{6: 2}, FirstNS: 1, LastNS: 2}
 	if !reflect.DeepEqual(r, want) {
 		t.Errorf("got %+v, want %+v", r, want)
 	}
 	for _, bad := range []string{"ready 3", "report {", "err boom"} {
 		if _, err := parseReport(bad); err == nil {
 			t.Errorf("parseReport(%q) succeeded, want an error", bad)
+		}
+	}
+}
+
+func TestStampBody(t *testing.T) {
+	sent := time.Unix(1_700_000_000, 123_456_789)
+	for _, size := range []int{stampLen, 100} {
+		b := stampBody(sent, size)
+		if len(b) != size {
+			t.Errorf("stampBody(%d) has %d bytes", size, len(b))
+		}
+		got, ok := parseStamp(b)
+		if !ok || !got.Equal(sent) {
+			t.Errorf("parseStamp(stampBody(%v, %d)) = %v, %v", sent, size, got, ok)
+		}
+	}
+	for _, body := range []string{"", "hello", "12345678901234567x9", "-234567890123456789"} {
+		if _, ok := parseStamp(body); ok {
+			t.Errorf("parseStamp(%q) succeeded, want false", body)
 		}
 	}
 }
@@ -163,6 +182,7 @@ func TestFanoutConfigValidate(t *testing.T) {
 		"too many per process": func(c *FanoutConfig) { c.Scenarios = DefaultFanoutScenarios(20000, 1) },
 		"no scenarios":         func(c *FanoutConfig) { c.Scenarios = nil },
 		"negative rate":        func(c *FanoutConfig) { c.Rate = -1 },
+		"body below the stamp": func(c *FanoutConfig) { c.BodyBytes = stampLen - 1 },
 		"no client args":       func(c *FanoutConfig) { c.ClientArgs = nil },
 	} {
 		c := base
@@ -257,8 +277,8 @@ func TestRunFanoutTiers(t *testing.T) {
 			t.Errorf("%s: deliveries %+v dups %d gaps %d, want %d delivered exactly once",
 				r.Scenario.Name, r.Check, r.Dups, r.Gaps, w.delivered)
 		}
-		if w.delivered > 0 && (r.Latency.N != int(w.delivered) || r.Elapsed <= 0 || r.DeliveriesPerSecond() <= 0) {
-			t.Errorf("%s: latency %+v elapsed %v", r.Scenario.Name, r.Latency, r.Elapsed)
+		if w.delivered > 0 && (r.Latency.N != int(w.delivered) || r.FromSend.N != int(w.delivered) || r.Elapsed <= 0 || r.DeliveriesPerSecond() <= 0) {
+			t.Errorf("%s: latency %+v from send %+v elapsed %v", r.Scenario.Name, r.Latency, r.FromSend, r.Elapsed)
 		}
 		// Acks are cumulative every 200 ms, well inside the 1 s re-send
 		// delay: nothing may be re-sent.
@@ -275,18 +295,16 @@ func TestRunFanoutTiers(t *testing.T) {
 // client counts a seq at or below the last one as a re-send, a jump as a
 // gap, and only first receipts of text messages as deliveries.
 func TestFanoutClientOnMessage(t *testing.T) {
-	fc := &fanoutClient{cfg: FanoutClientConfig{AckEvery: time.Second}}
-	fc.rec.mu.counts = make(map[SeqCount]int64)
-	fc.rec.mu.hist = Histogram{}
+	fc := newFanoutClient(FanoutClientConfig{AckEvery: time.Second}, nil)
 	c := &fanConn{}
 	now := time.UnixMilli(10_000)
 	for _, m := range []protocol.Message{
 		{ConvID: 7, Seq: 1, Kind: protocol.KindSystem, ServerTime: 9_990},
-		{ConvID: 7, Seq: 2, Kind: protocol.KindText, ServerTime: 9_990},
-		{ConvID: 7, Seq: 2, Kind: protocol.KindText, ServerTime: 9_990},  // re-sent
-		{ConvID: 7, Seq: 4, Kind: protocol.KindText, ServerTime: 9_997},  // 3 skipped
-		{ConvID: 7, Seq: 3, Kind: protocol.KindText, ServerTime: 9_995},  // late: counted as a re-send
-		{ConvID: 8, Seq: 1, Kind: protocol.KindText, ServerTime: 10_002}, // clock step
+		{ConvID: 7, Seq: 2, Kind: protocol.KindText, ServerTime: 9_990, Body: stampBody(time.UnixMilli(9_980), 30)},
+		{ConvID: 7, Seq: 2, Kind: protocol.KindText, ServerTime: 9_990, Body: stampBody(time.UnixMilli(9_980), 30)}, // re-sent
+		{ConvID: 7, Seq: 4, Kind: protocol.KindText, ServerTime: 9_997},                                             // 3 skipped
+		{ConvID: 7, Seq: 3, Kind: protocol.KindText, ServerTime: 9_995},                                             // late: counted as a re-send
+		{ConvID: 8, Seq: 1, Kind: protocol.KindText, ServerTime: 10_002},                                            // clock step
 	} {
 		fc.onMessage(c, &m, now)
 	}
@@ -301,6 +319,9 @@ func TestFanoutClientOnMessage(t *testing.T) {
 	}
 	if want := (Histogram{10: 1, 3: 1, 0: 1}); !reflect.DeepEqual(r.Latency, want) {
 		t.Errorf("latency %v, want %v", r.Latency, want)
+	}
+	if want := (Histogram{20: 1}); !reflect.DeepEqual(r.FromSend, want) {
+		t.Errorf("from send %v, want %v (only stamped bodies count)", r.FromSend, want)
 	}
 	if r.FirstNS != now.UnixNano() || r.LastNS != now.UnixNano() {
 		t.Errorf("first/last %d/%d, want %d", r.FirstNS, r.LastNS, now.UnixNano())

@@ -102,9 +102,7 @@ func RunFanoutClient(ctx context.Context, cfg FanoutClientConfig, in io.Reader, 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// A push is a few hundred bytes; gorilla grows the buffer for more.
-	fc := &fanoutClient{cfg: cfg, d: newDialer(cfg.Addr, key, net.ParseIP(cfg.LocalIP), 1024)}
-	fc.rec.mu.counts = make(map[SeqCount]int64)
-	fc.rec.mu.hist = Histogram{}
+	fc := newFanoutClient(cfg, newDialer(cfg.Addr, key, net.ParseIP(cfg.LocalIP), 1024))
 	defer fc.closeAll()
 
 	maintDone := make(chan struct{})
@@ -175,10 +173,19 @@ type fanoutClient struct {
 			sync.Mutex
 			counts      map[SeqCount]int64 // key has N zero
 			hist        Histogram
+			fromSend    Histogram
 			dups, gaps  int64
 			first, last int64 // unix ns of first receipts
 		}
 	}
+}
+
+func newFanoutClient(cfg FanoutClientConfig, d *dialer) *fanoutClient {
+	fc := &fanoutClient{cfg: cfg, d: d}
+	fc.rec.mu.counts = make(map[SeqCount]int64)
+	fc.rec.mu.hist = Histogram{}
+	fc.rec.mu.fromSend = Histogram{}
+	return fc
 }
 
 // fanConn is one member's connection. Its reader goroutine and the
@@ -308,6 +315,9 @@ func (fc *fanoutClient) onMessage(c *fanConn, m *protocol.Message, now time.Time
 	}
 	r.counts[SeqCount{Conv: m.ConvID, Seq: m.Seq}]++
 	r.hist.Record(now.UnixMilli() - m.ServerTime)
+	if sent, ok := parseStamp(m.Body); ok {
+		r.fromSend.Record(now.Sub(sent).Milliseconds())
+	}
 	ns := now.UnixNano()
 	if r.first == 0 {
 		r.first = ns
@@ -316,7 +326,7 @@ func (fc *fanoutClient) onMessage(c *fanConn, m *protocol.Message, now time.Time
 }
 
 func (fc *fanoutClient) report() FanoutReport {
-	r := FanoutReport{Opened: len(fc.conns()), Live: int(fc.live.Load()), Latency: Histogram{}}
+	r := FanoutReport{Opened: len(fc.conns()), Live: int(fc.live.Load()), Latency: Histogram{}, FromSend: Histogram{}}
 	fc.rec.mu.Lock()
 	defer fc.rec.mu.Unlock()
 	for k, n := range fc.rec.mu.counts {
@@ -324,6 +334,7 @@ func (fc *fanoutClient) report() FanoutReport {
 		r.Counts = append(r.Counts, k)
 	}
 	r.Latency.Merge(fc.rec.mu.hist)
+	r.FromSend.Merge(fc.rec.mu.fromSend)
 	r.Dups, r.Gaps = fc.rec.mu.dups, fc.rec.mu.gaps
 	r.FirstNS, r.LastNS = fc.rec.mu.first, fc.rec.mu.last
 	return r

@@ -79,6 +79,10 @@ type FanoutReport struct {
 	Gaps int64 `json:"gaps"`
 	// Latency is receipt time − server_time of every first receipt, ms.
 	Latency Histogram `json:"latency_ms"`
+	// FromSend is receipt time − the send time stamped in the body, ms:
+	// it adds the time the send waited at the node before it got its
+	// server_time.
+	FromSend Histogram `json:"from_send_ms"`
 	// FirstNS and LastNS are the Unix times, ns, of the first and the last
 	// first receipt (0 if none).
 	FirstNS int64 `json:"first_ns"`
@@ -98,12 +102,15 @@ func parseReport(line string) (FanoutReport, error) {
 	if r.Latency == nil {
 		r.Latency = Histogram{}
 	}
+	if r.FromSend == nil {
+		r.FromSend = Histogram{}
+	}
 	return r, nil
 }
 
 // mergeReports combines the reports of a scenario's client processes.
 func mergeReports(rs []FanoutReport) FanoutReport {
-	out := FanoutReport{Latency: Histogram{}}
+	out := FanoutReport{Latency: Histogram{}, FromSend: Histogram{}}
 	counts := map[SeqCount]int64{} // key with N zeroed
 	for _, r := range rs {
 		out.Opened += r.Opened
@@ -111,6 +118,7 @@ func mergeReports(rs []FanoutReport) FanoutReport {
 		out.Dups += r.Dups
 		out.Gaps += r.Gaps
 		out.Latency.Merge(r.Latency)
+		out.FromSend.Merge(r.FromSend)
 		for _, c := range r.Counts {
 			counts[SeqCount{Conv: c.Conv, Seq: c.Seq}] += c.N
 		}
@@ -216,4 +224,31 @@ func chunks(ids []string, size int) [][]string {
 		out = append(out, ids)
 	}
 	return out
+}
+
+// stampLen is the size of the send-time stamp that starts a benchmark
+// message body: Unix nanoseconds, 19 decimal digits until the year 2286.
+const stampLen = 19
+
+// stampBody returns a body of size bytes (at least stampLen) that starts
+// with the send time, so that receivers in other processes can time the
+// whole path on the machine's one clock.
+func stampBody(sent time.Time, size int) string {
+	s := fmt.Sprintf("%0*d", stampLen, sent.UnixNano())
+	return s + strings.Repeat("x", max(0, size-len(s)))
+}
+
+// parseStamp reads the send time of a stamped body.
+func parseStamp(body string) (time.Time, bool) {
+	if len(body) < stampLen {
+		return time.Time{}, false
+	}
+	var ns int64
+	for _, c := range body[:stampLen] {
+		if c < '0' || c > '9' {
+			return time.Time{}, false
+		}
+		ns = ns*10 + int64(c-'0')
+	}
+	return time.Unix(0, ns), true
 }

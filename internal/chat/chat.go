@@ -133,7 +133,14 @@ type Service struct {
 	obs    Observer
 	online Online
 	ledger Ledger
-	limits *limiter
+	limits Limiter
+}
+
+// Limiter allows one event per key per interval (@everyone per group,
+// typing per user and conversation). The default is in-process; cluster
+// mode shares one in Redis so the limit holds across chat processes.
+type Limiter interface {
+	Allow(ctx context.Context, key string, every time.Duration) (ok bool, retryAfter time.Duration, err error)
 }
 
 // Deps are the engines the service runs on.
@@ -147,6 +154,7 @@ type Deps struct {
 	Observer Observer
 	Online   Online
 	Ledger   Ledger
+	Limiter  Limiter // nil: in-process
 }
 
 // New returns a service. It starts no goroutines.
@@ -163,8 +171,11 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
+	if d.Limiter == nil {
+		d.Limiter = newLimiter(d.Now)
+	}
 	return &Service{cfg: cfg, store: d.Store, reg: d.Registry, bus: d.Bus, ids: d.IDs, now: d.Now, log: d.Logger,
-		obs: d.Observer, online: d.Online, ledger: d.Ledger, limits: newLimiter()}, nil
+		obs: d.Observer, online: d.Online, ledger: d.Ledger, limits: d.Limiter}, nil
 }
 
 // storeErr turns a store failure into the client-facing error. Conditions

@@ -204,8 +204,8 @@ func (s *Service) typing(ctx context.Context, c Caller, convID uint64) *protocol
 		return protocol.Errorf(protocol.CodeNotMember, "no longer a member of this conversation")
 	}
 	key := "typing:" + c.User + ":" + strconv.FormatUint(convID, 10)
-	if ok, _ := s.limits.allow(key, s.cfg.TypingInterval, s.now()); !ok {
-		return nil // dropped: the previous notice is still fresh
+	if ok, _, err := s.limits.Allow(ctx, key, s.cfg.TypingInterval); err != nil || !ok {
+		return nil // dropped: the previous notice is still fresh (or the limiter is down)
 	}
 	cv, err := s.store.Conversation(ctx, convID)
 	if err != nil {

@@ -38,7 +38,11 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 		if cv.Kind != store.Group {
 			return protocol.Errorf(protocol.CodeInvalidArgument, "mention_all is for groups")
 		}
-		if ok, wait := s.limits.allow("everyone:"+strconv.FormatUint(cv.ID, 10), s.cfg.EveryoneInterval, start); !ok {
+		ok, wait, err := s.limits.Allow(ctx, "everyone:"+strconv.FormatUint(cv.ID, 10), s.cfg.EveryoneInterval)
+		if err != nil {
+			return &protocol.Error{Code: protocol.CodeOverloaded, Msg: "rate limiter unavailable", RetryAfter: 1000}
+		}
+		if !ok {
 			return &protocol.Error{Code: protocol.CodeRateLimited, Msg: "@everyone is limited per group", RetryAfter: max(wait.Milliseconds(), 1)}
 		}
 	}

@@ -93,13 +93,21 @@ func (s *Service) tier(ctx context.Context, cv store.Conversation) uint8 {
 // typing per user and conversation). In-process: each chat process limits
 // the requests it serves.
 type limiter struct {
+	now  func() time.Time
 	mu   sync.Mutex
 	last map[string]time.Time
 }
 
-func newLimiter() *limiter { return &limiter{last: make(map[string]time.Time)} }
+func newLimiter(now func() time.Time) *limiter {
+	return &limiter{now: now, last: make(map[string]time.Time)}
+}
 
-// allow reports whether key may fire now and, if not, how long to wait.
+// Allow reports whether key may fire now and, if not, how long to wait.
+func (l *limiter) Allow(_ context.Context, key string, every time.Duration) (bool, time.Duration, error) {
+	ok, wait := l.allow(key, every, l.now())
+	return ok, wait, nil
+}
+
 func (l *limiter) allow(key string, every time.Duration, now time.Time) (bool, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -284,9 +284,13 @@ func (s *Server) startChat() error {
 	if o.WrapStore != nil {
 		chatStore = o.WrapStore(chatStore)
 	}
+	var lim chat.Limiter
+	if s.redis != nil {
+		lim = cluster.NewLimiter(rredis.NewLimiter(s.redis, o.Cluster.namespace()+":lim:"))
+	}
 	svc, err := chat.New(o.Chat, chat.Deps{
 		Store: chatStore, Registry: s.registry, Bus: s.bus, IDs: snowflake.New(snowflake.NodeNumber(o.Node), nil),
-		Logger: o.Logger, Online: s.presence, Ledger: s.ledger,
+		Logger: o.Logger, Online: s.presence, Ledger: s.ledger, Limiter: lim,
 		Observer: chat.Observer{
 			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },
 			StoreFailed: func(op string) { m.StoreErrors.WithLabelValues(op).Inc() },
