@@ -2,10 +2,16 @@ package chat
 
 import (
 	"context"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 )
+
+// syncParallelism bounds the conversations one sync or list reads at once.
+const syncParallelism = 16
 
 // Snapshot answers a batch sync (M22): in one request, the new messages of
 // every listed conversation (and, with all, every other conversation of the
@@ -28,30 +34,47 @@ func (s *Service) Snapshot(ctx context.Context, c Caller, req []protocol.SyncCon
 		}
 		asked[rc.ConvID] = rc.AfterSeq
 	}
-	out := make([]protocol.ConvSnapshot, 0)
-	for _, r := range rows {
+	// Conversations are read concurrently (a bounded pool): on a
+	// wide-column store each is a few round trips, and a user in hundreds
+	// of groups must still sync in one request without hundreds of
+	// sequential waits.
+	snaps := make([]*protocol.ConvSnapshot, len(rows))
+	var failed atomic.Pointer[protocol.Error]
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(syncParallelism)
+	for i, r := range rows {
 		from, ok := asked[r.ConvID]
 		if !ok && !all {
 			continue
 		}
-		read, err := s.store.Read(ctx, c.User, s.readDevice(c), r.ConvID)
-		if err != nil {
-			return nil, s.storeErr("sync", err)
-		}
-		if !ok {
-			from = read
-		}
-		last, perr := s.lastSeq(ctx, r)
-		if perr != nil {
-			return nil, perr
-		}
-		r.LastSeq = last
-		snap, perr := s.snapshotOne(ctx, r, from, read)
-		if perr != nil {
-			return nil, perr
-		}
-		if snap != nil {
-			out = append(out, *snap)
+		g.Go(func() error {
+			read, err := s.store.Read(gctx, c.User, s.readDevice(c), r.ConvID)
+			if err != nil {
+				failed.CompareAndSwap(nil, s.storeErr("sync", err))
+				return err
+			}
+			if !ok {
+				from = read
+			}
+			last, perr := s.lastSeq(gctx, r)
+			if perr == nil {
+				r.LastSeq = last
+				snaps[i], perr = s.snapshotOne(gctx, r, from, read)
+			}
+			if perr != nil {
+				failed.CompareAndSwap(nil, perr)
+				return perr
+			}
+			return nil
+		})
+	}
+	if g.Wait() != nil {
+		return nil, failed.Load()
+	}
+	out := make([]protocol.ConvSnapshot, 0, len(rows))
+	for _, sn := range snaps {
+		if sn != nil {
+			out = append(out, *sn)
 		}
 	}
 	if s.obs.Snapshot != nil {

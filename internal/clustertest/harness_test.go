@@ -1,6 +1,7 @@
 package clustertest
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -233,4 +234,28 @@ func (c *Cluster) URLs() []string {
 		out = append(out, g.URL())
 	}
 	return out
+}
+
+// Metrics returns the lines of a process's /metrics whose names start with
+// one of prefixes (failure diagnostics), or the error that kept them away.
+func (c *Cluster) Metrics(p *Proc, prefixes ...string) string {
+	client := http.Client{Timeout: 2 * time.Second}
+	resp, err := client.Get("http://" + p.Addr + "/metrics")
+	if err != nil {
+		return fmt.Sprintf("metrics of %s: %v", p.Name, err)
+	}
+	defer resp.Body.Close()
+	var out []string
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line := sc.Text()
+		for _, pre := range prefixes {
+			if strings.HasPrefix(line, pre) {
+				out = append(out, p.Name+": "+line)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
 }
