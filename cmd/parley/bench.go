@@ -9,15 +9,18 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/bench"
 )
 
-const benchUsage = `usage: parley bench <idle|send|fanout> [flags]
+const benchUsage = `usage: parley bench <idle|send|fanout|history> [flags]
 
-  idle    server RSS per idle authenticated connection (starts its own server)
-  send    durable 1:1 send→ACK throughput and send→deliver latency
-  fanout  group write amplification per fan-out tier and delivery to a large group
+  idle     server RSS per idle authenticated connection (starts its own server)
+  send     durable 1:1 send→ACK throughput and send→deliver latency
+  fanout   group write amplification per fan-out tier and delivery to a large group
+  history  "latest 50" history reads through a running cluster's gateways
+
+send and fanout start their own node, or drive a running one (-addr) or a
+running cluster (-urls ws://g1,ws://g2 -key HEX -chats c1,c2).
 
 Run 'parley bench <name> -h' for its flags. Results: docs/benchmarks.md.
 `
@@ -34,6 +37,8 @@ func runBench(ctx context.Context, args []string) error {
 		return runBenchSend(ctx, args[1:])
 	case "fanout":
 		return runBenchFanout(ctx, args[1:])
+	case "history":
+		return runBenchHistory(ctx, args[1:])
 	case idleClientCmd:
 		// Not in the usage: the idle benchmark starts these itself.
 		return runBenchIdleClient(ctx, args[1:])
@@ -112,7 +117,16 @@ func runBenchSend(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "with -addr: the node's data directory (its development key signs the tokens)")
 	fs.BoolVar(&cfg.Fsyncs, "fsyncs", false, "count the server's fsync/fdatasync calls with perf(1); needs perf and permission to trace")
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "bound on the whole run")
+	cluster := clusterFlags(fs)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if t, err := cluster(); err != nil || t != nil {
+		if err != nil {
+			return fmt.Errorf("bench send: %w", err)
+		}
+		cfg.Logger = benchLogger()
+		_, err := bench.RunClusterSend(ctx, *t, cfg)
 		return err
 	}
 	if cfg.Addr == "" {
@@ -141,8 +155,13 @@ func runBenchFanout(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Addr, "addr", "", "attach to this running node (host:port) instead of starting one")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "with -addr: the node's data directory (its development key signs the tokens)")
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "bound on the whole run")
+	cluster := clusterFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	target, err := cluster()
+	if err != nil {
+		return fmt.Errorf("bench fanout: %w", err)
 	}
 	cfg.Scenarios = bench.DefaultFanoutScenarios(*members, *procs)
 	if *only != "" {
@@ -172,8 +191,58 @@ func runBenchFanout(ctx context.Context, args []string) error {
 			"-from", strconv.Itoa(c.From), "-to", strconv.Itoa(c.To), "-device", c.Device,
 			"-concurrency", strconv.Itoa(c.Concurrency), "-ack-every", c.AckEvery.String()}
 	}
+	if target != nil {
+		_, err = bench.RunClusterFanout(ctx, *target, cfg)
+		return err
+	}
 	_, err = bench.RunFanout(ctx, cfg)
 	return err
+}
+
+func runBenchHistory(ctx context.Context, args []string) error {
+	cfg := bench.DefaultHistoryConfig()
+	fs := flag.NewFlagSet("bench history", flag.ContinueOnError)
+	fs.IntVar(&cfg.Convs, "convs", cfg.Convs, "direct conversations, read in parallel")
+	fs.IntVar(&cfg.Messages, "messages", cfg.Messages, "messages seeded per conversation")
+	fs.IntVar(&cfg.BodyBytes, "body-bytes", cfg.BodyBytes, "message body size")
+	fs.IntVar(&cfg.Reads, "reads", cfg.Reads, "history requests per conversation, of each kind (latest, page before a random seq)")
+	fs.IntVar(&cfg.Limit, "limit", cfg.Limit, "messages per page")
+	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "bound on the whole run")
+	cluster := clusterFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	t, err := cluster()
+	if err == nil && t == nil {
+		err = fmt.Errorf("-urls and -key are required")
+	}
+	if err != nil {
+		return fmt.Errorf("bench history: %w", err)
+	}
+	cfg.Logger = benchLogger()
+	_, err = bench.RunClusterHistory(ctx, *t, cfg)
+	return err
+}
+
+// clusterFlags registers -urls, -key and -chats on fs; the function it
+// returns gives the cluster they name after parsing, or nil without -urls.
+func clusterFlags(fs *flag.FlagSet) func() (*bench.ClusterTarget, error) {
+	urls := fs.String("urls", "", "drive a running cluster: its gateways, comma-separated ws://host:port")
+	key := fs.String("key", "", "with -urls: the cluster's HS256 key (auth.hs256_key), hex; it signs the benchmark's tokens")
+	chats := fs.String("chats", "", "with -urls: the chat processes' host:port, comma-separated (their /metrics count stored and fanned-out messages)")
+	return func() (*bench.ClusterTarget, error) {
+		if *urls == "" {
+			if *key != "" || *chats != "" {
+				return nil, fmt.Errorf("-key and -chats need -urls")
+			}
+			return nil, nil
+		}
+		t, err := bench.ParseClusterTarget(*urls, *key, *chats)
+		if err != nil {
+			return nil, err
+		}
+		return &t, nil
+	}
 }
 
 func runBenchFanoutClient(ctx context.Context, args []string) error {
@@ -210,29 +279,11 @@ func runBenchStormClient(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	var err error
-	if cfg.URLs, cfg.Key, err = clusterTarget(*urls, *key); err != nil {
+	t, err := bench.ParseClusterTarget(*urls, *key, "")
+	if err != nil {
 		return fmt.Errorf("bench %s: %w", stormClientCmd, err)
 	}
+	cfg.URLs, cfg.Key = t.URLs, t.Key
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("client", fmt.Sprintf("%s%d-%d", cfg.Prefix, cfg.From, cfg.To))
 	return bench.RunStormClient(ctx, cfg, os.Stdin, os.Stdout)
-}
-
-// clusterTarget parses -urls and -key: the gateways of a running cluster
-// and the HS256 key its tokens are signed with.
-func clusterTarget(urls, key string) ([]string, []byte, error) {
-	var out []string
-	for _, u := range strings.Split(urls, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			out = append(out, u)
-		}
-	}
-	if len(out) == 0 {
-		return nil, nil, fmt.Errorf("-urls names no gateway")
-	}
-	k, err := auth.ParseHS256Key(key)
-	if err != nil {
-		return nil, nil, fmt.Errorf("-key: %w", err)
-	}
-	return out, k, nil
 }

@@ -82,7 +82,7 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 	if cfg.Cluster.Enabled() {
 		o.Cluster = &server.Cluster{
 			Redis: cfg.Cluster.Redis, NATS: cfg.Cluster.NATS, Cassandra: cassandraConfig(cfg),
-			Namespace: cfg.Cluster.Namespace,
+			Namespace: cfg.Cluster.Namespace, JetStreamReplicas: cfg.Cluster.JetStreamReplicas,
 		}
 	}
 	return o
@@ -97,6 +97,7 @@ func cassandraConfig(cfg config.Config) cassandra.Config {
 	}
 	return cassandra.Config{
 		Hosts: hosts, Keyspace: cfg.Cluster.Keyspace, Consistency: cfg.Cluster.Consistency,
+		SerialConsistency: cfg.Cluster.SerialConsistency,
 		ReplicationFactor: cfg.Cluster.ReplicationFactor, BucketWidth: cfg.Chat.BucketWidth,
 	}
 }

@@ -109,11 +109,12 @@ type Observer struct {
 // (presence.Tracker), so their fan-out never walks the whole group.
 type Online interface {
 	Tracked(conv uint64) bool
-	Track(conv uint64, members []string)
+	Track(conv uint64, members []store.Member)
 	Untrack(conv uint64)
-	Joined(conv uint64, users []string)
+	Joined(conv uint64, members []store.Member)
 	Left(conv uint64, users []string)
-	GroupOnline(conv uint64) ([]string, bool)
+	// GroupOnline returns the online members with their join_seq.
+	GroupOnline(conv uint64) ([]store.Member, bool)
 }
 
 // Ledger records fan-out work that failed, for retry (M18).

@@ -88,7 +88,7 @@ func (s *Service) addMembers(ctx context.Context, c Caller, convID uint64, users
 	for i, a := range added {
 		ids[i] = a.UserID
 	}
-	s.online.Joined(convID, ids)
+	s.online.Joined(convID, added)
 	if perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: "member_added", Users: ids}); perr != nil {
 		return nil, perr
 	}
@@ -122,10 +122,12 @@ func (s *Service) removeMembers(ctx context.Context, c Caller, convID uint64, us
 	if perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: event, Users: users}); perr != nil {
 		return nil, perr
 	}
+	// The online index forgets them first: from here on no push reaches
+	// them, and what is stored until their leave_seq they get by sync.
+	s.online.Left(convID, users)
 	if _, err := s.store.RemoveMembers(ctx, convID, users); err != nil {
 		return nil, s.storeErr("remove members", err)
 	}
-	s.online.Left(convID, users)
 	return s.convAfterChange(ctx, convID, c.User)
 }
 

@@ -122,15 +122,15 @@ func (s *Service) recipients(ctx context.Context, conv uint64, tier uint8, seq u
 	if !ok {
 		return nil, fmt.Errorf("group %d is not tracked", conv)
 	}
+	// The index carries each member's join_seq (M17: nothing below it is
+	// pushed); it learns joins from AddMembers' result before their event
+	// is sent, and forgets a member when it leaves, so no membership is
+	// read per recipient.
 	out := make([]string, 0, len(online))
-	for _, u := range online {
-		// The index may lag a join or leave by a moment; the membership
-		// row decides (M17: nothing below join_seq, nothing after leaving).
-		mb, err := s.store.Member(ctx, conv, u)
-		if err != nil || mb.LeaveSeq != 0 || mb.JoinSeq > seq {
-			continue
+	for _, m := range online {
+		if m.JoinSeq <= seq {
+			out = append(out, m.UserID)
 		}
-		out = append(out, u)
 	}
 	return out, nil
 }

@@ -80,11 +80,7 @@ func (s *Service) tier(ctx context.Context, cv store.Conversation) uint8 {
 			s.log.Warn("track group: members", "conv", cv.ID, "err", err)
 			return t
 		}
-		ids := make([]string, len(members))
-		for i, m := range members {
-			ids[i] = m.UserID
-		}
-		s.online.Track(cv.ID, ids)
+		s.online.Track(cv.ID, members)
 	}
 	return t
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	natsio "github.com/nats-io/nats.go"
+
+	"github.com/parley-im/parley/internal/store"
 )
 
 // Presence subjects: every node announces its local connects and
@@ -16,10 +18,43 @@ import (
 func subjectPresence(ns string) string     { return ns + ".presence" }
 func subjectPresenceDump(ns string) string { return ns + ".presence.dump" }
 
+// subjectMembers carries membership changes of tracked groups between
+// chat processes, so every process's online index follows joins and
+// leaves made by any of them.
+func subjectMembers(ns string) string { return ns + ".members" }
+
 // Tracker is what the relay feeds (presence.Tracker).
 type Tracker interface {
 	Connected(ctx context.Context, user string)
 	Disconnected(user string)
+	Joined(conv uint64, members []store.Member)
+	Left(conv uint64, users []string)
+}
+
+type membersEvent struct {
+	Node   string         `json:"n"`
+	Conv   uint64         `json:"c"`
+	Joined []store.Member `json:"j,omitempty"`
+	Left   []string       `json:"l,omitempty"`
+}
+
+// Joined applies a join to this process's index and tells the others.
+func (r *Relay) Joined(conv uint64, members []store.Member) {
+	r.tracker.Joined(conv, members)
+	r.announce(membersEvent{Node: r.node, Conv: conv, Joined: members})
+}
+
+// Left applies a leave to this process's index and tells the others.
+func (r *Relay) Left(conv uint64, users []string) {
+	r.tracker.Left(conv, users)
+	r.announce(membersEvent{Node: r.node, Conv: conv, Left: users})
+}
+
+func (r *Relay) announce(ev membersEvent) {
+	data, _ := json.Marshal(ev)
+	if err := r.nc.Publish(subjectMembers(r.ns), data); err != nil {
+		r.log.Warn("membership announce failed", "err", err)
+	}
 }
 
 type presenceEvent struct {
@@ -39,6 +74,7 @@ type Relay struct {
 	tracker Tracker
 	log     *slog.Logger
 	resync  time.Duration
+	shards  [relayShards]chan trackerOp
 
 	mu struct {
 		sync.Mutex
@@ -46,6 +82,10 @@ type Relay struct {
 		// remote counts devices per user announced by other nodes, per
 		// node, so Sync can replace a node's view wholesale.
 		remote map[string]map[string]int
+		// events counts the events applied per node. Sync leaves alone a
+		// node whose events arrived while it collected answers: its answer
+		// (or its silence, for a node that just started) may predate them.
+		events map[string]uint64
 	}
 }
 
@@ -55,6 +95,10 @@ func NewRelay(nc *natsio.Conn, ns, node string, tracker Tracker, resync time.Dur
 	r := &Relay{nc: nc, ns: ns, node: node, tracker: tracker, log: log, resync: resync}
 	r.mu.local = make(map[string]int)
 	r.mu.remote = make(map[string]map[string]int)
+	r.mu.events = make(map[string]uint64)
+	for i := range r.shards {
+		r.shards[i] = make(chan trackerOp, 1024)
+	}
 	return r
 }
 
@@ -76,17 +120,41 @@ func (r *Relay) Local(user string, online bool) {
 
 // Run applies other nodes' events and answers dumps until ctx ends.
 func (r *Relay) Run(ctx context.Context) error {
+	var workers sync.WaitGroup
+	defer workers.Wait()
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	for i := range r.shards {
+		workers.Add(1)
+		go func() { defer workers.Done(); r.work(wctx, r.shards[i]) }()
+	}
 	sub, err := r.nc.Subscribe(subjectPresence(r.ns), func(m *natsio.Msg) {
 		var ev presenceEvent
 		if json.Unmarshal(m.Data, &ev) != nil || ev.Node == r.node {
 			return
 		}
-		r.apply(ctx, ev.Node, ev.User, ev.Online)
+		r.apply(ctx, ev.Node, ev.User, ev.Online, true)
 	})
 	if err != nil {
 		return fmt.Errorf("cluster: presence: %w", err)
 	}
 	defer sub.Unsubscribe()
+	members, err := r.nc.Subscribe(subjectMembers(r.ns), func(m *natsio.Msg) {
+		var ev membersEvent
+		if json.Unmarshal(m.Data, &ev) != nil || ev.Node == r.node {
+			return
+		}
+		if len(ev.Joined) > 0 {
+			r.tracker.Joined(ev.Conv, ev.Joined)
+		}
+		if len(ev.Left) > 0 {
+			r.tracker.Left(ev.Conv, ev.Left)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: presence: %w", err)
+	}
+	defer members.Unsubscribe()
 	dump, err := r.nc.Subscribe(subjectPresenceDump(r.ns), func(m *natsio.Msg) {
 		r.mu.Lock()
 		users := make(map[string]int, len(r.mu.local))
@@ -122,8 +190,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-func (r *Relay) apply(ctx context.Context, node, user string, online bool) {
+func (r *Relay) apply(ctx context.Context, node, user string, online, event bool) {
 	r.mu.Lock()
+	if event {
+		r.mu.events[node]++
+	}
 	devs := r.mu.remote[node]
 	if devs == nil {
 		devs = make(map[string]int)
@@ -140,10 +211,45 @@ func (r *Relay) apply(ctx context.Context, node, user string, online bool) {
 		return // an offline event for a device we never saw
 	}
 	r.mu.Unlock()
-	if online {
-		r.tracker.Connected(ctx, user)
-	} else {
-		r.tracker.Disconnected(user)
+	// The tracker may read the store on a connect (the user's groups):
+	// hand it to the user's shard worker so one slow read does not hold up
+	// every other user's presence, and one user's events stay in order.
+	select {
+	case r.shards[shardOf(user)] <- trackerOp{user: user, online: online}:
+	case <-ctx.Done():
+	}
+}
+
+// trackerOp is one presence change for a shard worker.
+type trackerOp struct {
+	user   string
+	online bool
+}
+
+const relayShards = 16
+
+func shardOf(user string) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(user); i++ {
+		h ^= uint32(user[i])
+		h *= 16777619
+	}
+	return int(h % relayShards)
+}
+
+// work applies one shard's presence changes to the tracker in order.
+func (r *Relay) work(ctx context.Context, ops <-chan trackerOp) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case op := <-ops:
+			if op.online {
+				r.tracker.Connected(ctx, op.user)
+			} else {
+				r.tracker.Disconnected(op.user)
+			}
+		}
 	}
 }
 
@@ -151,6 +257,9 @@ func (r *Relay) apply(ctx context.Context, node, user string, online bool) {
 // answers) and replaces the tracker's view of other nodes with theirs: a
 // node that does not answer (it died without announcing its disconnects)
 // loses its users; counts that drifted through lost events are corrected.
+// A node whose events arrive while the answers are collected is left as
+// its events made it: its answer, or its silence if it just started, may
+// predate them.
 func (r *Relay) Sync(ctx context.Context, wait time.Duration) {
 	inbox := r.nc.NewRespInbox()
 	answers := make(chan *natsio.Msg, 64)
@@ -160,6 +269,12 @@ func (r *Relay) Sync(ctx context.Context, wait time.Duration) {
 		return
 	}
 	defer sub.Unsubscribe()
+	r.mu.Lock()
+	before := make(map[string]uint64, len(r.mu.events))
+	for n, c := range r.mu.events {
+		before[n] = c
+	}
+	r.mu.Unlock()
 	if err := r.nc.PublishRequest(subjectPresenceDump(r.ns), inbox, nil); err != nil {
 		r.log.Warn("presence sync failed", "err", err)
 		return
@@ -197,6 +312,9 @@ collect:
 	}
 	var changes []change
 	for n := range nodes {
+		if r.mu.events[n] != before[n] {
+			continue // corrected by the next Sync
+		}
 		have, want := r.mu.remote[n], views[n]
 		for u, c := range want {
 			if d := c - have[u]; d != 0 {
@@ -212,10 +330,10 @@ collect:
 	r.mu.Unlock()
 	for _, c := range changes {
 		for i := 0; i < c.delta; i++ {
-			r.apply(ctx, c.node, c.user, true)
+			r.apply(ctx, c.node, c.user, true, false)
 		}
 		for i := 0; i > c.delta; i-- {
-			r.apply(ctx, c.node, c.user, false)
+			r.apply(ctx, c.node, c.user, false, false)
 		}
 	}
 }

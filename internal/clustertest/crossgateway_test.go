@@ -150,7 +150,9 @@ func TestCrossGatewayChatAllTiers(t *testing.T) {
 		r := conns[a].call(protocol.Frame{Type: protocol.TypeOpenDirect, Peer: b}, protocol.TypeConv)
 		return &conv{name: a + "-" + b, id: r.Conv.ConvID, tier: "direct", members: []string{a, b}}
 	}
-	with := func(users []string, extra ...string) []string { return append(append([]string(nil), users...), extra...) }
+	with := func(users []string, extra ...string) []string {
+		return append(append([]string(nil), users...), extra...)
+	}
 	convs := []*conv{
 		direct("u00", "u01"), // gateways 1 and 2
 		direct("u04", "u05"), // gateways 2 and 3
@@ -174,7 +176,7 @@ func TestCrossGatewayChatAllTiers(t *testing.T) {
 	}
 	// Several rounds so that both chat processes serve sends of every
 	// conversation (NATS spreads requests over the queue group).
-	for round := 0; round < 4; round++ {
+	for round := 0; round < 3; round++ {
 		for _, cv := range convs {
 			send(cv, round)
 		}
@@ -191,7 +193,7 @@ func TestCrossGatewayChatAllTiers(t *testing.T) {
 	for _, cv := range convs {
 		byID[cv.id] = cv
 	}
-	for round := 4; round < 8; round++ {
+	for round := 3; round < 6; round++ {
 		for _, cv := range convs {
 			send(cv, round)
 		}
@@ -199,31 +201,47 @@ func TestCrossGatewayChatAllTiers(t *testing.T) {
 
 	// Every online member of each conversation (the sender included) must
 	// get every message by push; the late member those sent after it joined.
-	deadline := time.Now().Add(15 * time.Second)
-	var missing []string
-	var perConv map[string]int // "user in conv" → pushes missing
-	for {
-		missing = missing[:0]
-		perConv = make(map[string]int)
-		for i, m := range sent {
-			cv := byID[m.conv]
-			for _, u := range cv.members {
-				if u == offline || (u == late && i < lateFrom) {
-					continue
-				}
-				if !conns[u].has(m.conv, m.seq, m.cmid) {
-					perConv[fmt.Sprintf("%s (on %s) in %s", u, conns[u].node, cv.name)]++
-					missing = append(missing, fmt.Sprintf("%s (on %s) lacks %s seq %d %q from %s (on %s)",
-						u, conns[u].node, cv.name, m.seq, m.cmid, m.from, conns[m.from].node))
-				}
+	type want struct {
+		user string
+		m    sentMsg
+		cv   *conv
+	}
+	var wants, lateWants []want
+	for i, m := range sent {
+		cv := byID[m.conv]
+		for _, u := range cv.members {
+			switch {
+			case u == offline:
+			case u == late && i >= lateFrom:
+				lateWants = append(lateWants, want{u, m, cv})
+			case u != late:
+				wants = append(wants, want{u, m, cv})
 			}
 		}
-		if len(missing) == 0 || time.Now().After(deadline) {
+	}
+	missingOf := func(ws []want) (missing []string, perConv map[string]int) {
+		perConv = make(map[string]int)
+		for _, w := range ws {
+			if !conns[w.user].has(w.m.conv, w.m.seq, w.m.cmid) {
+				perConv[fmt.Sprintf("%s (on %s) in %s", w.user, conns[w.user].node, w.cv.name)]++
+				missing = append(missing, fmt.Sprintf("%s (on %s) lacks %s seq %d %q from %s (on %s)",
+					w.user, conns[w.user].node, w.cv.name, w.m.seq, w.m.cmid, w.m.from, conns[w.m.from].node))
+			}
+		}
+		return missing, perConv
+	}
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		a, _ := missingOf(wants)
+		b, _ := missingOf(lateWants)
+		if len(a)+len(b) == 0 {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
-	if len(missing) > 0 {
+	checkPushes := func(t *testing.T, ws []want) {
+		missing, perConv := missingOf(ws)
+		if len(missing) == 0 {
+			return
+		}
 		sort.Strings(missing)
 		var sum []string
 		for k, n := range perConv {
@@ -235,44 +253,49 @@ func TestCrossGatewayChatAllTiers(t *testing.T) {
 			metrics = append(metrics, c.Metrics(p, "parley_fanout", "parley_pushes", "parley_compensation"))
 		}
 		t.Logf("chat processes' fan-out counters:\n%s", strings.Join(metrics, "\n"))
-		t.Fatalf("%d pushes never arrived within 15s (of %d messages to %d conversations)\nper member and conversation:\n%s\nfirst ones:\n%s",
-			len(missing), len(sent), len(convs), strings.Join(sum, "\n"), strings.Join(missing[:min(len(missing), 20)], "\n"))
+		t.Fatalf("%d of %d expected pushes never arrived within 15s\nper member and conversation:\n%s\nfirst ones:\n%s",
+			len(missing), len(ws), strings.Join(sum, "\n"), strings.Join(missing[:min(len(missing), 20)], "\n"))
 	}
-
-	// The offline member connects for the first time and syncs.
-	zoe := dialLive(t, c, c.Gateways[2], offline)
-	snap := zoe.call(protocol.Frame{Type: protocol.TypeSync, All: true}, protocol.TypeSnapshot)
-	got := make(map[uint64]protocol.ConvSnapshot)
-	for _, s := range snap.Snapshot {
-		got[s.ConvID] = s
-	}
-	for _, cv := range convs {
-		if !contains(cv.members, offline) {
-			continue
+	t.Run("pushes_to_members_online", func(t *testing.T) { checkPushes(t, wants) })
+	// A member added while online must be pushed to by every chat process,
+	// not only by the one that served add_members.
+	t.Run("pushes_to_member_added_while_online", func(t *testing.T) { checkPushes(t, lateWants) })
+	t.Run("offline_member_syncs", func(t *testing.T) {
+		// The offline member connects for the first time and syncs.
+		zoe := dialLive(t, c, c.Gateways[2], offline)
+		snap := zoe.call(protocol.Frame{Type: protocol.TypeSync, All: true}, protocol.TypeSnapshot)
+		got := make(map[uint64]protocol.ConvSnapshot)
+		for _, s := range snap.Snapshot {
+			got[s.ConvID] = s
 		}
-		s, ok := got[cv.id]
-		if !ok {
-			b, _ := json.Marshal(snap.Snapshot)
-			t.Fatalf("%s's sync has no entry for %s (%s): %s", offline, cv.name, cv.tier, b)
-		}
-		bySeq := make(map[uint64]protocol.Message, len(s.Messages))
-		for i, m := range s.Messages {
-			if i > 0 && m.Seq != s.Messages[i-1].Seq+1 {
-				t.Fatalf("%s's sync of %s: seq %d follows %d", offline, cv.name, m.Seq, s.Messages[i-1].Seq)
-			}
-			bySeq[m.Seq] = m
-		}
-		if s.MoreUnread != 0 || len(s.Messages) == 0 || s.Messages[len(s.Messages)-1].Seq != s.LastSeq {
-			t.Fatalf("%s's sync of %s: %d messages up to last_seq %d, more_unread %d: want the whole range", offline, cv.name, len(s.Messages), s.LastSeq, s.MoreUnread)
-		}
-		for _, m := range sent {
-			if m.conv != cv.id {
+		for _, cv := range convs {
+			if !contains(cv.members, offline) {
 				continue
 			}
-			if got, ok := bySeq[m.seq]; !ok || got.ClientMsgID != m.cmid {
-				t.Fatalf("%s's sync of %s (%s) lacks seq %d %q (has %d messages from seq %d)", offline, cv.name, cv.tier, m.seq, m.cmid, len(s.Messages), s.FromSeq+1)
+			s, ok := got[cv.id]
+			if !ok {
+				b, _ := json.Marshal(snap.Snapshot)
+				t.Fatalf("%s's sync has no entry for %s (%s): %s", offline, cv.name, cv.tier, b)
+			}
+			bySeq := make(map[uint64]protocol.Message, len(s.Messages))
+			for i, m := range s.Messages {
+				if i > 0 && m.Seq != s.Messages[i-1].Seq+1 {
+					t.Fatalf("%s's sync of %s: seq %d follows %d", offline, cv.name, m.Seq, s.Messages[i-1].Seq)
+				}
+				bySeq[m.Seq] = m
+			}
+			if s.MoreUnread != 0 || len(s.Messages) == 0 || s.Messages[len(s.Messages)-1].Seq != s.LastSeq {
+				t.Fatalf("%s's sync of %s: %d messages up to last_seq %d, more_unread %d: want the whole range", offline, cv.name, len(s.Messages), s.LastSeq, s.MoreUnread)
+			}
+			for _, m := range sent {
+				if m.conv != cv.id {
+					continue
+				}
+				if got, ok := bySeq[m.seq]; !ok || got.ClientMsgID != m.cmid {
+					t.Fatalf("%s's sync of %s (%s) lacks seq %d %q (has %d messages from seq %d)", offline, cv.name, cv.tier, m.seq, m.cmid, len(s.Messages), s.FromSeq+1)
+				}
 			}
 		}
-	}
-	t.Logf("%d messages in %d conversations pushed to every online member across %d gateways; offline member synced them", len(sent), len(convs), len(c.Gateways))
+	})
+	t.Logf("%d messages sent in %d conversations by members on %d gateways", len(sent), len(convs), len(c.Gateways))
 }

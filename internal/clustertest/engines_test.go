@@ -48,7 +48,7 @@ func startPrivateRedis(t *testing.T) *engineProc {
 		ready: redisReady,
 	}
 	e.start()
-	t.Cleanup(e.kill)
+	t.Cleanup(e.cleanup)
 	return e
 }
 
@@ -95,7 +95,7 @@ func startPrivateNATS(t *testing.T) *engineProc {
 		ready: natsReady,
 	}
 	e.start()
-	t.Cleanup(e.kill)
+	t.Cleanup(e.cleanup)
 	return e
 }
 
@@ -134,6 +134,14 @@ func (e *engineProc) start() {
 	}
 	log, _ := os.ReadFile(e.logf)
 	e.t.Fatalf("private %s not ready on %s within 20s; log:\n%s", e.name, e.addr, tail(string(log), 2000))
+}
+
+func (e *engineProc) cleanup() {
+	e.kill()
+	if e.t.Failed() {
+		log, _ := os.ReadFile(e.logf)
+		e.t.Logf("--- log of the private %s ---\n%s", e.name, tail(string(log), 3000))
+	}
 }
 
 // kill stops the server with SIGKILL (idempotent).

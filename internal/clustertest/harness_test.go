@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	gocql "github.com/apache/cassandra-gocql-driver/v2"
+
 	"github.com/parley-im/parley/internal/auth"
 )
 
@@ -61,6 +63,8 @@ type Cluster struct {
 	common   []string
 	mu       sync.Mutex
 	procs    map[string]*Proc
+	cass     string // Cassandra contact point
+	keyspace string
 	Gateways []*Proc
 	Chats    []*Proc
 }
@@ -97,7 +101,7 @@ func Start(t *testing.T, o Options) *Cluster {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	ks := "t" + strings.ToLower(hex.EncodeToString(key[:6]))
-	c := &Cluster{t: t, dir: t.TempDir(), key: key, procs: make(map[string]*Proc)}
+	c := &Cluster{t: t, dir: t.TempDir(), key: key, procs: make(map[string]*Proc), cass: cass, keyspace: ks}
 	c.common = append([]string{
 		"--cluster.redis", redis, "--cluster.nats", nats, "--cluster.cassandra-hosts", cass,
 		"--cluster.keyspace", ks, "--cluster.namespace", ks, "--auth.hs256-key", hex.EncodeToString(key), "--log.level", "warn",
@@ -208,6 +212,24 @@ func (c *Cluster) stopAll() {
 		for _, p := range c.procs {
 			c.t.Logf("--- log of %s ---\n%s", p.Name, tail(c.Log(p), 3000))
 		}
+	}
+	c.dropKeyspace()
+}
+
+// dropKeyspace removes the test's keyspace: every table costs the single
+// test node heap, and keyspaces left behind by many runs exhaust it.
+func (c *Cluster) dropKeyspace() {
+	cl := gocql.NewCluster(c.cass)
+	cl.Timeout = 30 * time.Second
+	cl.ConnectTimeout = 5 * time.Second
+	s, err := cl.CreateSession()
+	if err != nil {
+		c.t.Logf("drop keyspace %s: %v", c.keyspace, err)
+		return
+	}
+	defer s.Close()
+	if err := s.Query("DROP KEYSPACE IF EXISTS " + c.keyspace).Exec(); err != nil {
+		c.t.Logf("drop keyspace %s: %v", c.keyspace, err)
 	}
 }
 

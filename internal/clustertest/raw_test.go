@@ -75,9 +75,10 @@ func (r *rawConn) close() { r.ws.Close() }
 
 // acked is what the servers acknowledged: conv → seq → client_msg_id.
 type acked struct {
-	mu   sync.Mutex
-	seqs map[uint64]map[uint64]string
-	errs []string
+	mu      sync.Mutex
+	seqs    map[uint64]map[uint64]string
+	errs    []string
+	retries int // raw sends repeated after an error, a timeout or a lost connection
 }
 
 func newAcked() *acked { return &acked{seqs: make(map[uint64]map[uint64]string)} }
@@ -102,6 +103,12 @@ func (a *acked) fail(format string, args ...any) {
 	if len(a.errs) < 20 {
 		a.errs = append(a.errs, fmt.Sprintf(format, args...))
 	}
+}
+
+func (a *acked) retried() {
+	a.mu.Lock()
+	a.retries++
+	a.mu.Unlock()
 }
 
 func (a *acked) total() int {
@@ -208,6 +215,7 @@ func rawSender(ctx context.Context, c *Cluster, user string, convs []uint64, got
 		}
 		r, err := rc.call(*pending, 3*time.Second)
 		if err != nil {
+			got.retried()
 			rc.close()
 			rc = nil
 			continue
@@ -220,6 +228,7 @@ func rawSender(ctx context.Context, c *Cluster, user string, convs []uint64, got
 			got.record(pending.ConvID, r.Seq, pending.ClientMsgID)
 			pending = nil
 		case r.Type == protocol.TypeError && r.Code.Retryable():
+			got.retried()
 			time.Sleep(time.Duration(min(max(r.RetryAfter, 20), 500)) * time.Millisecond)
 		default:
 			got.fail("sender %s: send %s answered %s", user, pending.ClientMsgID, frameString(r))
@@ -343,7 +352,7 @@ func verifyStored(t *testing.T, hist map[uint64][]protocol.Message, got *acked) 
 	if total == 0 {
 		t.Fatal("no message was acknowledged")
 	}
-	t.Logf("%d acknowledged messages stored exactly once at their seq in %d conversations", total, len(got.seqs))
+	t.Logf("%d acknowledged messages stored exactly once at their seq in %d conversations (%d raw sends retried)", total, len(got.seqs), got.retries)
 }
 
 // sortedKeys returns m's keys in order, for stable failure messages.

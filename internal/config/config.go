@@ -85,6 +85,12 @@ type Cluster struct {
 	ReplicationFactor int `yaml:"replication_factor"`
 	// Consistency of Cassandra reads and writes (QUORUM, LOCAL_QUORUM, ...).
 	Consistency string `yaml:"consistency"`
+	// SerialConsistency of Cassandra lightweight transactions: SERIAL, or
+	// LOCAL_SERIAL for a multi-datacenter deployment.
+	SerialConsistency string `yaml:"serial_consistency"`
+	// JetStreamReplicas of the compensation task streams (3 on a NATS
+	// cluster).
+	JetStreamReplicas int `yaml:"jetstream_replicas"`
 	// Namespace prefixes the deployment's NATS subjects, JetStream streams
 	// and Redis keys, so several deployments can share engines.
 	Namespace string `yaml:"namespace"`
@@ -220,7 +226,7 @@ func defaults() Config {
 			PresenceMinGap:     5 * time.Second,
 		},
 		Metrics: Metrics{Enabled: true},
-		Cluster: Cluster{Keyspace: "parley", ReplicationFactor: 1, Consistency: "QUORUM", Namespace: "parley"},
+		Cluster: Cluster{Keyspace: "parley", ReplicationFactor: 1, Consistency: "QUORUM", SerialConsistency: "SERIAL", JetStreamReplicas: 1, Namespace: "parley"},
 	}
 }
 

@@ -209,6 +209,8 @@ func fields(c *Config) []field {
 		{"cluster.keyspace", "Cassandra keyspace", strVal{&c.Cluster.Keyspace}},
 		{"cluster.replication_factor", "replication factor of the keyspace parley migrate creates", intVal{&c.Cluster.ReplicationFactor}},
 		{"cluster.consistency", "Cassandra consistency of reads and writes", strVal{&c.Cluster.Consistency}},
+		{"cluster.serial_consistency", "Cassandra consistency of lightweight transactions (SERIAL, LOCAL_SERIAL)", strVal{&c.Cluster.SerialConsistency}},
+		{"cluster.jetstream_replicas", "replicas of the JetStream task streams", intVal{&c.Cluster.JetStreamReplicas}},
 		{"cluster.namespace", "prefix of the deployment's NATS subjects, streams and Redis keys", strVal{&c.Cluster.Namespace}},
 	}
 }

@@ -209,7 +209,12 @@ func (g *Gateway) kick(ctx context.Context, old *registry.Entry) {
 		return
 	}
 	err := g.bus.Publish(ctx, old.Node, bus.Delivery{Kick: &bus.Kick{User: old.User, Device: old.Device, Session: old.Session}})
-	if err != nil {
+	switch {
+	case errors.Is(err, bus.ErrNoSubscriber):
+		// The old node is gone, and its session with it: the usual case
+		// when clients move after a gateway died. Not worth a log line per
+		// connection.
+	case err != nil:
 		g.log.Warn("kick of replaced session failed", "node", old.Node, "err", err)
 	}
 }
@@ -291,6 +296,9 @@ func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Fram
 	defer cancel()
 	if f.Type == protocol.TypeSync {
 		if perr := g.AdmitSync(); perr != nil {
+			if g.obs.Error != nil {
+				g.obs.Error(perr.Code)
+			}
 			reply(chat.ErrorFrame(f.RID, perr))
 			return
 		}

@@ -49,8 +49,9 @@ type Tracker struct {
 		online   map[string]int   // user → connected devices
 		lastSeen map[string]int64 // user → unix ms of going offline
 		// groups are the tracked groups (medium and large tiers) with
-		// their online members.
-		groups map[uint64]map[string]struct{}
+		// their online members and each one's join_seq, so a send can
+		// filter recipients by seq without reading memberships.
+		groups map[uint64]map[string]uint64
 		subs   map[string]map[Subscriber]struct{} // watched user → watchers
 		// watching is the reverse of subs, to replace a watcher's set.
 		watching map[Subscriber][]string
@@ -73,7 +74,7 @@ func New(cfg Config, rows RowLister, now func() time.Time) *Tracker {
 	t := &Tracker{cfg: cfg, rows: rows, now: now}
 	t.mu.online = make(map[string]int)
 	t.mu.lastSeen = make(map[string]int64)
-	t.mu.groups = make(map[uint64]map[string]struct{})
+	t.mu.groups = make(map[uint64]map[string]uint64)
 	t.mu.subs = make(map[string]map[Subscriber]struct{})
 	t.mu.watching = make(map[Subscriber][]string)
 	t.mu.pending = make(map[string]bool)
@@ -106,7 +107,7 @@ func (t *Tracker) Connected(ctx context.Context, user string) {
 	}
 	for _, r := range rows {
 		if g := t.mu.groups[r.ConvID]; g != nil && r.LeaveSeq == 0 {
-			g[user] = struct{}{}
+			g[user] = r.JoinSeq
 		}
 	}
 }
@@ -142,16 +143,16 @@ func (t *Tracker) Tracked(conv uint64) bool {
 	return t.mu.groups[conv] != nil
 }
 
-// Track starts indexing conv's online members, given all its members
-// (a one-time cost proportional to the group, paid when it enters the
-// medium tier or after a restart).
-func (t *Tracker) Track(conv uint64, members []string) {
+// Track starts indexing conv's online members, given all its current
+// members (a one-time cost proportional to the group, paid when it enters
+// the medium tier or after a restart).
+func (t *Tracker) Track(conv uint64, members []store.Member) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	g := make(map[string]struct{})
+	g := make(map[string]uint64)
 	for _, m := range members {
-		if t.mu.online[m] > 0 {
-			g[m] = struct{}{}
+		if t.mu.online[m.UserID] > 0 {
+			g[m.UserID] = m.JoinSeq
 		}
 	}
 	t.mu.groups[conv] = g
@@ -165,13 +166,13 @@ func (t *Tracker) Untrack(conv uint64) {
 }
 
 // Joined and Left keep a tracked group's index in step with membership.
-func (t *Tracker) Joined(conv uint64, users []string) {
+func (t *Tracker) Joined(conv uint64, members []store.Member) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if g := t.mu.groups[conv]; g != nil {
-		for _, u := range users {
-			if t.mu.online[u] > 0 {
-				g[u] = struct{}{}
+		for _, m := range members {
+			if t.mu.online[m.UserID] > 0 {
+				g[m.UserID] = m.JoinSeq
 			}
 		}
 	}
@@ -187,18 +188,18 @@ func (t *Tracker) Left(conv uint64, users []string) {
 	}
 }
 
-// GroupOnline returns the online members of a tracked group and true, or
-// false if conv is not tracked.
-func (t *Tracker) GroupOnline(conv uint64) ([]string, bool) {
+// GroupOnline returns the online members of a tracked group with their
+// join_seq, and true; false if conv is not tracked.
+func (t *Tracker) GroupOnline(conv uint64) ([]store.Member, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	g := t.mu.groups[conv]
 	if g == nil {
 		return nil, false
 	}
-	out := make([]string, 0, len(g))
-	for u := range g {
-		out = append(out, u)
+	out := make([]store.Member, 0, len(g))
+	for u, join := range g {
+		out = append(out, store.Member{ConvID: conv, UserID: u, JoinSeq: join})
 	}
 	return out, true
 }

@@ -83,6 +83,8 @@ type Cluster struct {
 	// Namespace prefixes every NATS subject, JetStream stream and Redis key
 	// of the deployment, so several can share engines (default "parley").
 	Namespace string
+	// JetStreamReplicas of the task streams (default 1).
+	JetStreamReplicas int
 	// PresenceResync is how often a process rebuilds its view of who is
 	// online from the gateways (default 15s).
 	PresenceResync time.Duration
@@ -250,7 +252,8 @@ func (s *Server) openEngines(ctx context.Context) error {
 		s.onClose(st.Close)
 		rows = st
 		tasks, err := pnats.NewTasks(ctx, nc, pnats.TasksConfig{
-			Stream: strings.ToUpper(ns) + "_TASKS", Subject: ns + ".tasks", DeadSubject: ns + ".dead", Logger: o.Logger,
+			Stream: strings.ToUpper(ns) + "_TASKS", Subject: ns + ".tasks", DeadSubject: ns + ".dead",
+			Replicas: c.JetStreamReplicas, Logger: o.Logger,
 		})
 		if err != nil {
 			return fmt.Errorf("server: tasks: %w", err)
@@ -280,6 +283,10 @@ func (s *Server) runLoop(f func(ctx context.Context)) {
 
 func (s *Server) startChat() error {
 	o, m := s.opts, s.metrics
+	var online chat.Online = s.presence
+	if s.relay != nil {
+		online = onlineIndex{s.presence, s.relay}
+	}
 	chatStore := s.store
 	if o.WrapStore != nil {
 		chatStore = o.WrapStore(chatStore)
@@ -290,7 +297,7 @@ func (s *Server) startChat() error {
 	}
 	svc, err := chat.New(o.Chat, chat.Deps{
 		Store: chatStore, Registry: s.registry, Bus: s.bus, IDs: snowflake.New(snowflake.NodeNumber(o.Node), nil),
-		Logger: o.Logger, Online: s.presence, Ledger: s.ledger, Limiter: lim,
+		Logger: o.Logger, Online: online, Ledger: s.ledger, Limiter: lim,
 		Observer: chat.Observer{
 			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },
 			StoreFailed: func(op string) { m.StoreErrors.WithLabelValues(op).Inc() },
@@ -325,6 +332,17 @@ func (s *Server) startChat() error {
 	}
 	return nil
 }
+
+// onlineIndex is the chat service's online index in cluster mode: the
+// process's tracker, with joins and leaves relayed to the other chat
+// processes' trackers.
+type onlineIndex struct {
+	*presence.Tracker
+	relay *cluster.Relay
+}
+
+func (o onlineIndex) Joined(conv uint64, members []store.Member) { o.relay.Joined(conv, members) }
+func (o onlineIndex) Left(conv uint64, users []string)           { o.relay.Left(conv, users) }
 
 // hub is the gateway's presence: the node's tracker, plus the relay that
 // tells the other processes in cluster mode.
