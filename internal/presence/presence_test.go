@@ -12,7 +12,9 @@ import (
 
 type rows map[string][]store.ConvRow
 
-func (r rows) UserConversations(_ context.Context, u string) ([]store.ConvRow, error) { return r[u], nil }
+func (r rows) UserConversations(_ context.Context, u string) ([]store.ConvRow, error) {
+	return r[u], nil
+}
 
 type sink struct {
 	mu      sync.Mutex
