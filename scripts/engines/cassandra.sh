@@ -179,7 +179,7 @@ start() {
 	jamm=$(ls "$lib"/jamm-*.jar)
 	(
 		cd "$dir"
-		exec setsid "$java_home/bin/java" -Xms1g -Xmx1g -XX:+ExitOnOutOfMemoryError \
+		exec setsid "$java_home/bin/java" -Xms${PARLEY_CASSANDRA_HEAP:-2g} -Xmx${PARLEY_CASSANDRA_HEAP:-2g} -XX:+ExitOnOutOfMemoryError \
 			"${jvm17_flags[@]}" \
 			-javaagent:"$jamm" \
 			-Dcassandra.config="file://$dir/cassandra.yaml" \
