@@ -21,7 +21,7 @@ commands:
   serve    run a node (every role, embedded storage under ./data, by default)
   token    mint a development token for a user
   chat     terminal chat client
-  bench    benchmarks against a running system (idle, send, fanout)
+  bench    benchmarks: idle, send, fanout, history (embedded or against a cluster)
   migrate  create or upgrade the Cassandra schema of cluster mode
   version  print the version
 

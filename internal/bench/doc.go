@@ -1,15 +1,20 @@
 // Package bench owns Parley's benchmark tools: `parley bench idle` (server
-// RSS per idle authenticated connection) and `parley bench send` (durable
-// 1:1 send→ACK throughput and send→deliver latency). They drive a real
-// `parley serve` child process over the public wire protocol, so they measure
-// the binary that ships rather than an in-process test node.
+// RSS per idle authenticated connection), `parley bench send` (durable 1:1
+// send→ACK throughput and send→deliver latency), `parley bench fanout`
+// (write amplification per fan-out tier, the seed's table, and delivery to
+// a fully online group) and `parley bench history` (latest-50 reads). They
+// drive a real `parley serve` child process, or with -urls an existing
+// cluster, over the public wire protocol, so they measure the binary that
+// ships rather than an in-process test node. Hidden client modes
+// (idle-client, fanout-client, storm-client) run the many connections in
+// separate processes.
 //
 // The benchmarks are tools that report figures, not pass/fail tests; the
 // arithmetic they report with (Fit, Percentile, the /proc and /metrics
-// parsers) is unit-tested.
+// parsers, the delivery counting) is unit-tested.
 //
-// Concurrency: RunIdle, RunIdleClient and RunSend are one-shot calls that own
-// every goroutine and child process they start and return only after all of
-// them have stopped; child processes are killed on every return path,
-// including cancellation of ctx (Ctrl-C).
+// Concurrency: the Run functions are one-shot calls that own every goroutine
+// and child process they start and return only after all of them have
+// stopped; child processes are killed on every return path, including
+// cancellation of ctx (Ctrl-C).
 package bench

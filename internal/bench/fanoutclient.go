@@ -199,10 +199,12 @@ type fanConn struct {
 	// lastWrite is the Unix ns of the last frame written, for pings.
 	lastWrite atomic.Int64
 
-	// The reader's position: the last conversation and seq received.
-	// Pushes of one conversation arrive in seq order per connection
-	// (docs/protocol.md), so a seq at or below it is a re-send.
-	conv, seq uint64
+	// The reader's view of the current conversation: pushes of concurrent
+	// senders may arrive out of seq order (docs/protocol.md), so a re-send
+	// is a seq seen before, and the cumulative ack is the contiguous prefix.
+	conv   uint64
+	seen   map[uint64]bool
+	contig uint64 // every seq ≤ contig has arrived
 
 	// pending is the highest (conv, seq) received and not yet
 	// acknowledged; the maintenance loop sends it.
@@ -288,16 +290,30 @@ func (fc *fanoutClient) read(c *fanConn) {
 }
 
 func (fc *fanoutClient) onMessage(c *fanConn, m *protocol.Message, now time.Time) {
-	fresh := m.ConvID != c.conv || m.Seq > c.seq
-	gap := fresh && m.ConvID == c.conv && c.seq != 0 && m.Seq > c.seq+1
+	if m.ConvID != c.conv || c.seen == nil {
+		c.conv, c.seen, c.contig = m.ConvID, make(map[uint64]bool), 0
+	}
+	fresh := !c.seen[m.Seq]
+	// A gap: a seq beyond the next one expected (not for the first push).
+	gap := fresh && c.contig != 0 && m.Seq > c.contig+1
 	if fresh {
-		c.conv, c.seq = m.ConvID, m.Seq
-		if fc.cfg.AckEvery == 0 {
-			fc.write(c, &protocol.Frame{Type: protocol.TypeDelivered, ConvID: m.ConvID, Seq: m.Seq})
-		} else {
-			c.pmu.Lock()
-			c.pendConv, c.pendSeq = m.ConvID, m.Seq
-			c.pmu.Unlock()
+		c.seen[m.Seq] = true
+		if c.contig == 0 {
+			c.contig = m.Seq - 1 // the prefix starts at the first push seen
+		}
+		advanced := false
+		for c.seen[c.contig+1] {
+			c.contig++
+			advanced = true
+		}
+		if advanced {
+			if fc.cfg.AckEvery == 0 {
+				fc.write(c, &protocol.Frame{Type: protocol.TypeDelivered, ConvID: m.ConvID, Seq: c.contig})
+			} else {
+				c.pmu.Lock()
+				c.pendConv, c.pendSeq = m.ConvID, c.contig
+				c.pmu.Unlock()
+			}
 		}
 	}
 	if m.Kind != protocol.KindText {
