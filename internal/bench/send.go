@@ -305,44 +305,9 @@ type pair struct {
 
 const msgPrefix = "m"
 
+// openPair opens a sender and a receiver through the same node.
 func openPair(ctx context.Context, d *dialer, name string, messages, inflight int) (*pair, error) {
-	p := &pair{
-		senderUser: name + "a", base: time.Now(), sentAt: make([]atomic.Int64, messages),
-		acked: make(chan struct{}), deliv: make(chan struct{}), opened: make(chan *protocol.Frame, 1),
-		window: make(chan struct{}, inflight),
-	}
-	p.mu.seen = make([]bool, messages)
-	// The receiver connects first so that it is online for every push.
-	rws, _, err := d.dial(ctx, name+"b", "d1")
-	if err != nil {
-		return nil, err
-	}
-	p.receiver = &wsConn{ws: rws}
-	sws, _, err := d.dial(ctx, p.senderUser, "d1")
-	if err != nil {
-		rws.Close()
-		return nil, err
-	}
-	p.sender = &wsConn{ws: sws}
-	p.readers.Add(2)
-	go p.readLoop(p.sender, p.onSenderFrame)
-	go p.readLoop(p.receiver, p.onReceiverFrame)
-	if err := p.sender.write(&protocol.Frame{Type: protocol.TypeOpenDirect, RID: "open", Peer: name + "b"}); err != nil {
-		p.close()
-		return nil, fmt.Errorf("open direct: %w", err)
-	}
-	select {
-	case f := <-p.opened:
-		if f.Type != protocol.TypeConv || f.Conv == nil {
-			p.close()
-			return nil, fmt.Errorf("open direct: %s %s", f.Code, f.Error)
-		}
-		p.conv = f.Conv.ConvID
-	case <-ctx.Done():
-		p.close()
-		return nil, fmt.Errorf("open direct: %w", ctx.Err())
-	}
-	return p, nil
+	return openPairAcross(ctx, d, d, name, messages, inflight)
 }
 
 func (p *pair) close() {
