@@ -165,13 +165,12 @@ func (g *Gateway) open(s *session) {
 	if g.obs.Connections != nil {
 		g.obs.Connections(1)
 	}
-	g.add(s)
 	g.observeHandshake("ok")
-	s.writeFrame(&protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{
-		Protocol: protocol.Version, SessionID: s.id, UserID: s.user, DeviceID: s.device, Node: g.cfg.Node,
-		ServerTime: now.UnixMilli(), HeartbeatMS: g.cfg.HeartbeatInterval.Milliseconds(),
-		IdleTimeoutMS: g.cfg.IdleTimeout.Milliseconds(), Limits: g.cfg.Limits,
-	}})
+	// Indexed, registered and online before the hello, so a client holding
+	// its hello is routable; pushes are held back until the hello is out
+	// (hello is the first frame), and those skipped precede the client's
+	// first sync, which brings them.
+	g.add(s)
 	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.RequestTimeout)
 	defer cancel()
 	old, err := g.reg.Register(ctx, registry.Entry{User: s.user, Device: s.device, Node: g.cfg.Node, Session: s.id, Since: now.UnixMilli()})
@@ -185,6 +184,12 @@ func (g *Gateway) open(s *session) {
 	}
 	g.presence.Connected(ctx, s.user)
 	s.present.Store(true)
+	s.writeFrame(&protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{
+		Protocol: protocol.Version, SessionID: s.id, UserID: s.user, DeviceID: s.device, Node: g.cfg.Node,
+		ServerTime: now.UnixMilli(), HeartbeatMS: g.cfg.HeartbeatInterval.Milliseconds(),
+		IdleTimeoutMS: g.cfg.IdleTimeout.Milliseconds(), Limits: g.cfg.Limits,
+	}})
+	s.greeted.Store(true)
 }
 
 func (g *Gateway) refuse(w http.ResponseWriter, result string, code protocol.Code, msg string, after time.Duration) {

@@ -22,6 +22,7 @@ type session struct {
 	lastSeen atomic.Int64 // unix ms of the last frame received
 	closed   atomic.Bool
 	present  atomic.Bool // counted by the presence tracker
+	greeted  atomic.Bool // the hello is out; pushes may follow
 	// deadlineCleared: nbio arms its HTTP read deadline after registering
 	// the connection, which can land after the upgrade cleared it; the
 	// first frame clears it again (the sweeper owns idle timeouts).
@@ -47,7 +48,7 @@ type pending struct {
 
 // push writes a delivery frame and, for messages, tracks it until acked.
 func (s *session) push(frame []byte, conv, seq uint64, key string) {
-	if s.closed.Load() {
+	if s.closed.Load() || !s.greeted.Load() {
 		return
 	}
 	if seq != 0 {

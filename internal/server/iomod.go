@@ -2,7 +2,6 @@
 
 package server
 
-import "github.com/lesismal/nbio/nbhttp"
-
-// ioMod is nbio's non-blocking event loop: no goroutine per idle connection.
-const ioMod = nbhttp.IOModNonBlocking
+// stdServer is false: connections run on nbio's non-blocking event loop,
+// with no goroutine per idle connection.
+const stdServer = false

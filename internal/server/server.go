@@ -104,6 +104,7 @@ type Server struct {
 	now      func() time.Time
 	ln       net.Listener
 	engine   *nbhttp.Engine
+	std      *http.Server // instead of engine in race-detector builds
 	reg      *prometheus.Registry
 	metrics  *metrics.Metrics
 	presence *presence.Tracker
@@ -454,6 +455,11 @@ func (s *Server) listen(o Options) error {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	if stdServer {
+		s.std = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = s.std.Serve(ln) }()
+		return nil
+	}
 	s.engine = nbhttp.NewEngine(nbhttp.Config{
 		Network:                      "tcp",
 		Addrs:                        []string{ln.Addr().String()},
@@ -464,7 +470,7 @@ func (s *Server) listen(o Options) error {
 		MaxWriteBufferSize:           o.Gateway.OutboundQueueBytes,
 		MaxWebsocketFramePayloadSize: o.Gateway.Limits.MaxFrameBytes,
 		ReadBufferSize:               4096,
-		IOMod:                        ioMod,
+		IOMod:                        nbhttp.IOModNonBlocking,
 		// Plain GC-managed buffers: nbio's pooled allocator corrupts frames
 		// under concurrent connections in v1.6.7–1.6.8 (nbio issue #490;
 		// reproduced here by internal/e2e). Idle connections hold no
@@ -516,7 +522,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			}
 			cancel()
 		}
-		s.engine.Stop()
+		if s.engine != nil {
+			s.engine.Stop()
+		}
+		if s.std != nil {
+			_ = s.std.Close()
+		}
 		s.bgCancel()
 		s.bg.Wait()
 		s.shutErr = errors.Join(errGW, s.closeEngines())
