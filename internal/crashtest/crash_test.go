@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
@@ -19,28 +18,13 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/parley-im/parley/internal/auth"
+	"github.com/parley-im/parley/internal/testbin"
 	"github.com/parley-im/parley/protocol"
 )
 
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "parley-crash")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "parley")
-	build := exec.Command("go", "build", "-o", binary, "github.com/parley-im/parley/cmd/parley")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build parley:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testbin.Main(m, &binary) }
 
 // node is one run of the server process on a fixed address and data dir.
 type node struct {
