@@ -1,7 +1,9 @@
 package bench
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -164,5 +166,54 @@ func waitReady(ctx context.Context, addr string, exited <-chan struct{}, limit t
 			return fmt.Errorf("waiting for %s/readyz: %w", addr, ctx.Err())
 		case <-tick.C:
 		}
+	}
+}
+
+// serveCommands reads one command per line from in until in ends or ctx is
+// done, writing each command's answer line to out: the reply of handle, or
+// "err MESSAGE". The benchmark drives its client processes this way;
+// closing their stdin is the normal way to stop them.
+func serveCommands(ctx context.Context, in io.Reader, out io.Writer, handle func(line string) (string, error)) {
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(in)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case line, ok := <-lines:
+			if !ok {
+				return
+			}
+			reply, err := handle(line)
+			if err != nil {
+				fmt.Fprintf(out, "%s %v\n", respErr, err)
+				continue
+			}
+			fmt.Fprintln(out, reply)
+		}
+	}
+}
+
+// reportCommand answers the "report" command with report() as JSON.
+func reportCommand(report func() any) func(string) (string, error) {
+	return func(line string) (string, error) {
+		if line != cmdReport {
+			return "", fmt.Errorf("bad command %q", line)
+		}
+		b, err := json.Marshal(report())
+		if err != nil {
+			return "", err
+		}
+		return respReport + " " + string(b), nil
 	}
 }

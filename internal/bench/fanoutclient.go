@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -118,42 +117,8 @@ func RunFanoutClient(ctx context.Context, cfg FanoutClientConfig, in io.Reader, 
 	}
 	fmt.Fprintf(out, "%s %d\n", respReady, len(fc.conns()))
 
-	lines := make(chan string)
-	go func() {
-		// Ends when in does: the benchmark closing our stdin is the normal
-		// way to stop.
-		defer close(lines)
-		sc := bufio.NewScanner(in)
-		for sc.Scan() {
-			select {
-			case lines <- sc.Text():
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	for {
-		var line string
-		select {
-		case <-ctx.Done():
-			return nil
-		case l, ok := <-lines:
-			if !ok {
-				return nil
-			}
-			line = l
-		}
-		if line != cmdReport {
-			fmt.Fprintf(out, "%s bad command %q\n", respErr, line)
-			continue
-		}
-		b, err := json.Marshal(fc.report())
-		if err != nil {
-			fmt.Fprintf(out, "%s %v\n", respErr, err)
-			continue
-		}
-		fmt.Fprintf(out, "%s %s\n", respReport, b)
-	}
+	serveCommands(ctx, in, out, reportCommand(func() any { return fc.report() }))
+	return nil
 }
 
 type fanoutClient struct {

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -88,16 +87,6 @@ func RunIdleClient(ctx context.Context, cfg IdleClientConfig, in io.Reader, out 
 	ic := &idleClient{cfg: cfg, d: newDialer(cfg.Addr, key, net.ParseIP(cfg.LocalIP), 512)}
 	defer ic.closeAll()
 
-	lines := make(chan string)
-	go func() {
-		// Ends when in does; the benchmark closing our stdin is the
-		// normal way to stop, so the goroutine does not outlive us.
-		defer close(lines)
-		sc := bufio.NewScanner(in)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
 	pingDone := make(chan struct{})
 	go func() {
 		defer close(pingDone)
@@ -105,29 +94,18 @@ func RunIdleClient(ctx context.Context, cfg IdleClientConfig, in io.Reader, out 
 	}()
 	defer func() { cancel(); <-pingDone }()
 
-	for {
-		var line string
-		select {
-		case <-ctx.Done():
-			return nil
-		case l, ok := <-lines:
-			if !ok {
-				return nil
-			}
-			line = l
-		}
+	serveCommands(ctx, in, out, func(line string) (string, error) {
 		verb, arg, _ := strings.Cut(line, " ")
 		n, err := strconv.Atoi(arg)
 		if verb != cmdAdd || err != nil || n < 0 {
-			fmt.Fprintf(out, "%s bad command %q\n", respErr, line)
-			continue
+			return "", fmt.Errorf("bad command %q", line)
 		}
 		if err := ic.add(ctx, n); err != nil {
-			fmt.Fprintf(out, "%s %v\n", respErr, err)
-			continue
+			return "", err
 		}
-		fmt.Fprintf(out, "%s %d %d\n", respOK, ic.opened(), ic.live.Load())
-	}
+		return fmt.Sprintf("%s %d %d", respOK, ic.opened(), ic.live.Load()), nil
+	})
+	return nil
 }
 
 type idleClient struct {

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -189,41 +188,8 @@ func RunStormClient(ctx context.Context, cfg StormClientConfig, in io.Reader, ou
 	}
 	fmt.Fprintf(out, "%s %d\n", respReady, n)
 
-	lines := make(chan string)
-	go func() {
-		// Ends when in does: the test closing our stdin is the normal stop.
-		defer close(lines)
-		s := bufio.NewScanner(in)
-		for s.Scan() {
-			select {
-			case lines <- s.Text():
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	for {
-		var line string
-		select {
-		case <-ctx.Done():
-			return nil
-		case l, ok := <-lines:
-			if !ok {
-				return nil
-			}
-			line = l
-		}
-		if line != cmdReport {
-			fmt.Fprintf(out, "%s bad command %q\n", respErr, line)
-			continue
-		}
-		b, err := json.Marshal(sc.report())
-		if err != nil {
-			fmt.Fprintf(out, "%s %v\n", respErr, err)
-			continue
-		}
-		fmt.Fprintf(out, "%s %s\n", respReport, b)
-	}
+	serveCommands(ctx, in, out, reportCommand(func() any { return sc.report() }))
+	return nil
 }
 
 type stormClient struct {
