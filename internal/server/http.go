@@ -141,6 +141,8 @@ func httpStatus(c protocol.Code) int {
 		return http.StatusServiceUnavailable
 	case protocol.CodeInternal:
 		return http.StatusInternalServerError
+	case protocol.CodeTimeout:
+		return http.StatusGatewayTimeout
 	}
 	return http.StatusBadRequest
 }

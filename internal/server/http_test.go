@@ -85,3 +85,19 @@ func FuzzParseSnapshotQuery(f *testing.F) {
 		}
 	})
 }
+
+func TestHTTPStatusOfEveryCode(t *testing.T) {
+	want := map[protocol.Code]int{
+		protocol.CodeBadFrame: 400, protocol.CodeUnknownType: 400, protocol.CodeInvalidArgument: 400,
+		protocol.CodeUnauthorized: 401, protocol.CodeTokenExpired: 401,
+		protocol.CodeNotMember: 403, protocol.CodeForbidden: 403, protocol.CodeNotFound: 404,
+		protocol.CodeConflict: 409, protocol.CodeRecallExpired: 409, protocol.CodeTooLarge: 413,
+		protocol.CodeRateLimited: 429, protocol.CodeStoreUnavailable: 503, protocol.CodeOverloaded: 503,
+		protocol.CodeInternal: 500, protocol.CodeTimeout: 504,
+	}
+	for code, status := range want {
+		if got := httpStatus(code); got != status {
+			t.Errorf("httpStatus(%s) = %d, want %d (docs/protocol.md)", code, got, status)
+		}
+	}
+}
