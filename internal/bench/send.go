@@ -203,21 +203,13 @@ func RunSend(ctx context.Context, cfg SendConfig) (res SendResult, err error) {
 		defer fs.stop()
 	}
 
-	start := time.Now()
-	var wg sync.WaitGroup
-	for _, p := range pairs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.sendAll(ctx, body)
-		}()
+	sent, err := runPairs(ctx, pairs, body)
+	if err != nil {
+		return SendResult{}, fmt.Errorf("bench send: %w", err)
 	}
-	wg.Wait()
-	for _, p := range pairs {
-		if err := p.wait(ctx); err != nil {
-			return SendResult{}, fmt.Errorf("bench send: %w", err)
-		}
-	}
+	fsyncs := res.Fsyncs
+	res = sent
+	res.Fsyncs = fsyncs
 	if fs != nil {
 		if res.Fsyncs, err = fs.stop(); err != nil {
 			return SendResult{}, fmt.Errorf("bench send: %w", err)
@@ -228,22 +220,6 @@ func RunSend(ctx context.Context, cfg SendConfig) (res SendResult, err error) {
 		return SendResult{}, fmt.Errorf("bench send: %w", err)
 	}
 
-	var acks, dels []time.Duration
-	var end time.Time
-	for _, p := range pairs {
-		p.mu.Lock()
-		acks = append(acks, p.mu.ackLat...)
-		dels = append(dels, p.mu.delLat...)
-		res.Errors += p.mu.errors
-		if p.mu.lastAck.After(end) {
-			end = p.mu.lastAck
-		}
-		p.mu.Unlock()
-	}
-	res.Messages = cfg.Pairs * cfg.Messages
-	res.Acked, res.Delivered = len(acks), len(dels)
-	res.Duration = end.Sub(start)
-	res.Ack, res.Deliver = Summarize(acks), Summarize(dels)
 	res.Stored = delta(before, after, "parley_messages_stored_total")
 	res.Retransmits = delta(before, after, "parley_retransmits_total")
 	res.WriteTable(cfg.Out)
