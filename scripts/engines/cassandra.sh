@@ -40,6 +40,8 @@ addr=127.0.0.1:$port
 export_line="export PARLEY_TEST_CASSANDRA=$addr"
 
 log() { echo "cassandra.sh: $*" >&2; }
+# shellcheck source=scripts/engines/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 die() {
 	log "$*"
 	exit 1
@@ -208,26 +210,7 @@ start() {
 	announce
 }
 
-stop() {
-	if ! running; then
-		rm -f "$pidfile"
-		log "not running"
-		return
-	fi
-	local pid
-	pid=$(cat "$pidfile")
-	kill -TERM "$pid"
-	for _ in $(seq 60); do
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.5
-	done
-	if kill -0 "$pid" 2>/dev/null; then
-		log "pid $pid ignored SIGTERM for 30s; killing it"
-		kill -KILL "$pid"
-	fi
-	rm -f "$pidfile"
-	log "stopped"
-}
+stop() { stop_pidfile "$pidfile" 30; }
 
 status() {
 	if running && [[ -x $ready ]] && "$ready" -addr "$addr" -timeout 5s; then

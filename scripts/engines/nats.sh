@@ -20,6 +20,8 @@ envfile="$dir/env"
 url="nats://127.0.0.1:$port"
 
 log() { echo "nats.sh: $*" >&2; }
+# shellcheck source=scripts/engines/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 running() { [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 
@@ -79,25 +81,7 @@ start() {
 	exit 1
 }
 
-stop() {
-	if ! running; then
-		log "not running"
-		rm -f "$pidfile"
-		return 0
-	fi
-	local pid
-	pid="$(cat "$pidfile")"
-	kill "$pid"
-	for _ in $(seq 1 100); do
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.1
-	done
-	if kill -0 "$pid" 2>/dev/null; then
-		kill -9 "$pid"
-	fi
-	rm -f "$pidfile"
-	log "stopped"
-}
+stop() { stop_pidfile "$pidfile" 10; }
 
 status() {
 	if running && ready; then

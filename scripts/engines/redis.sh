@@ -18,6 +18,8 @@ envfile="$dir/env"
 addr="127.0.0.1:$port"
 
 log() { echo "redis.sh: $*" >&2; }
+# shellcheck source=scripts/engines/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ping() { redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; }
 
@@ -75,25 +77,7 @@ start() {
 	exit 1
 }
 
-stop() {
-	if ! running; then
-		log "not running"
-		rm -f "$pidfile"
-		return 0
-	fi
-	local pid
-	pid="$(cat "$pidfile")"
-	kill "$pid"
-	for _ in $(seq 1 50); do
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.1
-	done
-	if kill -0 "$pid" 2>/dev/null; then
-		kill -9 "$pid"
-	fi
-	rm -f "$pidfile"
-	log "stopped"
-}
+stop() { stop_pidfile "$pidfile" 5; }
 
 status() {
 	if running && ping; then

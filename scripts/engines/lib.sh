@@ -1,0 +1,25 @@
+# Shared by the engine scripts (sourced, not run). Each script defines
+# log() and running() before calling these.
+
+# stop_pidfile PIDFILE GRACE_SECONDS: SIGTERM the process in PIDFILE, wait up
+# to GRACE_SECONDS for it to exit, then SIGKILL it; remove the pidfile.
+stop_pidfile() {
+	local pidfile=$1 grace=$2 pid
+	if ! running; then
+		rm -f "$pidfile"
+		log "not running"
+		return 0
+	fi
+	pid=$(cat "$pidfile")
+	kill -TERM "$pid"
+	for _ in $(seq $((grace * 10))); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	if kill -0 "$pid" 2>/dev/null; then
+		log "pid $pid ignored SIGTERM for ${grace}s; killing it"
+		kill -KILL "$pid"
+	fi
+	rm -f "$pidfile"
+	log "stopped"
+}
