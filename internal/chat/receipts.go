@@ -1,0 +1,99 @@
+package chat
+
+import (
+	"context"
+
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/protocol"
+)
+
+// delivered records that a device has every message up to seq and tells the
+// peer of a direct conversation (the second tick of the ACK chain).
+func (s *Service) delivered(ctx context.Context, c Caller, conv, seq uint64) *protocol.Error {
+	cv, perr := s.conversation(ctx, c.User, conv)
+	if perr != nil {
+		return perr
+	}
+	seq = min(seq, cv.LastSeq)
+	before, err := s.store.Delivered(ctx, c.User, conv)
+	if err != nil {
+		return s.storeErr("delivered", err)
+	}
+	if seq <= before {
+		return nil
+	}
+	if _, err := s.store.SetDelivered(ctx, c.User, conv, seq); err != nil {
+		return s.storeErr("delivered", err)
+	}
+	if cv.Kind == store.Direct {
+		s.receipt(ctx, c, cv, seq, protocol.StateDelivered, false)
+	}
+	return nil
+}
+
+// read moves the read position (per user by default, so every device of the
+// user clears its badge, M24) and tells the user's devices and, in a direct
+// conversation, the peer.
+func (s *Service) read(ctx context.Context, c Caller, conv, seq uint64) *protocol.Error {
+	cv, perr := s.conversation(ctx, c.User, conv)
+	if perr != nil {
+		return perr
+	}
+	seq = min(seq, cv.LastSeq)
+	if seq == 0 {
+		return nil
+	}
+	before, err := s.store.Read(ctx, c.User, s.readDevice(c), conv)
+	if err != nil {
+		return s.storeErr("read", err)
+	}
+	if seq <= before {
+		return nil
+	}
+	if _, err := s.store.SetRead(ctx, c.User, s.readDevice(c), conv, seq); err != nil {
+		return s.storeErr("read", err)
+	}
+	s.receipt(ctx, c, cv, seq, protocol.StateRead, true)
+	return nil
+}
+
+func (s *Service) readDevice(c Caller) string {
+	if s.cfg.ReadScope == ReadPerDevice {
+		return c.Device
+	}
+	return ""
+}
+
+// conversation returns the conversation after checking membership.
+func (s *Service) conversation(ctx context.Context, user string, conv uint64) (store.Conversation, *protocol.Error) {
+	if _, perr := s.member(ctx, user, conv); perr != nil {
+		return store.Conversation{}, perr
+	}
+	cv, err := s.store.Conversation(ctx, conv)
+	if err != nil {
+		return cv, s.storeErr("conversation", err)
+	}
+	return cv, nil
+}
+
+func (s *Service) receipt(ctx context.Context, c Caller, cv store.Conversation, seq uint64, state string, self bool) {
+	var users []string
+	if self {
+		users = append(users, c.User)
+	}
+	if cv.Kind == store.Direct {
+		members, err := s.store.Members(ctx, cv.ID)
+		if err != nil {
+			s.log.Warn("receipt: members", "err", err)
+			return
+		}
+		for _, m := range members {
+			if m.UserID != c.User {
+				users = append(users, m.UserID)
+			}
+		}
+	}
+	s.push(ctx, users, &protocol.Frame{
+		Type: protocol.TypeReceipt, ConvID: cv.ID, UserID: c.User, DeviceID: c.Device, Seq: seq, State: state,
+	}, 0, 0)
+}
