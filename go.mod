@@ -3,6 +3,7 @@ module github.com/parley-im/parley
 go 1.26.8
 
 require (
+	filippo.io/edwards25519 v1.2.0
 	github.com/apache/cassandra-gocql-driver/v2 v2.1.2
 	github.com/cockroachdb/pebble/v2 v2.1.7
 	github.com/coder/websocket v1.8.15

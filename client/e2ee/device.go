@@ -1,0 +1,550 @@
+package e2ee
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Address names one device of one user. User and device ids are Parley ids
+// ([A-Za-z0-9._@-]), so "/" separates them safely in store keys.
+type Address struct {
+	User   string
+	Device string
+}
+
+func (a Address) String() string { return a.User + "/" + a.Device }
+
+// PublicPreKey is a one-time Curve25519 prekey as uploaded.
+type PublicPreKey struct {
+	ID  uint32
+	Key PublicKey
+}
+
+// SignedPreKey is a Curve25519 prekey signed by the identity key.
+type SignedPreKey struct {
+	ID  uint32
+	Key PublicKey
+	Sig []byte // XEdDSA over Key.Bytes()
+}
+
+// KEMPreKey is an ML-KEM-1024 prekey signed by the identity key.
+type KEMPreKey struct {
+	ID  uint32
+	Key []byte // KEMType || encapsulation key
+	Sig []byte // XEdDSA over Key
+}
+
+// KeyUpload is what a device publishes to the key directory.
+type KeyUpload struct {
+	RegistrationID uint32
+	IdentityKey    PublicKey
+	SignedPreKey   *SignedPreKey
+	PreKeys        []PublicPreKey
+	KEMPreKeys     []KEMPreKey
+	LastResortKEM  *KEMPreKey
+}
+
+// Bundle is what the key directory hands out for one device: at most one
+// one-time prekey of each kind, used once.
+type Bundle struct {
+	Address
+	RegistrationID uint32
+	IdentityKey    PublicKey
+	SignedPreKey   SignedPreKey
+	PreKey         *PublicPreKey // nil when the device ran out
+	KEMPreKey      *KEMPreKey    // nil: classic X3DH (version 3)
+}
+
+// VerifyBundle checks a bundle's signatures against its identity key.
+func VerifyBundle(b Bundle) error {
+	if !b.IdentityKey.Verify(b.SignedPreKey.Key.Bytes(), b.SignedPreKey.Sig) {
+		return fmt.Errorf("%w: signed prekey signature does not verify", ErrBadSignature)
+	}
+	if b.KEMPreKey != nil && !b.IdentityKey.Verify(b.KEMPreKey.Key, b.KEMPreKey.Sig) {
+		return fmt.Errorf("%w: KEM prekey signature does not verify", ErrBadSignature)
+	}
+	return nil
+}
+
+type identityRecord struct {
+	Key   KeyPair `json:"key"`
+	RegID uint32  `json:"reg"`
+}
+
+type metaRecord struct {
+	NextPreKey    uint32 `json:"next_pk"`
+	NextSigned    uint32 `json:"next_spk"`
+	NextKEM       uint32 `json:"next_kem"`
+	Signed        uint32 `json:"spk"`
+	LastResort    uint32 `json:"last_resort"`
+	HasSigned     bool   `json:"has_spk"`
+	HasLastResort bool   `json:"has_last_resort"`
+}
+
+type signedRecord struct {
+	Key KeyPair `json:"key"`
+	Sig []byte  `json:"sig"`
+}
+
+type kemRecord struct {
+	Key        KEMKeyPair `json:"key"`
+	Sig        []byte     `json:"sig"`
+	LastResort bool       `json:"last_resort"`
+}
+
+type sessionRecord struct {
+	Current  *sessionState  `json:"current,omitempty"`
+	Previous []sessionState `json:"previous,omitempty"` // newest first
+}
+
+// Device is one device's end-to-end state: its identity, its prekeys, a
+// session per peer device and the sender keys of its groups. It is safe for
+// concurrent use; operations on it are serialised.
+type Device struct {
+	mu    sync.Mutex
+	st    Store
+	self  Address
+	id    identityRecord
+	trust TrustPolicy
+}
+
+// TrustPolicy decides what happens when a peer device's identity key is not
+// the one seen before.
+type TrustPolicy uint8
+
+const (
+	// TrustOnFirstUse accepts a changed identity (the new key replaces the
+	// old; the safety number changes). The default, as in Signal.
+	TrustOnFirstUse TrustPolicy = iota
+	// TrustStrict refuses a changed identity with ErrUntrusted until
+	// TrustIdentity accepts it.
+	TrustStrict
+)
+
+// OpenDevice loads the device's state from st, creating an identity key
+// and registration id on first use.
+func OpenDevice(st Store, self Address) (*Device, error) {
+	d := &Device{st: st, self: self}
+	ok, err := d.load("identity", &d.id)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		var r [4]byte
+		rand.Read(r[:])
+		d.id = identityRecord{Key: GenerateKeyPair(), RegID: binary.BigEndian.Uint32(r[:])&0x3FFF + 1}
+		if err := d.save("identity", d.id); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// SetTrustPolicy sets how identity changes of peers are handled.
+func (d *Device) SetTrustPolicy(p TrustPolicy) { d.mu.Lock(); d.trust = p; d.mu.Unlock() }
+
+// Address is the device's own address.
+func (d *Device) Address() Address { return d.self }
+
+// IdentityKey is the device's public identity key.
+func (d *Device) IdentityKey() PublicKey { return d.id.Key.Public }
+
+// RegistrationID is the device's registration id (1..16384).
+func (d *Device) RegistrationID() uint32 { return d.id.RegID }
+
+func (d *Device) load(key string, v any) (bool, error) {
+	b, err := d.st.Load(key)
+	if err != nil || b == nil {
+		return false, err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return false, fmt.Errorf("e2ee: store entry %q: %w", key, err)
+	}
+	return true, nil
+}
+
+func (d *Device) save(key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return d.st.Save(key, b)
+}
+
+func idKey(prefix string, id uint32) string { return prefix + strconv.FormatUint(uint64(id), 10) }
+
+// GenerateKeys makes n one-time Curve25519 prekeys and n one-time ML-KEM
+// prekeys, plus a signed prekey and a last-resort KEM prekey if the device
+// has none yet; it stores the private halves and returns what to upload.
+func (d *Device) GenerateKeys(n int) (KeyUpload, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var m metaRecord
+	if _, err := d.load("meta", &m); err != nil {
+		return KeyUpload{}, err
+	}
+	up := KeyUpload{RegistrationID: d.id.RegID, IdentityKey: d.id.Key.Public}
+	if !m.HasSigned {
+		spk, err := d.newSigned(&m)
+		if err != nil {
+			return up, err
+		}
+		up.SignedPreKey = &spk
+	}
+	if !m.HasLastResort {
+		k, err := d.newKEM(&m, true)
+		if err != nil {
+			return up, err
+		}
+		up.LastResortKEM = &k
+		m.LastResort, m.HasLastResort = k.ID, true
+	}
+	for i := 0; i < n; i++ {
+		m.NextPreKey++
+		kp := GenerateKeyPair()
+		if err := d.save(idKey("prekey/", m.NextPreKey), kp); err != nil {
+			return up, err
+		}
+		up.PreKeys = append(up.PreKeys, PublicPreKey{ID: m.NextPreKey, Key: kp.Public})
+		k, err := d.newKEM(&m, false)
+		if err != nil {
+			return up, err
+		}
+		up.KEMPreKeys = append(up.KEMPreKeys, k)
+	}
+	return up, d.save("meta", m)
+}
+
+func (d *Device) newSigned(m *metaRecord) (SignedPreKey, error) {
+	m.NextSigned++
+	kp := GenerateKeyPair()
+	sig := d.id.Key.Private.Sign(kp.Public.Bytes())
+	if err := d.save(idKey("signed/", m.NextSigned), signedRecord{Key: kp, Sig: sig[:]}); err != nil {
+		return SignedPreKey{}, err
+	}
+	m.Signed, m.HasSigned = m.NextSigned, true
+	return SignedPreKey{ID: m.NextSigned, Key: kp.Public, Sig: sig[:]}, nil
+}
+
+func (d *Device) newKEM(m *metaRecord, lastResort bool) (KEMPreKey, error) {
+	m.NextKEM++
+	kp := GenerateKEMKeyPair()
+	sig := d.id.Key.Private.Sign(kp.Public)
+	if err := d.save(idKey("kem/", m.NextKEM), kemRecord{Key: kp, Sig: sig[:], LastResort: lastResort}); err != nil {
+		return KEMPreKey{}, err
+	}
+	return KEMPreKey{ID: m.NextKEM, Key: kp.Public, Sig: sig[:]}, nil
+}
+
+// RotateSignedPreKey makes a new signed prekey (to upload). The previous
+// ones stay, so that sessions started on them still open; PruneSignedPreKeys
+// drops old ones.
+func (d *Device) RotateSignedPreKey() (SignedPreKey, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var m metaRecord
+	if _, err := d.load("meta", &m); err != nil {
+		return SignedPreKey{}, err
+	}
+	spk, err := d.newSigned(&m)
+	if err != nil {
+		return spk, err
+	}
+	return spk, d.save("meta", m)
+}
+
+// PruneSignedPreKeys deletes all signed prekeys but the newest keep ones.
+func (d *Device) PruneSignedPreKeys(keep int) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var m metaRecord
+	if _, err := d.load("meta", &m); err != nil {
+		return err
+	}
+	keys, err := d.st.List("signed/")
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		id, err := strconv.ParseUint(strings.TrimPrefix(k, "signed/"), 10, 32)
+		if err == nil && uint32(id)+uint32(keep) <= m.Signed {
+			if err := d.st.Delete(k); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkTrust applies the trust policy to a peer's identity key and records
+// it. It reports whether the key changed.
+func (d *Device) checkTrust(peer Address, key PublicKey) (bool, error) {
+	var known PublicKey
+	ok, err := d.load("trust/"+peer.String(), &known)
+	if err != nil {
+		return false, err
+	}
+	if ok && known == key {
+		return false, nil
+	}
+	if ok && d.trust == TrustStrict {
+		return true, fmt.Errorf("%w: %s", ErrUntrusted, peer)
+	}
+	return ok, d.save("trust/"+peer.String(), key)
+}
+
+// TrustIdentity records key as peer's identity (after the user compared
+// safety numbers).
+func (d *Device) TrustIdentity(peer Address, key PublicKey) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.save("trust/"+peer.String(), key)
+}
+
+// PeerIdentity returns the identity key last seen for peer.
+func (d *Device) PeerIdentity(peer Address) (PublicKey, bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var k PublicKey
+	ok, err := d.load("trust/"+peer.String(), &k)
+	return k, ok, err
+}
+
+// ProcessBundle starts a session with the bundle's device (X3DH, or PQXDH
+// when the bundle has a KEM prekey). A bad signature is refused. The
+// session's first messages are PreKeySignalMessages until the peer answers.
+func (d *Device) ProcessBundle(b Bundle) error {
+	if err := VerifyBundle(b); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, err := d.checkTrust(b.Address, b.IdentityKey); err != nil {
+		return err
+	}
+	base := GenerateKeyPair()
+	p := aliceParams{identity: d.id.Key, base: base, theirIdentity: b.IdentityKey,
+		theirSignedPreKey: b.SignedPreKey.Key, theirRatchet: b.SignedPreKey.Key}
+	pend := &pendingPreKey{SignedPreKeyID: b.SignedPreKey.ID, BaseKey: base.Public}
+	if b.PreKey != nil {
+		k := b.PreKey.Key
+		p.theirOneTime = &k
+		pend.PreKeyID, pend.HasPreKey = b.PreKey.ID, true
+	}
+	if b.KEMPreKey != nil {
+		p.theirKEM = b.KEMPreKey.Key
+		pend.KyberPreKeyID = b.KEMPreKey.ID
+	}
+	st, kct, err := aliceSession(p)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadBundle, err)
+	}
+	pend.KyberCiphertext = kct
+	st.Pending = pend
+	st.LocalRegID, st.RemoteRegID = d.id.RegID, b.RegistrationID
+	var rec sessionRecord
+	if _, err := d.load("session/"+b.Address.String(), &rec); err != nil {
+		return err
+	}
+	rec.promote(st)
+	return d.save("session/"+b.Address.String(), rec)
+}
+
+func (r *sessionRecord) promote(s *sessionState) {
+	if r.Current != nil {
+		r.Previous = append([]sessionState{*r.Current}, r.Previous...)
+		if len(r.Previous) > MaxArchivedStates {
+			r.Previous = r.Previous[:MaxArchivedStates]
+		}
+	}
+	r.Current = s
+}
+
+// HasSession reports whether the device has a session with peer.
+func (d *Device) HasSession(peer Address) (bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var rec sessionRecord
+	ok, err := d.load("session/"+peer.String(), &rec)
+	return ok && rec.Current != nil, err
+}
+
+// Encrypt seals plaintext for peer on the current session.
+func (d *Device) Encrypt(peer Address, plain []byte) (MessageType, []byte, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var rec sessionRecord
+	ok, err := d.load("session/"+peer.String(), &rec)
+	if err != nil {
+		return 0, nil, err
+	}
+	if !ok || rec.Current == nil {
+		return 0, nil, fmt.Errorf("%w: %s", ErrNoSession, peer)
+	}
+	t, ct := rec.Current.encrypt(plain)
+	if err := d.save("session/"+peer.String(), rec); err != nil {
+		return 0, nil, err
+	}
+	return t, ct, nil
+}
+
+// Decrypt opens a pairwise message from peer. A failed decryption changes
+// nothing that is stored.
+func (d *Device) Decrypt(peer Address, t MessageType, ct []byte) ([]byte, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch t {
+	case TypeSignal:
+		m, err := ParseSignalMessage(ct)
+		if err != nil {
+			return nil, err
+		}
+		var rec sessionRecord
+		ok, err := d.load("session/"+peer.String(), &rec)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, fmt.Errorf("%w: %s", ErrNoSession, peer)
+		}
+		plain, err := rec.decrypt(m)
+		if err != nil {
+			return nil, err
+		}
+		return plain, d.save("session/"+peer.String(), rec)
+	case TypePreKey:
+		p, err := ParsePreKeySignalMessage(ct)
+		if err != nil {
+			return nil, err
+		}
+		return d.decryptPreKey(peer, p)
+	}
+	return nil, fmt.Errorf("%w: message type %d", ErrMalformed, t)
+}
+
+// decrypt tries the current session, then the archived ones (promoting
+// the one that opens the message). The record changes only on success.
+func (r *sessionRecord) decrypt(m SignalMessage) ([]byte, error) {
+	var firstErr error
+	if r.Current != nil {
+		c := r.Current.clone()
+		plain, err := c.decrypt(m)
+		if err == nil {
+			r.Current = c
+			return plain, nil
+		}
+		firstErr = err
+	}
+	for i := range r.Previous {
+		c := r.Previous[i].clone()
+		plain, err := c.decrypt(m)
+		if err != nil {
+			continue
+		}
+		r.Previous = append(r.Previous[:i:i], r.Previous[i+1:]...)
+		r.promote(c)
+		return plain, nil
+	}
+	if firstErr == nil {
+		firstErr = ErrNoSession
+	}
+	return nil, firstErr
+}
+
+func (d *Device) decryptPreKey(peer Address, p PreKeySignalMessage) ([]byte, error) {
+	key := "session/" + peer.String()
+	var rec sessionRecord
+	if _, err := d.load(key, &rec); err != nil {
+		return nil, err
+	}
+	// A session already built from this base key: a later PreKey message of
+	// the same initiation (or a replay, refused as a duplicate).
+	if rec.Current != nil && rec.Current.BaseKey == p.BaseKey && rec.Current.Version == p.Version {
+		plain, err := rec.decrypt(p.Message)
+		if err != nil {
+			return nil, err
+		}
+		return plain, d.save(key, rec)
+	}
+	for i := range rec.Previous {
+		if rec.Previous[i].BaseKey == p.BaseKey && rec.Previous[i].Version == p.Version {
+			plain, err := rec.decrypt(p.Message)
+			if err != nil {
+				return nil, err
+			}
+			return plain, d.save(key, rec)
+		}
+	}
+	var spk signedRecord
+	ok, err := d.load(idKey("signed/", p.SignedPreKeyID), &spk)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("%w: signed prekey %d", ErrInvalidPreKey, p.SignedPreKeyID)
+	}
+	bp := bobParams{identity: d.id.Key, signedPreKey: spk.Key, ratchet: spk.Key,
+		theirIdentity: p.IdentityKey, theirBaseKey: p.BaseKey}
+	if p.HasPreKey {
+		var otk KeyPair
+		ok, err := d.load(idKey("prekey/", p.PreKeyID), &otk)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, fmt.Errorf("%w: one-time prekey %d (used or unknown)", ErrInvalidPreKey, p.PreKeyID)
+		}
+		bp.oneTime = &otk
+	}
+	var kem kemRecord
+	if p.Version >= VersionPQXDH {
+		ok, err := d.load(idKey("kem/", p.KyberPreKeyID), &kem)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, fmt.Errorf("%w: KEM prekey %d (used or unknown)", ErrInvalidPreKey, p.KyberPreKeyID)
+		}
+		bp.kem, bp.kemCiphertext = &kem.Key, p.KyberCiphertext
+	}
+	st, err := bobSession(bp)
+	if err != nil {
+		return nil, err
+	}
+	st.LocalRegID, st.RemoteRegID = d.id.RegID, p.RegistrationID
+	plain, err := st.decrypt(p.Message)
+	if err != nil {
+		return nil, err
+	}
+	// The message opened: only now trust, store and consume the keys.
+	if _, err := d.checkTrust(peer, p.IdentityKey); err != nil {
+		return nil, err
+	}
+	rec.promote(st)
+	if err := d.save(key, rec); err != nil {
+		return nil, err
+	}
+	if p.HasPreKey {
+		if err := d.st.Delete(idKey("prekey/", p.PreKeyID)); err != nil {
+			return nil, err
+		}
+	}
+	if p.Version >= VersionPQXDH && !kem.LastResort {
+		if err := d.st.Delete(idKey("kem/", p.KyberPreKeyID)); err != nil {
+			return nil, err
+		}
+	}
+	return plain, nil
+}
+
+// Reset forgets the session with peer (a new one starts from a bundle).
+func (d *Device) Reset(peer Address) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.st.Delete("session/" + peer.String())
+}

@@ -1,0 +1,32 @@
+// Package e2ee is Parley's end-to-end encryption for clients: Signal's
+// protocol family written on the Go standard library (crypto/ecdh,
+// crypto/mlkem, crypto/hkdf, crypto/hmac, crypto/aes) and
+// filippo.io/edwards25519 (XEdDSA).
+//
+//   - PQXDH (X3DH plus a signed ML-KEM-1024 prekey) starts a session with a
+//     device that may be offline, from a prekey bundle the server hands out;
+//     bundles without a KEM prekey give classic X3DH (message version 3).
+//   - The Double Ratchet then protects every message, with libsignal's
+//     limits: MaxSkippedKeys (2,000) kept per receiving chain,
+//     MaxForwardJump (25,000), errors beyond them (ErrTooFarAhead,
+//     ErrDuplicate).
+//   - Sender Keys encrypt a group message once (GroupEncrypt); the key is
+//     distributed over the pairwise sessions and rotated (RotateGroup) when
+//     a member leaves.
+//   - SafetyNumber is libsignal's 60-digit displayable fingerprint.
+//
+// Messages are byte-compatible with libsignal's SignalMessage,
+// PreKeySignalMessage (with the PQXDH fields), SenderKeyMessage and
+// SenderKeyDistributionMessage; the known-answer tests use libsignal's
+// published vectors and an interoperability test (interop/libsignal) runs
+// against go.mau.fi/libsignal. Not implemented: libsignal's SPQR ("triple
+// ratchet") extension, sealed sender.
+//
+// Each Device has its own identity key (one identity per device): a message
+// to a user is encrypted to each of their devices and to the sender's own
+// other devices. State lives behind the Store interface; FileStore (files
+// 0600 in a 0700 directory) is the default.
+//
+// Messenger (messenger.go) connects a Device to a Parley server: key
+// upload, bundle fetches, the per-device envelope of E2E conversations.
+package e2ee
