@@ -114,17 +114,17 @@ type Frame struct {
 
 	// presence_sub (users), presence (states)
 	Users  []string        `json:"users,omitempty"`
-	States []PresenceState `json:"states,omitempty"`
+	States []PresenceState `json:"states,omitzero"`
 
 	// server → client
 	MsgID      uint64          `json:"msg_id,omitempty,string"`
 	ServerTime int64           `json:"server_time,omitempty"`
 	Duplicate  bool            `json:"duplicate,omitempty"`
 	Message    *Message        `json:"message,omitempty"`
-	Messages   []Message       `json:"messages,omitempty"`
+	Messages   []Message       `json:"messages,omitzero"`
 	HasMore    bool            `json:"has_more,omitempty"`
-	Snapshot   []ConvSnapshot  `json:"snapshot,omitempty"`
-	List       []ConvSummary   `json:"list,omitempty"`
+	Snapshot   []ConvSnapshot  `json:"snapshot,omitzero"`
+	List       []ConvSummary   `json:"list,omitzero"`
 	Conv       *ConvInfo       `json:"conv,omitempty"`
 	UserID     string          `json:"user_id,omitempty"`
 	DeviceID   string          `json:"device_id,omitempty"`
@@ -134,6 +134,42 @@ type Frame struct {
 	RetryAfter int64           `json:"retry_after_ms,omitempty"`
 	Hello      *Hello          `json:"hello,omitempty"`
 	Extra      json.RawMessage `json:"extra,omitempty"`
+}
+
+// FillLists makes the lists a response of f's type always carries non-nil,
+// so they encode as [] rather than being left out: a snapshot, history,
+// conv_list, presence or conv answer has the same shape on the WebSocket as
+// over HTTP, empty or not (docs/protocol.md, "Empty lists"). The list fields
+// are omitzero: a nil list is left out of frames that do not carry it, an
+// empty non-nil one is written as [].
+func (f *Frame) FillLists() {
+	switch f.Type {
+	case TypeSnapshot:
+		if f.Snapshot == nil {
+			f.Snapshot = []ConvSnapshot{}
+		}
+		for i := range f.Snapshot {
+			if f.Snapshot[i].Messages == nil {
+				f.Snapshot[i].Messages = []Message{}
+			}
+		}
+	case TypeHistory:
+		if f.Messages == nil {
+			f.Messages = []Message{}
+		}
+	case TypeConvList:
+		if f.List == nil {
+			f.List = []ConvSummary{}
+		}
+	case TypePresence:
+		if f.States == nil {
+			f.States = []PresenceState{}
+		}
+	case TypeConv:
+		if f.Conv != nil && f.Conv.Members == nil {
+			f.Conv.Members = []string{}
+		}
+	}
 }
 
 // SyncConv is one entry of a sync request: the client has every message of

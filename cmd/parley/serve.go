@@ -78,6 +78,15 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 		Gateway: gw, Chat: ch, BucketWidth: cfg.Chat.BucketWidth,
 		Presence: presence.Config{Flush: cfg.Chat.PresenceFlush, MinGap: cfg.Chat.PresenceMinGap},
 		Logger:   log,
+		Web: server.Web{
+			Page:        cfg.Web.Page,
+			CORSOrigins: server.ParseOrigins(cfg.Web.CORSOrigins),
+			WSOrigins:   server.ParseOrigins(cfg.Web.WSOrigins),
+		},
+	}
+	if cfg.UsesDevKey() {
+		// Only the development key enables POST /v1/dev/token.
+		o.Web.DevKey = authCfg.HS256Key
 	}
 	if cfg.Cluster.Enabled() {
 		o.Cluster = &server.Cluster{

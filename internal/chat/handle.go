@@ -25,6 +25,7 @@ func (s *Service) Handle(ctx context.Context, c Caller, f *protocol.Frame, reply
 		reply(ErrorFrame(f.RID, perr))
 	case resp != nil:
 		resp.RID = f.RID
+		resp.FillLists()
 		reply(resp)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -68,6 +69,7 @@ type Config struct {
 	Limits  Limits  `yaml:"limits"`
 	Chat    Chat    `yaml:"chat"`
 	Metrics Metrics `yaml:"metrics"`
+	Web     Web     `yaml:"web"`
 	// Cluster names the distributed engines; empty runs on embedded ones.
 	Cluster Cluster `yaml:"cluster"`
 }
@@ -182,6 +184,18 @@ type Chat struct {
 	PresenceMinGap time.Duration `yaml:"presence_min_gap"`
 }
 
+// Web configures what browsers get from a gateway node.
+type Web struct {
+	// Page serves the embedded chat page at /.
+	Page bool `yaml:"page"`
+	// CORSOrigins (comma-separated scheme://host[:port], or *) may call
+	// /v1/rpc, /v1/poll and the snapshot endpoint from another origin.
+	CORSOrigins string `yaml:"cors_origins"`
+	// WSOrigins may open the WebSocket from another origin. The same
+	// origin is always allowed.
+	WSOrigins string `yaml:"ws_origins"`
+}
+
 // Metrics configures the Prometheus endpoint.
 type Metrics struct {
 	Enabled bool `yaml:"enabled"`
@@ -226,6 +240,7 @@ func defaults() Config {
 			PresenceMinGap:     5 * time.Second,
 		},
 		Metrics: Metrics{Enabled: true},
+		Web:     Web{Page: true},
 		Cluster: Cluster{Keyspace: "parley", ReplicationFactor: 1, Consistency: "QUORUM", SerialConsistency: "SERIAL", JetStreamReplicas: 1, Namespace: "parley"},
 	}
 }
@@ -355,6 +370,8 @@ func (c Config) Validate() error {
 	c.validateAuth(&p)
 	c.validateGateway(&p)
 	c.validateLimits(&p)
+	validateOrigins(&p, "web.cors_origins", c.Web.CORSOrigins)
+	validateOrigins(&p, "web.ws_origins", c.Web.WSOrigins)
 
 	ch := c.Chat
 	p.check(ch.SnapshotRangeLimit > 0, "chat.snapshot_range_limit", "must be positive, got %d", ch.SnapshotRangeLimit)
@@ -442,6 +459,21 @@ func (c Config) validateLimits(p *problems) {
 	}
 	// The body travels inside a frame with its JSON envelope.
 	p.check(l.MaxBodyBytes < l.MaxFrameBytes, "limits.max_body_bytes", "must be below limits.max_frame_bytes (%d), got %d", l.MaxFrameBytes, l.MaxBodyBytes)
+}
+
+// validateOrigins checks a comma-separated list of scheme://host[:port]
+// origins (or *).
+func validateOrigins(p *problems, path, list string) {
+	for _, o := range strings.Split(list, ",") {
+		o = strings.TrimSuffix(strings.TrimSpace(o), "/")
+		if o == "" || o == "*" {
+			continue
+		}
+		u, err := url.Parse(o)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "" || u.RawQuery != "" {
+			p.add(path, "%q is not an origin (http[s]://host[:port]) or *", o)
+		}
+	}
 }
 
 type problems []string

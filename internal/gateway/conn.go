@@ -332,7 +332,9 @@ func (g *Gateway) watch(ctx context.Context, s *session, f *protocol.Frame) *pro
 			return chat.ErrorFrame(f.RID, protocol.Errorf(protocol.CodeNotMember, "you share no conversation with %s", u))
 		}
 	}
-	return &protocol.Frame{Type: protocol.TypePresence, RID: f.RID, States: g.presence.Watch(s, f.Users)}
+	resp := &protocol.Frame{Type: protocol.TypePresence, RID: f.RID, States: g.presence.Watch(s, f.Users)}
+	resp.FillLists()
+	return resp
 }
 
 // AdmitSync takes a token for one offline pull (a sync frame or an HTTP

@@ -69,10 +69,26 @@ type Options struct {
 	// Cluster, when set, runs on distributed engines instead of embedded
 	// ones.
 	Cluster *Cluster
+	// Web configures what browsers get: the chat page, CORS and the
+	// WebSocket origin allowlist, development tokens.
+	Web Web
 	// WrapStore, if set, wraps the store the chat service uses (tests
 	// inject faults with it).
 	WrapStore func(store.Store) store.Store
 	Logger    *slog.Logger
+}
+
+// Web configures the browser-facing side of a gateway node.
+type Web struct {
+	// Page serves the embedded chat page at / (cmd/parley: web.page).
+	Page bool
+	// CORSOrigins may call /v1/rpc, /v1/poll and the snapshot endpoint
+	// cross-origin; WSOrigins may open the WebSocket. Both always allow the
+	// same origin and requests without an Origin header (not a browser).
+	CORSOrigins, WSOrigins Origins
+	// DevKey, set only while the node runs on the development key, enables
+	// POST /v1/dev/token, which mints a token for any user name.
+	DevKey []byte
 }
 
 // Cluster names the distributed engines.
@@ -455,8 +471,12 @@ func (s *Server) listen(o Options) error {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	if s.gw != nil {
+		s.routeWeb(mux)
+	}
+	handler := s.browserGuard(mux)
 	if stdServer {
-		s.std = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		s.std = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = s.std.Serve(ln) }()
 		return nil
 	}
@@ -464,7 +484,7 @@ func (s *Server) listen(o Options) error {
 		Network:                      "tcp",
 		Addrs:                        []string{ln.Addr().String()},
 		Listen:                       func(string, string) (net.Listener, error) { return ln, nil },
-		Handler:                      mux,
+		Handler:                      handler,
 		MaxLoad:                      o.Gateway.MaxConnections + 1024,
 		ReleaseWebsocketPayload:      true,
 		MaxWriteBufferSize:           o.Gateway.OutboundQueueBytes,

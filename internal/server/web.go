@@ -1,0 +1,71 @@
+package server
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/parley-im/parley/internal/auth"
+	"github.com/parley-im/parley/protocol"
+)
+
+// DevTokenTTL is how long a token from POST /v1/dev/token lives.
+const DevTokenTTL = 24 * time.Hour
+
+// routeWeb adds the browser-facing routes of a gateway node: the chat page
+// (when enabled) and, on the development key only, the token endpoint.
+func (s *Server) routeWeb(mux *http.ServeMux) {
+	if s.opts.Web.DevKey != nil {
+		mux.HandleFunc("POST /v1/dev/token", s.handleDevToken)
+	}
+}
+
+// devTokenRequest is the body of POST /v1/dev/token.
+type devTokenRequest struct {
+	User string `json:"user"`
+}
+
+// handleDevToken mints a development token for the user named in the body.
+// It exists only while the node runs on the development key, whose tokens
+// anyone with access to the data directory can mint anyway
+// (docs/protocol.md, "Development tokens").
+func (s *Server) handleDevToken(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1025))
+	if err != nil {
+		writeError(w, protocol.Errorf(protocol.CodeBadFrame, "read body: %v", err))
+		return
+	}
+	if len(body) > 1024 {
+		writeError(w, protocol.Errorf(protocol.CodeTooLarge, "body over 1024 bytes"))
+		return
+	}
+	var req devTokenRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, protocol.Errorf(protocol.CodeBadFrame, "body must be {\"user\": \"name\"}: %v", err))
+		return
+	}
+	req.User = strings.TrimSpace(req.User)
+	if !protocol.ValidID(req.User) {
+		writeError(w, protocol.Errorf(protocol.CodeInvalidArgument, "user must be 1-64 bytes of [A-Za-z0-9._@-]"))
+		return
+	}
+	now := s.now()
+	exp := now.Add(DevTokenTTL)
+	tok, err := auth.MintHS256(s.opts.Web.DevKey, auth.Claims{User: req.User, IssuedAt: now, Expires: exp})
+	if err != nil {
+		writeError(w, protocol.Errorf(protocol.CodeInternal, "mint: %v", err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(DevToken{Token: tok, User: req.User, Expires: exp.UnixMilli()})
+}
+
+// DevToken is the answer of POST /v1/dev/token.
+type DevToken struct {
+	Token   string `json:"token"`
+	User    string `json:"user"`
+	Expires int64  `json:"expires"` // unix ms
+}
