@@ -154,6 +154,9 @@ func runBenchFanout(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.DeliveryWait, "delivery-wait", cfg.DeliveryWait, "wait for pushes after the last ACK")
 	fs.StringVar(&cfg.Addr, "addr", "", "attach to this running node (host:port) instead of starting one")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "with -addr: the node's data directory (its development key signs the tokens)")
+	fs.IntVar(&cfg.ServerPID, "server-pid", 0, "with -addr: the node's process id, to report its CPU time per delivery")
+	fs.StringVar(&cfg.ServerBinary, "server-binary", "", "start this parley executable as the server (e.g. an older build), with this one's clients")
+	fs.StringVar(&cfg.ProfileDir, "profile-dir", "", "save CPU and allocation profiles of the server's sending window here (the server opens pprof on PARLEY_PPROF)")
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "bound on the whole run")
 	cluster := clusterFlags(fs)
 	if err := fs.Parse(args); err != nil {

@@ -23,6 +23,9 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLogger(cfg.Log)
+	if addr := os.Getenv(pprofEnv); addr != "" {
+		servePprof(addr, log)
+	}
 	authCfg, err := cfg.ResolveAuth()
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"strconv"
 	"syscall"
@@ -84,6 +85,7 @@ type ServerConfig struct {
 	Binary  string   // the parley executable
 	DataDir string   // fresh directory for its store and dev key
 	Args    []string // extra `parley serve` flags
+	Env     []string // added to the benchmark's environment
 	Stderr  io.Writer
 	// Ready bounds the wait for /readyz.
 	Ready time.Duration
@@ -104,6 +106,9 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	cmd := exec.Command(cfg.Binary, args...)
 	cmd.Stdout = cfg.Stderr
 	cmd.Stderr = cfg.Stderr
+	if len(cfg.Env) > 0 {
+		cmd.Env = append(os.Environ(), cfg.Env...)
+	}
 	// SIGTERM on the benchmark's death lets the server close its store
 	// cleanly instead of leaving a half-written WAL behind.
 	c, err := startChild("server", cmd, syscall.SIGTERM)

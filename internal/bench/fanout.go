@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -63,6 +64,18 @@ type FanoutConfig struct {
 	// The node's fan-out counters must move only for this benchmark.
 	Addr    string
 	DataDir string
+	// ServerBinary, if set, is started as the server instead of Binary
+	// (e.g. an older build, to compare in the same run with the same
+	// clients). It must accept the `serve` flags Binary does.
+	ServerBinary string
+	// ServerPID, with Addr, is the running node's process id, for its CPU
+	// time; 0 leaves the CPU column empty.
+	ServerPID int
+	// ProfileDir, if set, receives a CPU and an allocation profile of the
+	// server over each delivery scenario's sending window
+	// (<scenario>.cpu.pprof, <scenario>.allocs.pprof), fetched from the
+	// net/http/pprof endpoint the server opens on PARLEY_PPROF.
+	ProfileDir string
 
 	Scenarios []FanoutScenario
 	Messages  int // messages sent per scenario, by member 0
@@ -169,6 +182,29 @@ type FanoutResult struct {
 	// FromSend is receipt − the moment the sender wrote the send frame:
 	// Latency plus the time the send waited at the node for its turn.
 	FromSend Latencies
+	// ServerCPU and ClientCPU are the CPU time (user + system, from
+	// /proc) the server process and the client processes used from the
+	// first send until every delivery had arrived (or the wait ended);
+	// zero when unknown.
+	ServerCPU time.Duration
+	ClientCPU time.Duration
+}
+
+// ServerCPUPerDelivery is the server's CPU time over the window divided by
+// the first receipts: what one delivery costs the node, acks included.
+func (r FanoutResult) ServerCPUPerDelivery() time.Duration {
+	if r.Check.Delivered == 0 {
+		return 0
+	}
+	return r.ServerCPU / time.Duration(r.Check.Delivered)
+}
+
+// ClientCPUPerDelivery is the same for the client processes.
+func (r FanoutResult) ClientCPUPerDelivery() time.Duration {
+	if r.Check.Delivered == 0 {
+		return 0
+	}
+	return r.ClientCPU / time.Duration(r.Check.Delivered)
 }
 
 // RowsPerMessage is the measured write amplification in rows.
@@ -225,6 +261,7 @@ func RunFanout(ctx context.Context, cfg FanoutConfig) (results []FanoutResult, e
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	addr, dir := cfg.Addr, cfg.DataDir
+	serverPID, pprofAddr := cfg.ServerPID, ""
 	if addr == "" {
 		if dir, err = os.MkdirTemp("", "parley-bench-fanout-"); err != nil {
 			return nil, fmt.Errorf("bench fanout: %w", err)
@@ -237,8 +274,24 @@ func RunFanout(ctx context.Context, cfg FanoutConfig) (results []FanoutResult, e
 		for _, s := range cfg.Scenarios {
 			most = max(most, s.Online)
 		}
+		bin := cfg.Binary
+		if cfg.ServerBinary != "" {
+			bin = cfg.ServerBinary
+		}
+		var env []string
+		if cfg.ProfileDir != "" {
+			if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
+				return nil, fmt.Errorf("bench fanout: %w", err)
+			}
+			port, err := freePort()
+			if err != nil {
+				return nil, fmt.Errorf("bench fanout: %w", err)
+			}
+			pprofAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			env = append(env, "PARLEY_PPROF="+pprofAddr)
+		}
 		srv, err := StartServer(ctx, ServerConfig{
-			Binary: cfg.Binary, DataDir: dir, Stderr: cfg.Stderr,
+			Binary: bin, DataDir: dir, Stderr: cfg.Stderr, Env: env,
 			Args: []string{
 				"--log.level", "warn",
 				"--gateway.max-connections", strconv.Itoa(most + 1000),
@@ -252,6 +305,7 @@ func RunFanout(ctx context.Context, cfg FanoutConfig) (results []FanoutResult, e
 		}
 		defer func() { err = errors.Join(err, srv.Stop()) }()
 		addr = srv.Addr
+		serverPID = srv.PID()
 	}
 	if cfg.startClient == nil {
 		cfg.startClient = cfg.execClient
@@ -263,7 +317,8 @@ func RunFanout(ctx context.Context, cfg FanoutConfig) (results []FanoutResult, e
 	r := &fanoutRun{
 		cfg: cfg, addr: addr, dir: dir, d: newDialer(addr, key, nil, 4096),
 		httpc: &http.Client{Timeout: 10 * time.Second}, metricsURL: "http://" + addr + "/metrics",
-		run: strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36),
+		run:       strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36),
+		serverPID: serverPID, pprofAddr: pprofAddr,
 	}
 	fmt.Fprintf(cfg.Out, "server %s; %d messages per scenario at %s, %d-byte bodies, clients ack every %v\n",
 		addr, cfg.Messages, rateString(cfg.Rate), cfg.BodyBytes, cfg.AckEvery)
@@ -278,9 +333,10 @@ func RunFanout(ctx context.Context, cfg FanoutConfig) (results []FanoutResult, e
 			continue
 		}
 		results = append(results, res)
-		fmt.Fprintf(cfg.Out, "  %-16s tier %-6s rows/msg %8.2f  pushes/msg %8.2f  deliveries %d/%d  p50 %v p99 %v\n",
+		fmt.Fprintf(cfg.Out, "  %-16s tier %-6s rows/msg %8.2f  pushes/msg %8.2f  deliveries %d/%d  %.0f/s  p50 %v p99 %v  from send p99 %v  server CPU/delivery %s\n",
 			s.Name, res.Tier, res.RowsPerMessage(), res.PushesPerMessage(), res.Check.Delivered, res.Check.Want,
-			res.Latency.P50, res.Latency.P99)
+			res.DeliveriesPerSecond(), res.Latency.P50, res.Latency.P99, res.FromSend.P99,
+			cpuString(res.ServerCPU, res.ServerCPUPerDelivery()))
 		for _, p := range res.problems() {
 			errs = append(errs, fmt.Errorf("%s: %s", s.Name, p))
 		}
@@ -312,18 +368,27 @@ func WriteFanoutTables(w io.Writer, rs []FanoutResult) {
 			r.PushesPerMessage(), r.WritesPerMessage())
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| scenario | online | messages | deliveries (want) | missing / extra / re-sent | server retransmits | elapsed | deliveries/s | from server_time p50 / p99 / max | from send p50 / p99 / max |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| scenario | online | messages | deliveries (want) | missing / extra / re-sent | server retransmits | elapsed | deliveries/s | from server_time p50 / p99 / max | from send p50 / p99 / max | server CPU/delivery | clients CPU/delivery |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rs {
 		if r.Scenario.Online == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "| %s | %d | %d | %d (%d) | %d / %d / %d | %.0f | %v | %.0f | %v / %v / %v | %v / %v / %v |\n",
+		fmt.Fprintf(w, "| %s | %d | %d | %d (%d) | %d / %d / %d | %.0f | %v | %.0f | %v / %v / %v | %v / %v / %v | %s | %s |\n",
 			r.Scenario.Name, r.Scenario.Online, r.Acked, r.Check.Delivered, r.Check.Want,
 			r.Check.Missing, r.Check.Extra, r.Dups, r.Retransmits, r.Elapsed.Round(time.Millisecond),
 			r.DeliveriesPerSecond(), r.Latency.P50, r.Latency.P99, r.Latency.Max,
-			r.FromSend.P50, r.FromSend.P99, r.FromSend.Max)
+			r.FromSend.P50, r.FromSend.P99, r.FromSend.Max,
+			cpuString(r.ServerCPU, r.ServerCPUPerDelivery()), cpuString(r.ClientCPU, r.ClientCPUPerDelivery()))
 	}
+}
+
+// cpuString shows a CPU time per delivery in µs, or "-" when unknown.
+func cpuString(total, per time.Duration) string {
+	if total == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f µs", float64(per)/float64(time.Microsecond))
 }
 
 // fanoutRun is the state shared by the scenarios of one run.
@@ -335,6 +400,8 @@ type fanoutRun struct {
 	metricsURL string
 	run        string // unique per run, so users never collide with a rerun on the same node
 	sources    int    // client processes started so far, for their source addresses
+	serverPID  int    // 0: unknown, no CPU figure
+	pprofAddr  string // the server's pprof endpoint, when profiling
 }
 
 func (r *fanoutRun) scenario(ctx context.Context, idx int, s FanoutScenario) (res FanoutResult, err error) {
@@ -404,6 +471,15 @@ func (r *fanoutRun) scenario(ctx context.Context, idx int, s FanoutScenario) (re
 	if err != nil {
 		return res, err
 	}
+	cpu0 := r.cpuTimes(procs)
+	var profiled sync.WaitGroup
+	if r.pprofAddr != "" && s.Online > 0 {
+		profiled.Add(1)
+		go func() {
+			defer profiled.Done()
+			r.profile(ctx, s.Name)
+		}()
+	}
 	start := time.Now()
 	seqs, errs, err := owner.sendAll(ctx, conv.ConvID, prefix, r.cfg.Messages, r.cfg.Rate, r.cfg.BodyBytes)
 	if err != nil {
@@ -416,6 +492,11 @@ func (r *fanoutRun) scenario(ctx context.Context, idx int, s FanoutScenario) (re
 			return res, err
 		}
 	}
+	cpu1 := r.cpuTimes(procs)
+	if cpu0.ok && cpu1.ok {
+		res.ServerCPU, res.ClientCPU = cpu1.server-cpu0.server, cpu1.clients-cpu0.clients
+	}
+	profiled.Wait()
 	// The ACK goes out before the fan-out, so the counters may trail it.
 	after, err := r.waitFanout(ctx, before, float64(len(seqs)))
 	if err != nil {
@@ -444,6 +525,88 @@ func (r *fanoutRun) scenario(ctx context.Context, idx int, s FanoutScenario) (re
 	res.Pushes = delta(before, after, "parley_fanout_pushes_total")
 	res.Retransmits = delta(before, after, "parley_retransmits_total")
 	return res, nil
+}
+
+// cpuSample is the CPU time used so far by the server and the clients.
+type cpuSample struct {
+	server, clients time.Duration
+	ok              bool // both known
+}
+
+func (r *fanoutRun) cpuTimes(procs []*fanoutProc) cpuSample {
+	if r.serverPID == 0 {
+		return cpuSample{}
+	}
+	srv, err := ReadCPUTime(r.serverPID)
+	if err != nil {
+		r.cfg.Logger.Warn("server cpu time", "err", err)
+		return cpuSample{}
+	}
+	c := cpuSample{server: srv, ok: true}
+	for _, p := range procs {
+		if p.pid == 0 {
+			continue // in-process (tests)
+		}
+		t, err := ReadCPUTime(p.pid)
+		if err != nil {
+			r.cfg.Logger.Warn("client cpu time", "err", err)
+			return cpuSample{}
+		}
+		c.clients += t
+	}
+	return c
+}
+
+// profile saves a CPU and an allocation profile of the server over the
+// sending window. A server without the pprof endpoint (an older build)
+// gets a warning, not a failed run.
+func (r *fanoutRun) profile(ctx context.Context, scenario string) {
+	secs := 5
+	if r.cfg.Rate > 0 {
+		secs = max(1, int(float64(r.cfg.Messages)/r.cfg.Rate))
+	}
+	var wg sync.WaitGroup
+	for _, kind := range []string{"profile", "allocs"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := "cpu"
+			if kind == "allocs" {
+				name = "allocs"
+			}
+			path := filepath.Join(r.cfg.ProfileDir, scenario+"."+name+".pprof")
+			if err := fetchProfile(ctx, fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", r.pprofAddr, kind, secs), path); err != nil {
+				r.cfg.Logger.Warn("profile", "kind", name, "err", err)
+				return
+			}
+			r.cfg.Logger.Info("profile saved", "path", path)
+		}()
+	}
+	wg.Wait()
+}
+
+func fetchProfile(ctx context.Context, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func (r *fanoutRun) gauge(ctx context.Context) (float64, error) {
@@ -525,6 +688,7 @@ func collectReports(procs []*fanoutProc) (FanoutReport, error) {
 // protocol pipes.
 type fanoutProc struct {
 	name  string
+	pid   int // 0 when in-process
 	stdin io.WriteCloser
 	out   *bufio.Scanner
 	// end closes stdin, waits for the client to exit and reaps it.
@@ -605,7 +769,7 @@ func (c FanoutConfig) execClient(name string, cc FanoutClientConfig) (*fanoutPro
 	}
 	sc := bufio.NewScanner(stdout)
 	sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
-	return &fanoutProc{name: name, stdin: stdin, out: sc, end: func() error {
+	return &fanoutProc{name: name, pid: ch.pid(), stdin: stdin, out: sc, end: func() error {
 		// Closing stdin asks the client to close its connections and
 		// exit; one that does not in time is killed.
 		stdin.Close()

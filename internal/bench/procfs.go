@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // ErrNotFound is returned when a /proc field or a metric is absent.
@@ -116,4 +117,42 @@ func parseMetrics(r io.Reader) (Metrics, error) {
 		return nil, fmt.Errorf("parse metrics: %w", err)
 	}
 	return m, nil
+}
+
+// clockTicks is the unit of utime and stime in /proc/PID/stat (USER_HZ).
+// Linux fixes it at 100 on every architecture Go supports.
+const clockTicks = 100
+
+// ReadCPUTime returns the CPU time, user plus system, that process pid and
+// all its threads have used so far (10 ms resolution).
+func ReadCPUTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read cpu time: %w", err)
+	}
+	return parseCPUTime(string(b))
+}
+
+// parseCPUTime reads utime and stime (fields 14 and 15) of a /proc/PID/stat
+// line. The command name (field 2) is in parentheses and may itself hold
+// spaces and parentheses, so fields are counted after its last ')'.
+func parseCPUTime(stat string) (time.Duration, error) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parse cpu time: no command name in %.80q", stat)
+	}
+	// After ')': field 3 (state) is the first.
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("parse cpu time: %d fields after the command name, want at least 13", len(f))
+	}
+	var ticks int64
+	for _, s := range f[11:13] { // utime, stime
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("parse cpu time: bad tick count %q", s)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseVmRSS(t *testing.T) {
@@ -92,4 +93,52 @@ func TestParsePerfCounts(t *testing.T) {
 			t.Errorf("%s: parsePerfCounts succeeded, want an error", name)
 		}
 	}
+}
+
+func TestParseCPUTime(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    time.Duration
+		wantErr bool
+	}{
+		// utime 250 ticks, stime 125 ticks: 3.75 s.
+		{"plain", "4242 (parley) S 1 4242 4242 0 -1 4194560 900 0 0 0 250 125 0 0 20 0 12 0 100 0 0", 3750 * time.Millisecond, false},
+		{"name with spaces and parens", "7 (a ) b) R 1 7 7 0 -1 0 0 0 0 0 3 4 0 0 20 0 1 0 1 0 0", 70 * time.Millisecond, false},
+		{"no name", "7 a R 1", 0, true},
+		{"short", "7 (x) R 1 2 3", 0, true},
+		{"bad ticks", "7 (x) R 1 7 7 0 -1 0 0 0 0 0 x 4 0", 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseCPUTime(tt.in)
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Errorf("parseCPUTime = %v, %v; want %v, err %v", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestReadCPUTimeSelf(t *testing.T) {
+	before, err := ReadCPUTime(os.Getpid())
+	if err != nil {
+		t.Fatalf("ReadCPUTime(self): %v", err)
+	}
+	// Burn CPU until the counter moves (10 ms resolution; the bound is
+	// generous for a shared machine).
+	deadline := time.Now().Add(30 * time.Second)
+	x := 0
+	for time.Now().Before(deadline) {
+		for i := range 1_000_000 {
+			x += i
+		}
+		after, err := ReadCPUTime(os.Getpid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after > before {
+			return
+		}
+	}
+	t.Fatalf("CPU time did not move in 30 s of busy loop (%d)", x)
 }
