@@ -62,6 +62,9 @@ type Conversation struct {
 	// Tier is the group's fan-out tier as last decided by the chat service
 	// (0 until first set); stored so that hysteresis survives restarts.
 	Tier uint8
+	// E2E is set at creation and never changes: the conversation carries
+	// only end-to-end encrypted bodies.
+	E2E bool
 }
 
 // Member is one user's membership of a conversation. Messages with
@@ -196,6 +199,9 @@ type Store interface {
 	SetDelivered(ctx context.Context, user string, convID, seq uint64) (uint64, error)
 	// Delivered returns the delivered position of (user, conv).
 	Delivered(ctx context.Context, user string, convID uint64) (uint64, error)
+
+	// E2E is the key directory and the E2E direct conversations (keys.go).
+	E2E
 
 	// Close releases the store. It is safe to call twice.
 	Close() error

@@ -105,9 +105,10 @@ func (s *Store) convRow(ctx context.Context, conv uint64) (store.Conversation, e
 		created    int64
 		members    int
 		last       int64
+		e2e        bool
 	)
-	err := s.q(ctx, `SELECT kind, name, created_at, members, tier, last_seq FROM conversations WHERE conv_id = ?`, i64(conv)).
-		Scan(&kind, &name, &created, &members, &tier, &last)
+	err := s.q(ctx, `SELECT kind, name, created_at, members, tier, last_seq, e2e FROM conversations WHERE conv_id = ?`, i64(conv)).
+		Scan(&kind, &name, &created, &members, &tier, &last, &e2e)
 	if errors.Is(err, gocql.ErrNotFound) {
 		return store.Conversation{}, store.ErrNotFound
 	}
@@ -115,7 +116,7 @@ func (s *Store) convRow(ctx context.Context, conv uint64) (store.Conversation, e
 		return store.Conversation{}, err
 	}
 	return store.Conversation{ID: conv, Kind: store.ConvKind(kind), Name: name, CreatedAt: created,
-		LastSeq: u64(last), Members: members, Tier: uint8(tier)}, nil
+		LastSeq: u64(last), Members: members, Tier: uint8(tier), E2E: e2e}, nil
 }
 
 // CreateConversation stores c with its members, all with JoinSeq 1.
@@ -154,9 +155,9 @@ func (s *Store) create(ctx context.Context, c store.Conversation, members []stor
 	}
 	// last_seq is left null: it is a max-register written with the seq as
 	// its timestamp, which a write with a wall-clock timestamp would shadow.
-	ins := s.lwt(ctx, `INSERT INTO conversations (conv_id, kind, name, created_at, members, direct_pair)
-		VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS`,
-		i64(c.ID), int8(c.Kind), c.Name, c.CreatedAt, len(uniq), pair)
+	ins := s.lwt(ctx, `INSERT INTO conversations (conv_id, kind, name, created_at, members, direct_pair, e2e)
+		VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS`,
+		i64(c.ID), int8(c.Kind), c.Name, c.CreatedAt, len(uniq), pair, c.E2E)
 	applied, err := ins.MapScanCAS(map[string]any{})
 	if err != nil {
 		// Unknown outcome: the row decides whether the insert was ours.
@@ -245,6 +246,16 @@ func pairKey(a, b string) (lo, hi string) {
 
 // Direct returns the 1:1 conversation of a and b, creating it as newID.
 func (s *Store) Direct(ctx context.Context, a, b string, newID uint64, now int64) (store.Conversation, error) {
+	return s.directPair(ctx, a, b, newID, now, false)
+}
+
+// DirectE2E is Direct for the pair's end-to-end encrypted conversation. Its
+// direct_pairs row has user_lo "e2e:<lo>" (":" is not allowed in ids).
+func (s *Store) DirectE2E(ctx context.Context, a, b string, newID uint64, now int64) (store.Conversation, error) {
+	return s.directPair(ctx, a, b, newID, now, true)
+}
+
+func (s *Store) directPair(ctx context.Context, a, b string, newID uint64, now int64, e2e bool) (store.Conversation, error) {
 	const op = "direct"
 	if err := s.enter(ctx, op); err != nil {
 		return store.Conversation{}, err
@@ -254,10 +265,10 @@ func (s *Store) Direct(ctx context.Context, a, b string, newID uint64, now int64
 		return store.Conversation{}, fmt.Errorf("cassandra: %s: invalid user id %q or %q", op, a, b)
 	}
 	lo, hi := pairKey(a, b)
-	mu := &s.directLocks[maphash.String(directSeed, lo+"\x00"+hi)%directStripes]
+	mu := &s.directLocks[maphash.String(directSeed, lo+"\x00"+hi)%directStripes] // both kinds share a stripe
 	mu.Lock()
 	defer mu.Unlock()
-	c, err := s.direct(ctx, lo, hi, newID, now)
+	c, err := s.direct(ctx, lo, hi, newID, now, e2e)
 	if err != nil {
 		return store.Conversation{}, fmt.Errorf("cassandra: %s: %w", op, err)
 	}
@@ -271,8 +282,12 @@ var directSeed = maphash.MakeSeed()
 // pair's. A pair row left by a crash between the two steps is finished by
 // the next call; one whose id turned out to belong to another conversation
 // is removed again.
-func (s *Store) direct(ctx context.Context, lo, hi string, newID uint64, now int64) (store.Conversation, error) {
-	pair := lo + "\x00" + hi
+func (s *Store) direct(ctx context.Context, lo, hi string, newID uint64, now int64, e2e bool) (store.Conversation, error) {
+	pairLo := lo
+	if e2e {
+		pairLo = "e2e:" + lo
+	}
+	pair := pairLo + "\x00" + hi
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return store.Conversation{}, err
@@ -280,7 +295,7 @@ func (s *Store) direct(ctx context.Context, lo, hi string, newID uint64, now int
 		if attempt > 3 {
 			return store.Conversation{}, fmt.Errorf("pair %q keeps changing: %w", pair, store.ErrConflict)
 		}
-		id, ours, err := s.claimPair(ctx, lo, hi, newID)
+		id, ours, err := s.claimPair(ctx, pairLo, hi, newID)
 		if err != nil {
 			return store.Conversation{}, err
 		}
@@ -288,7 +303,7 @@ func (s *Store) direct(ctx context.Context, lo, hi string, newID uint64, now int
 		if errors.Is(err, store.ErrNotFound) {
 			// The pair's creator has not written the conversation yet, or
 			// crashed before: create it (again); both write the same rows.
-			c := store.Conversation{ID: id, Kind: store.Direct, CreatedAt: now}
+			c := store.Conversation{ID: id, Kind: store.Direct, CreatedAt: now, E2E: e2e}
 			members := []store.Member{{UserID: lo}, {UserID: hi}}
 			err = s.create(ctx, c, members, pair)
 			if errors.Is(err, store.ErrExists) {
@@ -310,7 +325,7 @@ func (s *Store) direct(ctx context.Context, lo, hi string, newID uint64, now int
 			return s.withTop(ctx, row)
 		}
 		// The id belongs to another conversation: undo the pair row.
-		if err := s.releasePair(ctx, lo, hi, id); err != nil {
+		if err := s.releasePair(ctx, pairLo, hi, id); err != nil {
 			return store.Conversation{}, err
 		}
 		if ours {

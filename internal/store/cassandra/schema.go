@@ -70,6 +70,22 @@ var migrations = []migration{
 			PRIMARY KEY (user_id, conv_id)
 		)`,
 	}},
+	{2, "e2e: key directory, end-to-end conversations", []string{
+		`CREATE TABLE IF NOT EXISTS e2e_devices (
+			user_id text, device_id text,
+			reg_id bigint, identity_key blob,
+			spk_id bigint, spk blob, spk_sig blob,
+			lr_id bigint, lr_key blob, lr_sig blob,
+			updated_at bigint,
+			PRIMARY KEY (user_id, device_id)
+		)`,
+		`CREATE TABLE IF NOT EXISTS e2e_prekeys (
+			user_id text, device_id text, kind tinyint, key_id bigint,
+			pub blob, sig blob,
+			PRIMARY KEY ((user_id, device_id), kind, key_id)
+		)`,
+		`ALTER TABLE conversations ADD IF NOT EXISTS e2e boolean`,
+	}},
 }
 
 var latestVersion = migrations[len(migrations)-1].version
@@ -159,9 +175,10 @@ func migrate(ctx context.Context, sess *gocql.Session, cfg Config) error {
 // qualify prefixes the table of a CREATE TABLE IF NOT EXISTS statement with
 // the keyspace, so migrations need no session bound to it.
 func qualify(ks, stmt string) string {
-	const prefix = "CREATE TABLE IF NOT EXISTS "
-	if len(stmt) > len(prefix) && stmt[:len(prefix)] == prefix {
-		return prefix + ks + "." + stmt[len(prefix):]
+	for _, prefix := range []string{"CREATE TABLE IF NOT EXISTS ", "ALTER TABLE "} {
+		if len(stmt) > len(prefix) && stmt[:len(prefix)] == prefix {
+			return prefix + ks + "." + stmt[len(prefix):]
+		}
 	}
 	return stmt
 }

@@ -257,8 +257,16 @@ func encodeConv(c store.Conversation) []byte {
 	e.uvarint(uint64(c.Members))
 	e.string(c.Name)
 	e.byte(c.Tier)
+	// Optional trailing flags byte, written only when non-zero so that
+	// values without it re-encode unchanged.
+	if c.E2E {
+		e.byte(convFlagE2E)
+	}
 	return e.bytes()
 }
+
+// Conversation flags (the optional last byte of a v2 conversation value).
+const convFlagE2E = 1 << 0
 
 func decodeConv(id uint64, b []byte) (store.Conversation, error) {
 	d := newDecoder(b)
@@ -277,6 +285,12 @@ func decodeConv(id uint64, b []byte) (store.Conversation, error) {
 	c.Name = d.string()
 	if d.v2() {
 		c.Tier = d.byte()
+		if d.err == nil && len(d.b) > 0 {
+			if f := d.byte(); f != convFlagE2E {
+				d.fail()
+			}
+			c.E2E = true
+		}
 	}
 	if err := d.finish("conversation"); err != nil {
 		return store.Conversation{}, err

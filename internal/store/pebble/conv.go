@@ -382,6 +382,15 @@ func (s *Store) create(c store.Conversation, members []store.Member, extra func(
 
 // Direct returns the 1:1 conversation of a and b, creating it as newID.
 func (s *Store) Direct(ctx context.Context, a, b string, newID uint64, now int64) (store.Conversation, error) {
+	return s.direct(ctx, a, b, newID, now, false)
+}
+
+// DirectE2E is Direct for the pair's end-to-end encrypted conversation.
+func (s *Store) DirectE2E(ctx context.Context, a, b string, newID uint64, now int64) (store.Conversation, error) {
+	return s.direct(ctx, a, b, newID, now, true)
+}
+
+func (s *Store) direct(ctx context.Context, a, b string, newID uint64, now int64, e2e bool) (store.Conversation, error) {
 	const op = "direct"
 	if err := s.enterWrite(ctx, op); err != nil {
 		return store.Conversation{}, err
@@ -391,6 +400,9 @@ func (s *Store) Direct(ctx context.Context, a, b string, newID uint64, now int64
 		return store.Conversation{}, fmt.Errorf("pebble: %s: invalid user id %q or %q", op, a, b)
 	}
 	key := directKey(a, b)
+	if e2e {
+		key = append(key, 0, 'e') // ids hold no 0 byte: a distinct pair key
+	}
 	mu := &s.directLocks[maphash.Bytes(s.seed, key)%directStripes]
 	mu.Lock()
 	defer mu.Unlock()
@@ -409,7 +421,7 @@ func (s *Store) Direct(ctx context.Context, a, b string, newID uint64, now int64
 		}
 		return c, nil
 	}
-	c := store.Conversation{ID: newID, Kind: store.Direct, CreatedAt: now}
+	c := store.Conversation{ID: newID, Kind: store.Direct, CreatedAt: now, E2E: e2e}
 	members := []store.Member{{UserID: a}, {UserID: b}}
 	err = s.create(c, members, func(batch *cpebble.Batch) error {
 		return batch.Set(key, encodeUint(newID), nil)

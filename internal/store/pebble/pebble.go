@@ -22,6 +22,7 @@
 //	I      I | conv | sender 0 client_msg_id     seq                                  idempotency
 //	R      R | user 0 | conv [| device]          read seq                             read_positions
 //	V      V | user 0 | conv                     delivered seq                        delivered_positions
+//	E, P   E2E key directory                     see keydir.go                        e2e_devices, e2e_prekeys
 //
 // bucket = ServerTime (unix ms) / BucketWidth: a busy conversation spreads
 // over many partitions, and ^msgid makes the newest message of a bucket sort
@@ -166,6 +167,8 @@ type Store struct {
 	directLocks [directStripes]sync.Mutex
 	// posLocks serialise read-modify-write of positions (striped by key).
 	posLocks [positionStripes]sync.Mutex
+	// keyLocks serialise the writes to one device's E2E keys (keydir.go).
+	keyLocks [keyStripes]sync.Mutex
 
 	// broken is set once a WAL fsync failed; after that no write is
 	// acknowledged because its durability can no longer be known.

@@ -60,6 +60,9 @@ func Run(t *testing.T, h Harness) {
 		{"Coalesce", testCoalesce},
 		{"ReadPositions", testReadPositions},
 		{"DeliveredPositions", testDeliveredPositions},
+		{"KeyDirectory", testKeyDirectory},
+		{"KeyDirectoryConcurrent", testKeyDirectoryConcurrent},
+		{"E2EConversations", testE2EConversations},
 		{"Closed", testClosed},
 	}
 	for _, tc := range tests {

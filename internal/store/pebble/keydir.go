@@ -1,0 +1,385 @@
+package pebble
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/maphash"
+	"sync"
+
+	cpebble "github.com/cockroachdb/pebble/v2"
+
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/protocol"
+)
+
+// The E2E key directory (store.KeyDirectory):
+//
+//	E      E | user 0 | device                    reg id, identity, signed prekey, last-resort KEM, updated   e2e_devices, partition user
+//	P      P | user 0 | device 0 | kind | id u32  key, signature                                             e2e_prekeys, partition (user, device)
+//
+// kind is 'e' (one-time Curve25519 prekey) or 'k' (one-time ML-KEM prekey).
+// Every write to one device's keys happens under its stripe of keyLocks, so
+// a one-time key read and deleted by TakeBundle cannot be handed out again:
+// the next taker, serialised behind the lock, sees the deletion (pebble
+// makes a batch readable when it is applied, before its fsync, and the
+// answer waits for the fsync).
+
+const (
+	tagKeyDevice = 'E'
+	tagPreKey    = 'P'
+	kindPreKey   = 'e'
+	kindKEM      = 'k'
+	keyStripes   = 64
+)
+
+func (s *Store) keyLock(user, device string) *sync.Mutex {
+	var h maphash.Hash
+	h.SetSeed(s.seed)
+	h.WriteString(user)
+	h.WriteByte(0)
+	h.WriteString(device)
+	return &s.keyLocks[h.Sum64()%keyStripes]
+}
+
+func keyDevicePrefix(user string) []byte {
+	k := append(tagged(tagKeyDevice, len(user)+66), user...)
+	return append(k, 0)
+}
+
+func keyDeviceKey(user, device string) []byte { return append(keyDevicePrefix(user), device...) }
+
+func preKeyPrefix(user, device string, kind byte) []byte {
+	k := append(tagged(tagPreKey, len(user)+len(device)+8), user...)
+	k = append(k, 0)
+	k = append(k, device...)
+	k = append(k, 0)
+	if kind != 0 {
+		k = append(k, kind)
+	}
+	return k
+}
+
+func preKeyKey(user, device string, kind byte, id uint32) []byte {
+	return binary.BigEndian.AppendUint32(preKeyPrefix(user, device, kind), id)
+}
+
+func encodeDeviceKeys(d store.DeviceKeys) []byte {
+	e := newEncoder(256 + len(d.LastResortKEM.Key))
+	e.uvarint(uint64(d.RegistrationID))
+	e.string(string(d.IdentityKey))
+	e.uvarint(uint64(d.SignedPreKey.ID))
+	e.string(string(d.SignedPreKey.Key))
+	e.string(string(d.SignedPreKey.Sig))
+	e.uvarint(uint64(d.LastResortKEM.ID))
+	e.string(string(d.LastResortKEM.Key))
+	e.string(string(d.LastResortKEM.Sig))
+	e.varint(d.UpdatedAt)
+	return e.bytes()
+}
+
+func (d *decoder) uint32() uint32 {
+	v := d.uvarint()
+	if d.err == nil && v > 1<<32-1 {
+		d.fail()
+	}
+	return uint32(v)
+}
+
+func decodeDeviceKeys(user, device string, b []byte) (store.DeviceKeys, error) {
+	d := newDecoder(b)
+	k := store.DeviceKeys{UserID: user, DeviceID: device}
+	k.RegistrationID = d.uint32()
+	k.IdentityKey = []byte(d.string())
+	k.SignedPreKey.ID = d.uint32()
+	k.SignedPreKey.Key = []byte(d.string())
+	k.SignedPreKey.Sig = []byte(d.string())
+	k.LastResortKEM.ID = d.uint32()
+	k.LastResortKEM.Key = []byte(d.string())
+	k.LastResortKEM.Sig = []byte(d.string())
+	k.UpdatedAt = d.varint()
+	if err := d.finish("device keys"); err != nil {
+		return store.DeviceKeys{}, err
+	}
+	return k, nil
+}
+
+func encodePreKey(p store.PreKey) []byte {
+	e := newEncoder(8 + len(p.Key) + len(p.Sig))
+	e.string(string(p.Key))
+	e.string(string(p.Sig))
+	return e.bytes()
+}
+
+func decodePreKey(id uint32, b []byte) (store.PreKey, error) {
+	d := newDecoder(b)
+	p := store.PreKey{ID: id, Key: []byte(d.string()), Sig: []byte(d.string())}
+	return p, d.finish("prekey")
+}
+
+func validDevice(user, device string) error {
+	if !protocol.ValidID(user) || !protocol.ValidID(device) {
+		return fmt.Errorf("invalid user %q or device %q", user, device)
+	}
+	return nil
+}
+
+// UploadKeys stores a device's keys (see store.KeyDirectory).
+func (s *Store) UploadKeys(ctx context.Context, user, device string, up store.KeyUpload) (store.UploadResult, error) {
+	const op = "upload keys"
+	var res store.UploadResult
+	if err := s.enterWrite(ctx, op); err != nil {
+		return res, err
+	}
+	defer s.gate.RUnlock()
+	if err := validDevice(user, device); err != nil {
+		return res, fmt.Errorf("pebble: %s: %w", op, err)
+	}
+	mu := s.keyLock(user, device)
+	mu.Lock()
+	b := s.db.NewBatch()
+	err := func() error {
+		defer mu.Unlock()
+		raw, found, err := s.get(keyDeviceKey(user, device))
+		if err != nil {
+			return err
+		}
+		var cur store.DeviceKeys
+		if found {
+			if cur, err = decodeDeviceKeys(user, device, raw); err != nil {
+				return err
+			}
+		} else {
+			if up.IdentityKey == nil || up.SignedPreKey == nil || up.LastResortKEM == nil {
+				return fmt.Errorf("first upload without identity key, signed prekey and last-resort KEM key: %w", store.ErrNotFound)
+			}
+			cur = store.DeviceKeys{UserID: user, DeviceID: device}
+			res.NewDevice = true
+		}
+		if up.IdentityKey != nil && found && !bytes.Equal(up.IdentityKey, cur.IdentityKey) {
+			res.IdentityChanged = true
+			if err := b.DeleteRange(preKeyPrefix(user, device, 0), prefixEnd(preKeyPrefix(user, device, 0)), nil); err != nil {
+				return err
+			}
+		}
+		if up.IdentityKey != nil {
+			cur.IdentityKey = up.IdentityKey
+		}
+		if up.RegistrationID != 0 {
+			cur.RegistrationID = up.RegistrationID
+		}
+		if up.SignedPreKey != nil {
+			cur.SignedPreKey = *up.SignedPreKey
+		}
+		if up.LastResortKEM != nil {
+			cur.LastResortKEM = *up.LastResortKEM
+		}
+		cur.UpdatedAt = up.Now
+		if err := b.Set(keyDeviceKey(user, device), encodeDeviceKeys(cur), nil); err != nil {
+			return err
+		}
+		for _, p := range up.PreKeys {
+			if err := b.Set(preKeyKey(user, device, kindPreKey, p.ID), encodePreKey(p), nil); err != nil {
+				return err
+			}
+		}
+		for _, p := range up.KEMPreKeys {
+			if err := b.Set(preKeyKey(user, device, kindKEM, p.ID), encodePreKey(p), nil); err != nil {
+				return err
+			}
+		}
+		if err := s.db.ApplyNoSyncWait(b, syncWrite); err != nil {
+			return err
+		}
+		res.Device = cur
+		if res.PreKeys, err = s.countPrefix(preKeyPrefix(user, device, kindPreKey)); err != nil {
+			return err
+		}
+		res.KEMPreKeys, err = s.countPrefix(preKeyPrefix(user, device, kindKEM))
+		return err
+	}()
+	if err == nil {
+		if err = b.SyncWait(); err != nil {
+			s.fail(err)
+		}
+	}
+	b.Close()
+	if err != nil {
+		return store.UploadResult{}, fmt.Errorf("pebble: %s: %w", op, err)
+	}
+	return res, nil
+}
+
+func (s *Store) countPrefix(p []byte) (int, error) {
+	n := 0
+	err := s.scan(p, func(k, v []byte) error { n++; return nil })
+	return n, err
+}
+
+// firstPreKey returns the lowest-id prekey under prefix p.
+func (s *Store) firstPreKey(p []byte) (*store.PreKey, []byte, error) {
+	it, err := s.db.NewIter(&cpebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer it.Close()
+	if !it.First() {
+		return nil, nil, it.Error()
+	}
+	k := append([]byte(nil), it.Key()...)
+	v, err := it.ValueAndErr()
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(k) != len(p)+4 {
+		return nil, nil, errCorrupt
+	}
+	pk, err := decodePreKey(binary.BigEndian.Uint32(k[len(p):]), v)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &pk, k, nil
+}
+
+// TakeBundle hands out a device's bundle (see store.KeyDirectory).
+func (s *Store) TakeBundle(ctx context.Context, user, device string) (store.KeyBundle, error) {
+	const op = "take bundle"
+	var kb store.KeyBundle
+	if err := s.enterWrite(ctx, op); err != nil {
+		return kb, err
+	}
+	defer s.gate.RUnlock()
+	if err := validDevice(user, device); err != nil {
+		return kb, fmt.Errorf("pebble: %s: %w", op, store.ErrNotFound)
+	}
+	mu := s.keyLock(user, device)
+	mu.Lock()
+	b := s.db.NewBatch()
+	wrote := false
+	err := func() error {
+		defer mu.Unlock()
+		raw, found, err := s.get(keyDeviceKey(user, device))
+		if err != nil {
+			return err
+		}
+		if !found {
+			return store.ErrNotFound
+		}
+		if kb.Device, err = decodeDeviceKeys(user, device, raw); err != nil {
+			return err
+		}
+		pk, k, err := s.firstPreKey(preKeyPrefix(user, device, kindPreKey))
+		if err != nil {
+			return err
+		}
+		if pk != nil {
+			kb.PreKey = pk
+			b.Delete(k, nil)
+			wrote = true
+		}
+		kk, k, err := s.firstPreKey(preKeyPrefix(user, device, kindKEM))
+		if err != nil {
+			return err
+		}
+		if kk != nil {
+			kb.KEMPreKey = kk
+			b.Delete(k, nil)
+			wrote = true
+		} else {
+			lr := kb.Device.LastResortKEM
+			kb.KEMPreKey, kb.KEMLastResort = &lr, true
+		}
+		if wrote {
+			if err := s.db.ApplyNoSyncWait(b, syncWrite); err != nil {
+				return err
+			}
+		}
+		if kb.PreKeys, err = s.countPrefix(preKeyPrefix(user, device, kindPreKey)); err != nil {
+			return err
+		}
+		kb.KEMPreKeys, err = s.countPrefix(preKeyPrefix(user, device, kindKEM))
+		return err
+	}()
+	if err == nil && wrote {
+		if err = b.SyncWait(); err != nil {
+			s.fail(err)
+		}
+	}
+	b.Close()
+	if err != nil {
+		return store.KeyBundle{}, fmt.Errorf("pebble: %s: %w", op, err)
+	}
+	return kb, nil
+}
+
+// KeyDevices lists a user's devices with keys.
+func (s *Store) KeyDevices(ctx context.Context, user string) ([]store.DeviceKeys, error) {
+	const op = "key devices"
+	if err := s.enter(ctx, op); err != nil {
+		return nil, err
+	}
+	defer s.gate.RUnlock()
+	if !protocol.ValidID(user) {
+		return nil, nil
+	}
+	p := keyDevicePrefix(user)
+	var out []store.DeviceKeys
+	err := s.scan(p, func(k, v []byte) error {
+		d, err := decodeDeviceKeys(user, string(k[len(p):]), v)
+		if err != nil {
+			return err
+		}
+		out = append(out, d)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pebble: %s: %w", op, err)
+	}
+	return out, nil
+}
+
+// PreKeyCounts returns a device's one-time prekey counts.
+func (s *Store) PreKeyCounts(ctx context.Context, user, device string) (int, int, error) {
+	const op = "prekey counts"
+	if err := s.enter(ctx, op); err != nil {
+		return 0, 0, err
+	}
+	defer s.gate.RUnlock()
+	if validDevice(user, device) != nil {
+		return 0, 0, nil
+	}
+	a, err := s.countPrefix(preKeyPrefix(user, device, kindPreKey))
+	if err != nil {
+		return 0, 0, fmt.Errorf("pebble: %s: %w", op, err)
+	}
+	k, err := s.countPrefix(preKeyPrefix(user, device, kindKEM))
+	if err != nil {
+		return 0, 0, fmt.Errorf("pebble: %s: %w", op, err)
+	}
+	return a, k, nil
+}
+
+// RemoveDevice drops a device's keys.
+func (s *Store) RemoveDevice(ctx context.Context, user, device string) error {
+	const op = "remove device"
+	if err := s.enterWrite(ctx, op); err != nil {
+		return err
+	}
+	defer s.gate.RUnlock()
+	if validDevice(user, device) != nil {
+		return nil
+	}
+	mu := s.keyLock(user, device)
+	mu.Lock()
+	defer mu.Unlock()
+	b := s.db.NewBatch()
+	defer b.Close()
+	b.Delete(keyDeviceKey(user, device), nil)
+	b.DeleteRange(preKeyPrefix(user, device, 0), prefixEnd(preKeyPrefix(user, device, 0)), nil)
+	if err := b.Commit(syncWrite); err != nil {
+		s.fail(err)
+		return fmt.Errorf("pebble: %s: %w", op, err)
+	}
+	return nil
+}
