@@ -14,6 +14,7 @@ import (
 
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/protocol"
+	"github.com/parley-im/parley/protocol/schema"
 )
 
 // rawConn is a minimal protocol client over a real WebSocket, used to test
@@ -66,6 +67,9 @@ func startRaw(t testing.TB, ws *websocket.Conn) *rawConn {
 				}
 				close(c.in)
 				return
+			}
+			if err := schema.ServerFrame(data); err != nil {
+				t.Errorf("server frame %s does not match protocol/schema/frames.json: %v", data, err)
 			}
 			var f protocol.Frame
 			if err := json.Unmarshal(data, &f); err != nil {

@@ -1,0 +1,137 @@
+// Package schema holds the machine-readable form of docs/protocol.md: a JSON
+// Schema (2020-12) of every frame (frames.json) and an OpenAPI 3.1 document
+// of the HTTP endpoints (openapi.json), and validates JSON against them.
+// The end-to-end tests validate every frame and HTTP answer the server sends,
+// so the schema cannot drift from the server; the TypeScript SDK's frame
+// types are generated from frames.json.
+//
+// Validators are safe for concurrent use.
+package schema
+
+import (
+	"bytes"
+	_ "embed"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// FramesJSON is frames.json; OpenAPIJSON is openapi.json.
+var (
+	//go:embed frames.json
+	FramesJSON []byte
+	//go:embed openapi.json
+	OpenAPIJSON []byte
+)
+
+const (
+	framesURL  = "file:///parley/frames.json"
+	openapiURL = "file:///parley/openapi.json"
+)
+
+var (
+	compileOnce sync.Once
+	compiler    *jsonschema.Compiler
+	compileErr  error
+	cacheMu     sync.Mutex
+	cache       = map[string]*jsonschema.Schema{}
+)
+
+func load() (*jsonschema.Compiler, error) {
+	compileOnce.Do(func() {
+		c := jsonschema.NewCompiler()
+		c.DefaultDraft(jsonschema.Draft2020)
+		for url, data := range map[string][]byte{framesURL: FramesJSON, openapiURL: OpenAPIJSON} {
+			doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+			if err != nil {
+				compileErr = fmt.Errorf("schema: %s: %w", url, err)
+				return
+			}
+			if err := c.AddResource(url, doc); err != nil {
+				compileErr = fmt.Errorf("schema: %s: %w", url, err)
+				return
+			}
+		}
+		compiler = c
+	})
+	return compiler, compileErr
+}
+
+// compile returns the schema at url#pointer, compiled once.
+func compile(loc string) (*jsonschema.Schema, error) {
+	c, err := load()
+	if err != nil {
+		return nil, err
+	}
+	cacheMu.Lock()
+	defer cacheMu.Unlock()
+	if s, ok := cache[loc]; ok {
+		return s, nil
+	}
+	s, err := c.Compile(loc)
+	if err != nil {
+		return nil, fmt.Errorf("schema: compile %s: %w", loc, err)
+	}
+	cache[loc] = s
+	return s, nil
+}
+
+func validate(loc string, data []byte) error {
+	s, err := compile(loc)
+	if err != nil {
+		return err
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+	if err != nil {
+		return fmt.Errorf("schema: not JSON: %w", err)
+	}
+	if err := s.Validate(v); err != nil {
+		return fmt.Errorf("schema: %s: %w", loc, err)
+	}
+	return nil
+}
+
+// ServerFrame validates one frame the server sent.
+func ServerFrame(data []byte) error { return validate(framesURL+"#/$defs/ServerFrame", data) }
+
+// ClientFrame validates one frame a client sends.
+func ClientFrame(data []byte) error { return validate(framesURL+"#/$defs/ClientFrame", data) }
+
+// Def validates data against frames.json's $defs/name.
+func Def(name string, data []byte) error { return validate(framesURL+"#/$defs/"+name, data) }
+
+// HTTPAnswer validates an HTTP answer's body against the OpenAPI document:
+// the schema of method path's response for status and the body's media type.
+// An answer the document does not list (path, method, status or media type)
+// is an error.
+func HTTPAnswer(method, path string, status int, contentType string, body []byte) error {
+	op := "/paths/" + escape(path) + "/" + strings.ToLower(method)
+	media, _, _ := strings.Cut(contentType, ";")
+	media = strings.TrimSpace(media)
+	resp := op + "/responses/" + strconv.Itoa(status)
+	if status == http.StatusSwitchingProtocols {
+		return nil
+	}
+	if media == "" && len(body) == 0 {
+		return nil
+	}
+	loc := openapiURL + "#" + resp + "/content/" + escape(media) + "/schema"
+	if _, err := compile(loc); err != nil {
+		return fmt.Errorf("schema: %s %s answered %d %s, which openapi.json does not document: %w", method, path, status, media, err)
+	}
+	if media != "application/json" {
+		return nil
+	}
+	return validate(loc, body)
+}
+
+// escape encodes s as one JSON pointer token inside a URL fragment.
+func escape(s string) string {
+	s = strings.ReplaceAll(s, "~", "~0")
+	s = strings.ReplaceAll(s, "/", "~1")
+	return s
+}

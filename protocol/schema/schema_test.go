@@ -1,0 +1,74 @@
+package schema
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/parley-im/parley/protocol"
+)
+
+// TestSchemaCompiles: both documents compile, and every $defs entry of
+// frames.json is reachable.
+func TestSchemaCompiles(t *testing.T) {
+	var doc struct {
+		Defs map[string]json.RawMessage `json:"$defs"`
+	}
+	if err := json.Unmarshal(FramesJSON, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for name := range doc.Defs {
+		if _, err := compile(framesURL + "#/$defs/" + name); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// TestServerFrames: frames the server encodes validate, and drift (an
+// undocumented field, a missing list, a wrong type) is caught.
+func TestServerFrames(t *testing.T) {
+	good := []*protocol.Frame{
+		{Type: protocol.TypePong, RID: "1", ServerTime: 5},
+		{Type: protocol.TypeAck, RID: "2", ConvID: 7, ClientMsgID: "c", Seq: 1, MsgID: 1 << 60, ServerTime: 5},
+		{Type: protocol.TypeMsg, Message: &protocol.Message{ConvID: 7, Seq: 1, MsgID: 9, Sender: "a", Kind: "text", Body: "hi", ServerTime: 1}},
+		{Type: protocol.TypeError, Code: protocol.CodeOverloaded, Error: "x", RetryAfter: 10},
+		{Type: protocol.TypeConvList},
+		{Type: protocol.TypeSnapshot, RID: "3"},
+		{Type: protocol.TypePresence, RID: "3"},
+	}
+	for _, f := range good {
+		f.FillLists()
+		data, _ := json.Marshal(f)
+		if err := ServerFrame(data); err != nil {
+			t.Errorf("%s: %v", data, err)
+		}
+	}
+	for _, bad := range []string{
+		`{"type":"pong","server_time":1,"surprise":true}`,
+		`{"type":"conv_list"}`,
+		`{"type":"ack","conv_id":7,"client_msg_id":"c","seq":1,"msg_id":"1","server_time":1}`,
+		`{"type":"nonsense"}`,
+		`{"type":"error","code":"made_up","error":"x"}`,
+	} {
+		if err := ServerFrame([]byte(bad)); err == nil {
+			t.Errorf("%s validated", bad)
+		}
+	}
+}
+
+func TestHTTPAnswer(t *testing.T) {
+	if err := HTTPAnswer("GET", "/v1/conversations/snapshot", 200, "application/json", []byte(`{"snapshot":[]}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := HTTPAnswer("GET", "/v1/conversations/snapshot", 401, "application/json", []byte(`{"code":"unauthorized","error":"no"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := HTTPAnswer("GET", "/v1/conversations/snapshot", 200, "application/json", []byte(`{}`)); err == nil {
+		t.Fatal("missing snapshot validated")
+	}
+	if err := HTTPAnswer("GET", "/v1/conversations/snapshot", 418, "application/json", []byte(`{}`)); err == nil {
+		t.Fatal("undocumented status validated")
+	}
+	if err := HTTPAnswer("POST", "/v1/rpc", 200, "application/json", []byte(`{"type":"ok","rid":"1"}`)); err != nil {
+		t.Fatal(err)
+	}
+}
