@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/internal/bus"
+	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/ledger"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/snowflake"
@@ -45,6 +46,11 @@ type Config struct {
 	SmallBelow int
 	LargeAbove int
 	Hysteresis float64
+	// InlineRows: small groups of at most this many members get their
+	// rows written in the message's own atomic write (store.Append.Rows)
+	// instead of by the fan-out after it; 0: direct conversations only
+	// (which always do).
+	InlineRows int
 	// EveryoneInterval is the least time between two @everyone of a group.
 	EveryoneInterval time.Duration
 	// TypingInterval is the least time between two typing notices of a
@@ -64,6 +70,7 @@ func DefaultConfig() Config {
 		SmallBelow:         200,
 		LargeAbove:         2000,
 		Hysteresis:         0.1,
+		InlineRows:         16,
 		EveryoneInterval:   time.Minute,
 		TypingInterval:     2 * time.Second,
 	}
@@ -84,6 +91,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("chat: read scope %q is not %q or %q", c.ReadScope, ReadPerUser, ReadPerDevice)
 	case c.SmallBelow < 3 || c.LargeAbove < c.SmallBelow:
 		return errors.New("chat: tiers need 3 ≤ small_below ≤ large_above")
+	case c.InlineRows < 0:
+		return errors.New("chat: inline rows must not be negative")
 	case c.Hysteresis < 0 || c.Hysteresis >= 1:
 		return errors.New("chat: hysteresis must be in [0, 1)")
 	case c.EveryoneInterval < 0 || c.TypingInterval < 0:
@@ -135,6 +144,13 @@ type Service struct {
 	online Online
 	ledger Ledger
 	limits Limiter
+	outbox Outbox
+}
+
+// Outbox takes stored messages for fan-out after the ACK (fanout.Outbox,
+// whose handler is Service.FanOut).
+type Outbox interface {
+	Enqueue(j fanout.Job)
 }
 
 // Limiter allows one event per key per interval (@everyone per group,
@@ -156,6 +172,9 @@ type Deps struct {
 	Online   Online
 	Ledger   Ledger
 	Limiter  Limiter // nil: in-process
+	// Outbox runs the fan-out; nil runs it inline after the ACK (tests
+	// that build a bare service).
+	Outbox Outbox
 }
 
 // New returns a service. It starts no goroutines.
@@ -175,8 +194,26 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if d.Limiter == nil {
 		d.Limiter = newLimiter(d.Now)
 	}
-	return &Service{cfg: cfg, store: d.Store, reg: d.Registry, bus: d.Bus, ids: d.IDs, now: d.Now, log: d.Logger,
-		obs: d.Observer, online: d.Online, ledger: d.Ledger, limits: d.Limiter}, nil
+	s := &Service{cfg: cfg, store: d.Store, reg: d.Registry, bus: d.Bus, ids: d.IDs, now: d.Now, log: d.Logger,
+		obs: d.Observer, online: d.Online, ledger: d.Ledger, limits: d.Limiter, outbox: d.Outbox}
+	if s.outbox == nil {
+		s.outbox = inline{s}
+	}
+	return s, nil
+}
+
+// inline fans out in the caller, after the ACK; errors are logged (the
+// store's outbox entry stays for an outbox to pick up).
+type inline struct{ s *Service }
+
+func (i inline) Enqueue(j fanout.Job) {
+	if err := i.s.FanOut(context.Background(), j); err != nil {
+		i.s.log.Warn("fan-out failed", "conv", j.Msg.ConvID, "seq", j.Msg.Seq, "err", err)
+		return
+	}
+	if err := i.s.store.FanoutDone(context.Background(), j.Msg.ConvID, []uint64{j.Msg.Seq}); err != nil {
+		i.s.log.Warn("fan-out: clearing the outbox entry failed", "err", err)
+	}
 }
 
 // storeErr turns a store failure into the client-facing error. Conditions

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strconv"
 
+	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 )
@@ -59,10 +60,7 @@ func (s *Service) systemEvent(ctx context.Context, c Caller, cv store.Conversati
 	if err != nil {
 		return s.storeErr("append", err)
 	}
-	if cv, err = s.store.Conversation(ctx, cv.ID); err != nil {
-		return s.storeErr("conversation", err)
-	}
-	s.fanout(ctx, cv, res.Msg)
+	s.outbox.Enqueue(fanout.Job{Msg: res.Msg, RowsWritten: res.RowsWritten})
 	return nil
 }
 

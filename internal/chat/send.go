@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/parley-im/parley/internal/bus"
+	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/ledger"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
@@ -56,6 +58,10 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	if f.TargetSeq != 0 {
 		a.Check = s.checkTarget(c, f)
 	}
+	// Direct conversations and small groups of a few members get their
+	// rows in the message's own write: no second write (and fsync) per
+	// message, and the rows are never behind the message.
+	a.Rows = cv.Kind == store.Direct || (s.cfg.tierFor(cv.Tier, cv.Members) == TierSmall && cv.Members <= s.cfg.InlineRows)
 	res, err := s.store.Append(ctx, a)
 	if err != nil {
 		return s.storeErr("append", err)
@@ -68,37 +74,61 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 		Type: protocol.TypeAck, RID: f.RID, ConvID: stored.ConvID, ClientMsgID: stored.ClientMsgID,
 		Seq: stored.Seq, MsgID: stored.MsgID, ServerTime: stored.ServerTime, Duplicate: res.Duplicate,
 	})
-	// A duplicate is fanned out again: the first fan-out may have been lost
-	// with the connection or the process that made the client retry. Rows
-	// are idempotent and devices drop repeated seqs.
-	s.fanout(ctx, cv, stored)
+	// The fan-out runs on the outbox workers, off this request: the
+	// store's outbox entry, written with the message, covers it if this
+	// process dies first. A duplicate is fanned out again: the first
+	// fan-out's pushes may have been lost with the connection that made
+	// the client retry. Rows are idempotent and devices drop repeated seqs.
+	s.outbox.Enqueue(fanout.Job{Msg: stored, RowsWritten: res.RowsWritten})
 	return nil
 }
 
-// fanout makes a stored message visible: conversation rows by tier (M16)
-// and pushes to the online devices of members who may see it (M17).
-func (s *Service) fanout(ctx context.Context, cv store.Conversation, m store.Message) {
+// FanOut makes a stored message visible (the outbox's handler):
+// conversation rows by tier (M16), mention rows in every tier, and pushes
+// to the online devices of members who may see it (M17). Failures of row
+// writes and pushes become compensation tasks; an error is returned only
+// when something could neither be done nor recorded, and the outbox then
+// retries the message.
+func (s *Service) FanOut(ctx context.Context, j fanout.Job) error {
+	m := j.Msg
+	cv, err := s.store.Conversation(ctx, m.ConvID)
+	if err != nil {
+		return fmt.Errorf("conversation: %w", err)
+	}
 	tier := s.tier(ctx, cv)
 	recipients, err := s.recipients(ctx, cv.ID, tier, m.Seq)
 	if err != nil {
-		// Nobody is pushed to; devices catch up by gap fill and sync, and
-		// rows by the conversation's last_seq, read at sync.
-		s.log.Warn("fan-out: recipients", "conv", cv.ID, "seq", m.Seq, "err", err)
-		return
+		return fmt.Errorf("recipients: %w", err)
 	}
 	rows := 0
-	if tier != TierLarge {
-		// Small: every member (all are recipients); medium: members online.
-		rows = s.writeRows(ctx, cv.ID, m.Seq, recipients, m.MentionAll)
+	if !j.RowsWritten {
+		if tier != TierLarge {
+			// Small: every member (all are recipients); medium: members
+			// online. @everyone marks them too (and is remembered on the
+			// conversation for everyone else).
+			n, err := s.writeRows(ctx, cv.ID, m.Seq, recipients, m.MentionAll)
+			if err != nil {
+				return err
+			}
+			rows = n
+		}
 		if !m.MentionAll && len(m.Mentions) > 0 {
-			s.writeRows(ctx, cv.ID, m.Seq, intersect(m.Mentions, recipients), true)
+			// Explicit mentions reach offline members too, in every tier;
+			// the store skips users who are not members.
+			if _, err := s.writeRows(ctx, cv.ID, m.Seq, m.Mentions, true); err != nil {
+				return err
+			}
 		}
 	}
 	wm := wireMessage(m)
-	pushed := s.pushKey(ctx, recipients, &protocol.Frame{Type: protocol.TypeMsg, Message: &wm}, m.ConvID, m.Seq, m.CoalesceKey)
+	pushed, err := s.pushFrame(ctx, recipients, &protocol.Frame{Type: protocol.TypeMsg, Message: &wm}, m.ConvID, m.Seq, m.CoalesceKey)
+	if err != nil {
+		return err
+	}
 	if s.obs.Fanout != nil {
 		s.obs.Fanout(TierName(tier), rows, pushed)
 	}
+	return nil
 }
 
 // recipients are the members allowed to see seq: every member in a small
@@ -135,25 +165,28 @@ func (s *Service) recipients(ctx context.Context, conv uint64, tier uint8, seq u
 	return out, nil
 }
 
-// writeRows is write fan-out; a failure becomes a compensation task.
-func (s *Service) writeRows(ctx context.Context, conv, seq uint64, users []string, mention bool) int {
+// writeRows is write fan-out; a failure becomes a compensation task, and
+// an error is returned only if that cannot be recorded either.
+func (s *Service) writeRows(ctx context.Context, conv, seq uint64, users []string, mention bool) (int, error) {
 	if len(users) == 0 {
-		return 0
+		return 0, nil
 	}
 	if err := s.store.UpdateRows(ctx, conv, seq, users, mention); err != nil {
 		s.log.Warn("row fan-out failed; recorded for retry", "conv", conv, "seq", seq, "users", len(users), "err", err)
-		s.record(ctx, ledger.Task{Kind: ledger.KindRows, Conv: conv, Seq: seq, Users: users, Mention: mention})
-		return 0
+		if rerr := s.record(ctx, ledger.Task{Kind: ledger.KindRows, Conv: conv, Seq: seq, Users: users, Mention: mention}); rerr != nil {
+			return 0, fmt.Errorf("rows: %w; and the ledger: %w", err, rerr)
+		}
+		return 0, nil
 	}
-	return len(users)
+	return len(users), nil
 }
 
-func (s *Service) record(ctx context.Context, t ledger.Task) {
-	if err := s.ledger.Record(context.WithoutCancel(ctx), t); err != nil {
-		// The ledger is down too: the client's gap detection and the
-		// conversation's last_seq at sync remain the safety net (M18).
-		s.log.Error("compensation ledger failed; relying on client sync", "kind", t.Kind, "conv", t.Conv, "seq", t.Seq, "err", err)
+func (s *Service) record(ctx context.Context, t ledger.Task) error {
+	err := s.ledger.Record(context.WithoutCancel(ctx), t)
+	if err != nil {
+		s.log.Error("compensation ledger failed", "kind", t.Kind, "conv", t.Conv, "seq", t.Seq, "err", err)
 	}
+	return err
 }
 
 // Compensate redoes a recorded task; the ledger retries it until it
@@ -189,20 +222,6 @@ func (s *Service) Compensate(ctx context.Context, t ledger.Task) error {
 	return nil
 }
 
-func intersect(a, b []string) []string {
-	in := make(map[string]bool, len(b))
-	for _, x := range b {
-		in[x] = true
-	}
-	var out []string
-	for _, x := range a {
-		if in[x] {
-			out = append(out, x)
-		}
-	}
-	return out
-}
-
 // checkTarget enforces who may edit or recall what, and rewrites the target.
 func (s *Service) checkTarget(c Caller, f *protocol.Frame) func(store.Message) (store.Message, error) {
 	now := s.now()
@@ -227,30 +246,38 @@ func (s *Service) checkTarget(c Caller, f *protocol.Frame) func(store.Message) (
 }
 
 // push sends frame to every online device of users, one bus delivery per
-// gateway node (M6), and returns the number of users handed off. A node
-// that cannot be reached right now gets a compensation task for message
-// pushes; a node with no subscriber has gone, and its users resync on
-// whichever node they reconnect to.
+// gateway node (M6), and returns the number of users handed off. It is
+// for frames without a seq (receipts, typing, notices): those are best
+// effort, and a failure is only logged.
 func (s *Service) push(ctx context.Context, users []string, frame *protocol.Frame, conv, seq uint64) int {
-	return s.pushKey(ctx, users, frame, conv, seq, "")
+	n, err := s.pushFrame(ctx, users, frame, conv, seq, "")
+	if err != nil {
+		s.log.Warn("push failed", "type", frame.Type, "conv", conv, "err", err)
+	}
+	return n
 }
 
-func (s *Service) pushKey(ctx context.Context, users []string, frame *protocol.Frame, conv, seq uint64, key string) int {
+// pushFrame encodes frame once and hands it to every gateway node that
+// holds a device of users, the nodes concurrently. For a message (seq ≠ 0),
+// a node that cannot be reached right now gets a compensation task, and an
+// error is returned when the registry cannot be read or a task cannot be
+// recorded, so the outbox retries; a node with no subscriber has gone, and
+// its users resync on whichever node they reconnect to.
+func (s *Service) pushFrame(ctx context.Context, users []string, frame *protocol.Frame, conv, seq uint64, key string) (int, error) {
 	if len(users) == 0 {
-		return 0
+		return 0, nil
 	}
 	online, err := s.reg.Lookup(ctx, users)
 	if err != nil {
-		s.log.Warn("registry lookup failed; recipients will sync", "err", err)
 		if s.obs.PushFailed != nil {
 			s.obs.PushFailed()
 		}
-		return 0
+		return 0, fmt.Errorf("registry lookup: %w", err)
 	}
 	if len(online) == 0 {
-		return 0
+		return 0, nil
 	}
-	byNode := make(map[string][]string)
+	byNode := make(map[string][]string, 1)
 	for u, entries := range online {
 		for _, e := range entries {
 			if l := byNode[e.Node]; len(l) == 0 || l[len(l)-1] != u {
@@ -260,26 +287,52 @@ func (s *Service) pushKey(ctx context.Context, users []string, frame *protocol.F
 	}
 	data, err := json.Marshal(frame)
 	if err != nil {
-		s.log.Error("encode push", "err", err)
-		return 0
+		return 0, fmt.Errorf("encode push: %w", err)
 	}
-	n := 0
-	for node, us := range byNode {
+	publish := func(node string, us []string) (int, error) {
 		err := s.bus.Publish(ctx, node, bus.Delivery{Users: us, Frame: data, ConvID: conv, Seq: seq, CoalesceKey: key})
 		if err == nil {
-			n += len(us)
-			continue
+			return len(us), nil
 		}
 		if s.obs.PushFailed != nil {
 			s.obs.PushFailed()
 		}
-		if seq != 0 && !errors.Is(err, bus.ErrNoSubscriber) {
-			s.log.Warn("push hand-off failed; recorded for retry", "node", node, "err", err)
-			s.record(ctx, ledger.Task{Kind: ledger.KindPush, Conv: conv, Seq: seq, Users: us, Node: node})
+		if seq == 0 || errors.Is(err, bus.ErrNoSubscriber) {
+			return 0, nil
 		}
+		s.log.Warn("push hand-off failed; recorded for retry", "node", node, "err", err)
+		if rerr := s.record(ctx, ledger.Task{Kind: ledger.KindPush, Conv: conv, Seq: seq, Users: us, Node: node}); rerr != nil {
+			return 0, fmt.Errorf("push to %s: %w; and the ledger: %w", node, err, rerr)
+		}
+		return 0, nil
+	}
+	var (
+		n    int
+		errs []error
+	)
+	if len(byNode) == 1 {
+		for node, us := range byNode {
+			n, err = publish(node, us)
+			errs = append(errs, err)
+		}
+	} else {
+		var (
+			mu sync.Mutex
+			wg sync.WaitGroup
+		)
+		for node, us := range byNode {
+			wg.Go(func() {
+				k, err := publish(node, us)
+				mu.Lock()
+				n += k
+				errs = append(errs, err)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
 	}
 	if s.obs.Pushed != nil {
 		s.obs.Pushed(n)
 	}
-	return n
+	return n, errors.Join(errs...)
 }

@@ -84,22 +84,36 @@ func (s *Service) Snapshot(ctx context.Context, c Caller, req []protocol.SyncCon
 }
 
 // lastSeq is the last seq of r's conversation the user may see: the
-// conversation's own last_seq (read fan-out: rows are not written for every
-// member of larger groups, so the row alone may lag), capped at the
-// member's leave_seq.
+// conversation's own last_seq, in every tier and for direct conversations
+// too (rows are written by fan-out, which may lag the ACK or have failed
+// and wait for compensation; the conversation's last_seq never does),
+// capped at the member's leave_seq.
 func (s *Service) lastSeq(ctx context.Context, r store.ConvRow) (uint64, *protocol.Error) {
-	last := r.LastSeq
-	if r.Kind != store.Direct {
-		cv, err := s.store.Conversation(ctx, r.ConvID)
-		if err != nil {
-			return 0, s.storeErr("sync", err)
-		}
-		last = max(last, cv.LastSeq)
+	cv, err := s.store.Conversation(ctx, r.ConvID)
+	if err != nil {
+		return 0, s.storeErr("sync", err)
 	}
+	return visibleLast(r, cv), nil
+}
+
+// visibleLast is the last seq of cv that r's member may see.
+func visibleLast(r store.ConvRow, cv store.Conversation) uint64 {
+	last := max(r.LastSeq, cv.LastSeq)
 	if r.LeaveSeq != 0 {
 		last = min(last, r.LeaveSeq)
 	}
-	return last, nil
+	return last
+}
+
+// mentioned reports whether a message above read mentions r's member: an
+// explicit mention (its row's mention_seq) or an @everyone the member was
+// there for (the conversation's everyone_seq, within its membership).
+func mentioned(r store.ConvRow, cv store.Conversation, read uint64) bool {
+	if r.MentionSeq > read {
+		return true
+	}
+	e := cv.EveryoneSeq
+	return e > read && e >= r.JoinSeq && (r.LeaveSeq == 0 || e <= r.LeaveSeq)
 }
 
 func (s *Service) snapshotOne(ctx context.Context, r store.ConvRow, from, read uint64) (*protocol.ConvSnapshot, *protocol.Error) {
@@ -147,15 +161,12 @@ func (s *Service) conversations(ctx context.Context, c Caller) ([]protocol.ConvS
 		if err != nil {
 			return nil, s.storeErr("conversations", err)
 		}
-		r.LastSeq = max(r.LastSeq, cv.LastSeq)
-		if r.LeaveSeq != 0 {
-			r.LastSeq = min(r.LastSeq, r.LeaveSeq)
-		}
+		r.LastSeq = visibleLast(r, cv)
 		floor := max(r.JoinSeq, 1) - 1
 		sum := protocol.ConvSummary{
 			ConvID: r.ConvID, Kind: cv.Kind.String(), Name: cv.Name, LastSeq: r.LastSeq,
 			ReadSeq: read, JoinSeq: r.JoinSeq, Unread: r.LastSeq - min(max(read, floor), r.LastSeq),
-			Mentioned: r.MentionSeq > read, LeaveSeq: r.LeaveSeq,
+			Mentioned: mentioned(r, cv, read), LeaveSeq: r.LeaveSeq,
 		}
 		if r.LastSeq > floor {
 			last, err := s.store.Latest(ctx, r.ConvID, r.LastSeq+1, floor+1, 1)

@@ -39,6 +39,7 @@ import (
 	pnats "github.com/parley-im/parley/internal/bus/nats"
 	"github.com/parley-im/parley/internal/chat"
 	"github.com/parley-im/parley/internal/cluster"
+	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/gateway"
 	"github.com/parley-im/parley/internal/ledger"
 	"github.com/parley-im/parley/internal/metrics"
@@ -62,6 +63,7 @@ type Options struct {
 	Auth        auth.Config
 	Gateway     gateway.Config
 	Chat        chat.Config
+	Fanout      fanout.Config // outbox workers; zero: defaults
 	BucketWidth time.Duration
 	Presence    presence.Config
 	// Gateway and Chat select the roles; both false means both.
@@ -135,6 +137,7 @@ type Server struct {
 	relay    *cluster.Relay
 
 	chat     *chat.Service
+	outbox   *fanout.Outbox
 	backend  gateway.Backend
 	verifier *auth.Verifier
 	gw       *gateway.Gateway
@@ -312,9 +315,15 @@ func (s *Server) startChat() error {
 	if s.redis != nil {
 		lim = cluster.NewLimiter(rredis.NewLimiter(s.redis, o.Cluster.namespace()+":lim:"))
 	}
+	// The outbox runs the fan-out of every stored message after its ACK;
+	// its handler is the service's, set once the service exists.
+	var svc *chat.Service
+	fcfg := o.Fanout
+	fcfg.Logger = o.Logger
+	outbox := fanout.New(fcfg, chatStore, func(ctx context.Context, j fanout.Job) error { return svc.FanOut(ctx, j) })
 	svc, err := chat.New(o.Chat, chat.Deps{
 		Store: chatStore, Registry: s.registry, Bus: s.bus, IDs: snowflake.New(snowflake.NodeNumber(o.Node), nil),
-		Logger: o.Logger, Online: online, Ledger: s.ledger, Limiter: lim,
+		Logger: o.Logger, Online: online, Ledger: s.ledger, Limiter: lim, Outbox: outbox,
 		Observer: chat.Observer{
 			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },
 			StoreFailed: func(op string) { m.StoreErrors.WithLabelValues(op).Inc() },
@@ -332,6 +341,11 @@ func (s *Server) startChat() error {
 		return err
 	}
 	s.chat = svc
+	s.outbox = outbox
+	s.runLoop(outbox.Run)
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "parley_fanout_backlog", Help: "Stored messages whose fan-out is queued or running in this process.",
+	}, func() float64 { return float64(outbox.Backlog()) }))
 	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "parley_compensation_backlog", Help: "Compensation tasks waiting for a successful retry.",
 	}, func() float64 { return float64(s.ledger.Backlog()) }))

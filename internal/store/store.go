@@ -65,6 +65,10 @@ type Conversation struct {
 	// E2E is set at creation and never changes: the conversation carries
 	// only end-to-end encrypted bodies.
 	E2E bool
+	// EveryoneSeq is the highest seq of a message with MentionAll (0:
+	// none), set by Append with the message: a member was mentioned by
+	// @everyone since its read position when EveryoneSeq is above it.
+	EveryoneSeq uint64
 }
 
 // Member is one user's membership of a conversation. Messages with
@@ -128,14 +132,31 @@ type Append struct {
 	// when Msg.TargetSeq != 0 (edit, recall); it returns an error to refuse,
 	// or nil and the target as it must be stored afterwards.
 	Check func(target Message) (Message, error)
+	// Rows asks for write fan-out with the message: the conversation rows
+	// of every current member are raised to the new seq (MentionSeq too
+	// for the users in Msg.Mentions, or all of them with MentionAll).
+	// AppendResult.RowsWritten reports whether that happened; an engine
+	// that cannot write them in the message's atomic write writes them
+	// right after it and reports a failure there as RowsWritten false
+	// (the message is stored all the same, and the caller's fan-out
+	// writes the rows).
+	Rows bool
 }
 
 // AppendResult is the stored message. Duplicate is true when the
 // (conv, sender, client_msg_id) was already stored: nothing new was written
 // and Msg is the original.
 type AppendResult struct {
-	Msg       Message
-	Duplicate bool
+	Msg         Message
+	Duplicate   bool
+	RowsWritten bool // Append.Rows was honoured (never on a duplicate)
+}
+
+// Pending is one stored message whose fan-out is not yet recorded done:
+// an outbox entry.
+type Pending struct {
+	ConvID uint64
+	Seq    uint64
 }
 
 // Store is the durable state of Parley.
@@ -173,7 +194,22 @@ type Store interface {
 	// after the write is on stable storage; an error means nothing was
 	// stored. A retry with the same (conv, sender, client_msg_id) returns
 	// the original with Duplicate set, also after a restart.
+	//
+	// The outbox: a stored message also has an outbox entry, written
+	// durably before Append returns (in the message's atomic write where
+	// the engine has one), so its fan-out survives the process: Pending
+	// lists it until FanoutDone clears it. A duplicate returns only once
+	// its original's entry was written (it may write it again).
 	Append(ctx context.Context, a Append) (AppendResult, error)
+	// Pending lists up to limit outbox entries of durable messages, in
+	// (conversation, seq) order within each engine partition.
+	Pending(ctx context.Context, limit int) ([]Pending, error)
+	// FanoutDone clears the outbox entries of seqs: their fan-out is done
+	// (or handed to the compensation ledger). Clearing an entry that is
+	// not there is no error. It need not be synced: an entry that comes
+	// back after a crash only repeats idempotent fan-out.
+	FanoutDone(ctx context.Context, convID uint64, seqs []uint64) error
+
 	// Messages returns messages with from ≤ seq ≤ to in ascending seq order,
 	// at most limit of them (the lowest seqs first).
 	Messages(ctx context.Context, convID, from, to uint64, limit int) ([]Message, error)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
@@ -146,7 +147,7 @@ func (s *Store) appendNew(ctx context.Context, st *convState, a store.Append, id
 		}
 		m.Seq = seq
 		s.afterClaim(ctx, st, seq, m.CoalesceKey)
-		return store.AppendResult{Msg: m}, nil
+		return s.stored(ctx, st, a, m)
 	}
 
 	// An edit or recall: Check and the rewrite run under the mutex, before
@@ -198,7 +199,66 @@ func (s *Store) appendNew(ctx context.Context, st *convState, a store.Append, id
 	locked = false
 	m.Seq = seq
 	s.afterClaim(ctx, st, seq, m.CoalesceKey)
-	return store.AppendResult{Msg: m}, nil
+	return s.stored(ctx, st, a, m)
+}
+
+// stored finishes an append whose seq is claimed: the outbox entry and the
+// @everyone mark must be written before the message is acknowledged, so a
+// failure is returned (the message is stored; the client's retry finds it
+// as a duplicate, which writes them again). Rows, when asked, are written
+// last; a failure there only leaves them to the caller's fan-out.
+func (s *Store) stored(ctx context.Context, st *convState, a store.Append, m store.Message) (store.AppendResult, error) {
+	if err := s.outbox(ctx, st, m); err != nil {
+		return store.AppendResult{}, err
+	}
+	res := store.AppendResult{Msg: m}
+	if a.Rows {
+		if err := s.memberRows(ctx, st.id, m); err != nil {
+			s.log.Warn("cassandra: append: rows left to fan-out", logKeyConv, st.id, logKeySeq, m.Seq, logKeyErr, err)
+		} else {
+			res.RowsWritten = true
+		}
+	}
+	return res, nil
+}
+
+// outboxShards spread the fanout_pending partition.
+const outboxShards = 16
+
+func outboxShard(conv uint64) int { return int(conv % outboxShards) }
+
+// outbox writes m's outbox entry and records an @everyone (a max-register:
+// m's seq is its timestamp).
+func (s *Store) outbox(ctx context.Context, st *convState, m store.Message) error {
+	n := 1
+	if m.MentionAll {
+		n = 2
+	}
+	err := s.each(ctx, n, func(ctx context.Context, i int) error {
+		if i == 0 {
+			return s.q(ctx, `INSERT INTO fanout_pending (shard, conv_id, seq) VALUES (?, ?, ?)`,
+				outboxShard(st.id), i64(st.id), i64(m.Seq)).Exec()
+		}
+		return s.q(ctx, `UPDATE conversations USING TIMESTAMP ? SET everyone_seq = ? WHERE conv_id = ?`,
+			i64(m.Seq), i64(m.Seq), i64(st.id)).Exec()
+	})
+	if err != nil {
+		return fmt.Errorf("seq %d is stored but its fan-out could not be recorded; retry to finish it: %w", m.Seq, err)
+	}
+	return nil
+}
+
+// memberRows raises the rows of conv's current members to m's seq, the
+// mentioned ones' mention seq too.
+func (s *Store) memberRows(ctx context.Context, conv uint64, m store.Message) error {
+	members, err := s.members(ctx, conv)
+	if err != nil {
+		return err
+	}
+	return s.each(ctx, len(members), func(ctx context.Context, i int) error {
+		u := members[i].UserID
+		return s.raiseRow(ctx, conv, u, m.Seq, m.MentionAll || slices.Contains(m.Mentions, u))
+	})
 }
 
 // writeBody stores m's body, which no reader sees until a slot points to
@@ -301,6 +361,11 @@ func (s *Store) duplicate(ctx context.Context, st *convState, rec idemRecord) (s
 	if claimed {
 		// The owner may be gone: finish its append.
 		s.afterClaim(ctx, st, seq, m.CoalesceKey)
+	}
+	// The original may have failed (or died) after its claim, before
+	// its outbox entry: write it again.
+	if err := s.outbox(ctx, st, m); err != nil {
+		return store.AppendResult{}, err
 	}
 	return store.AppendResult{Msg: m, Duplicate: true}, nil
 }

@@ -83,7 +83,7 @@ func testConfig(tb testing.TB) Config {
 
 // tables are the tables fresh truncates: all but schema_migrations.
 var tables = []string{"e2e_devices", "e2e_prekeys", "messages", "message_seq", "coalesce_latest", "conversations", "members",
-	"user_conversations", "direct_pairs", "idempotency", "read_positions", "delivered_positions"}
+	"user_conversations", "direct_pairs", "idempotency", "read_positions", "delivered_positions", "fanout_pending"}
 
 // fresh empties the test keyspace and returns its Config.
 func fresh(tb testing.TB) Config {

@@ -104,11 +104,11 @@ func (s *Store) convRow(ctx context.Context, conv uint64) (store.Conversation, e
 		name       string
 		created    int64
 		members    int
-		last       int64
+		last, all  int64
 		e2e        bool
 	)
-	err := s.q(ctx, `SELECT kind, name, created_at, members, tier, last_seq, e2e FROM conversations WHERE conv_id = ?`, i64(conv)).
-		Scan(&kind, &name, &created, &members, &tier, &last, &e2e)
+	err := s.q(ctx, `SELECT kind, name, created_at, members, tier, last_seq, e2e, everyone_seq FROM conversations WHERE conv_id = ?`, i64(conv)).
+		Scan(&kind, &name, &created, &members, &tier, &last, &e2e, &all)
 	if errors.Is(err, gocql.ErrNotFound) {
 		return store.Conversation{}, store.ErrNotFound
 	}
@@ -116,7 +116,7 @@ func (s *Store) convRow(ctx context.Context, conv uint64) (store.Conversation, e
 		return store.Conversation{}, err
 	}
 	return store.Conversation{ID: conv, Kind: store.ConvKind(kind), Name: name, CreatedAt: created,
-		LastSeq: u64(last), Members: members, Tier: uint8(tier), E2E: e2e}, nil
+		LastSeq: u64(last), Members: members, Tier: uint8(tier), E2E: e2e, EveryoneSeq: u64(all)}, nil
 }
 
 // CreateConversation stores c with its members, all with JoinSeq 1.

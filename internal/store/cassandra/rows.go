@@ -113,3 +113,47 @@ func (s *Store) UserConversations(ctx context.Context, user string) ([]store.Con
 	}
 	return out, nil
 }
+
+// Pending lists up to limit outbox entries, shard by shard. An entry is
+// written after its seq is claimed, so every one is a stored message.
+func (s *Store) Pending(ctx context.Context, limit int) ([]store.Pending, error) {
+	const op = "pending"
+	if err := s.enter(ctx, op); err != nil {
+		return nil, err
+	}
+	defer s.gate.RUnlock()
+	var out []store.Pending
+	for shard := 0; shard < outboxShards && len(out) < limit; shard++ {
+		iter := s.q(ctx, `SELECT conv_id, seq FROM fanout_pending WHERE shard = ? LIMIT ?`, shard, limit-len(out)).Iter()
+		var conv, seq int64
+		for iter.Scan(&conv, &seq) {
+			out = append(out, store.Pending{ConvID: u64(conv), Seq: u64(seq)})
+		}
+		if err := iter.Close(); err != nil {
+			return nil, fmt.Errorf("cassandra: %s: %w", op, err)
+		}
+	}
+	return out, nil
+}
+
+// FanoutDone deletes the outbox entries of seqs.
+func (s *Store) FanoutDone(ctx context.Context, convID uint64, seqs []uint64) error {
+	const op = "fanout done"
+	if err := s.enter(ctx, op); err != nil {
+		return err
+	}
+	defer s.gate.RUnlock()
+	err := func() error {
+		if _, err := s.existing(ctx, convID); err != nil {
+			return err
+		}
+		return s.each(ctx, len(seqs), func(ctx context.Context, i int) error {
+			return s.q(ctx, `DELETE FROM fanout_pending WHERE shard = ? AND conv_id = ? AND seq = ?`,
+				outboxShard(convID), i64(convID), i64(seqs[i])).Exec()
+		})
+	}()
+	if err != nil {
+		return fmt.Errorf("cassandra: %s %d: %w", op, convID, err)
+	}
+	return nil
+}

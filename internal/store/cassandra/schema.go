@@ -86,6 +86,13 @@ var migrations = []migration{
 		)`,
 		`ALTER TABLE conversations ADD IF NOT EXISTS e2e boolean`,
 	}},
+	{3, "fan-out outbox, @everyone on the conversation", []string{
+		`ALTER TABLE conversations ADD IF NOT EXISTS everyone_seq bigint`,
+		`CREATE TABLE IF NOT EXISTS fanout_pending (
+			shard int, conv_id bigint, seq bigint,
+			PRIMARY KEY (shard, conv_id, seq)
+		)`,
+	}},
 }
 
 var latestVersion = migrations[len(migrations)-1].version

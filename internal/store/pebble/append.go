@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	cpebble "github.com/cockroachdb/pebble/v2"
 
@@ -129,8 +130,11 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	// Images hide a batch until it is durable; they go if it is never
 	// applied. After a failed fsync they stay: the store is broken and the
 	// batch may or may not survive a restart.
-	locked, applied, overlaid, keyed := true, false, false, false
+	locked, applied, overlaid, keyed, rowsLocked := true, false, false, false, false
 	defer func() {
+		if rowsLocked {
+			st.rowsMu.Unlock()
+		}
 		if err != nil && !applied && overlaid {
 			st.dropRewrite(m.TargetSeq, seq)
 		}
@@ -160,6 +164,9 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	}
 	row := st.row
 	row.LastSeq = seq
+	if m.MentionAll {
+		row.EveryoneSeq = seq
+	}
 	kvs := [][2][]byte{
 		{mkey, encodeMessage(m)},
 		{seqKey(conv, seq), encodeSeqRef(seqRef{bucket: bucket, msgID: m.MsgID})},
@@ -167,6 +174,19 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	}
 	if idem != "" {
 		kvs = append(kvs, [2][]byte{idemKey(conv, m.Sender, m.ClientMsgID), encodeUint(seq)})
+	}
+	// The outbox entry (outbox.go): durable with the message.
+	kvs = append(kvs, [2][]byte{outboxKey(conv, seq), nil})
+	if a.Rows {
+		// Write fan-out in the same batch; rowsMu is held until the batch
+		// is applied so a concurrent UpdateRows cannot lower what it sets.
+		st.rowsMu.Lock()
+		rowsLocked = true
+		rkvs, err := s.memberRows(conv, m)
+		if err != nil {
+			return res, err
+		}
+		kvs = append(kvs, rkvs...)
 	}
 	if m.CoalesceKey != "" {
 		// Every K write of the conversation runs under st.mu, so prev is
@@ -200,6 +220,10 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	}
 	applied = true
 	st.row = row
+	if rowsLocked {
+		st.rowsMu.Unlock()
+		rowsLocked = false
+	}
 	locked = false
 	st.mu.Unlock()
 
@@ -220,7 +244,46 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	if serr != nil {
 		return res, fmt.Errorf("wal sync: %w", serr)
 	}
-	return store.AppendResult{Msg: m}, nil
+	return store.AppendResult{Msg: m, RowsWritten: a.Rows}, nil
+}
+
+// memberRows returns the U rows of conv's current members raised to m's
+// seq (and mention seq), for Append.Rows. It runs under mu and rowsMu.
+func (s *Store) memberRows(conv uint64, m store.Message) ([][2][]byte, error) {
+	var users []string
+	err := s.scan(memberPrefix(conv), func(k, v []byte) error {
+		user, ok := userOfMemberKey(k)
+		if !ok {
+			return fmt.Errorf("member key %x: %w", k, errCorrupt)
+		}
+		mb, err := decodeMember(conv, user, v)
+		if err == nil && mb.LeaveSeq == 0 {
+			users = append(users, user)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out [][2][]byte
+	for _, u := range users {
+		r, found, err := s.convRow(u, conv)
+		if err != nil {
+			return nil, err
+		}
+		if !found || r.LeaveSeq != 0 {
+			continue
+		}
+		next := r
+		next.LastSeq = max(r.LastSeq, m.Seq)
+		if m.MentionAll || slices.Contains(m.Mentions, u) {
+			next.MentionSeq = max(r.MentionSeq, m.Seq)
+		}
+		if next != r {
+			out = append(out, [2][]byte{userConvKey(u, conv), encodeConvRow(next)})
+		}
+	}
+	return out, nil
 }
 
 // rewriteTarget adds the target of an edit or recall, as check rewrites it,

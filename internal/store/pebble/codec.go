@@ -258,15 +258,29 @@ func encodeConv(c store.Conversation) []byte {
 	e.string(c.Name)
 	e.byte(c.Tier)
 	// Optional trailing flags byte, written only when non-zero so that
-	// values without it re-encode unchanged.
+	// values without it re-encode unchanged; with convFlagEveryone an
+	// uvarint EveryoneSeq (non-zero) follows.
+	var flags byte
 	if c.E2E {
-		e.byte(convFlagE2E)
+		flags |= convFlagE2E
+	}
+	if c.EveryoneSeq != 0 {
+		flags |= convFlagEveryone
+	}
+	if flags != 0 {
+		e.byte(flags)
+	}
+	if c.EveryoneSeq != 0 {
+		e.uvarint(c.EveryoneSeq)
 	}
 	return e.bytes()
 }
 
 // Conversation flags (the optional last byte of a v2 conversation value).
-const convFlagE2E = 1 << 0
+const (
+	convFlagE2E      = 1 << 0
+	convFlagEveryone = 1 << 1 // EveryoneSeq follows
+)
 
 func decodeConv(id uint64, b []byte) (store.Conversation, error) {
 	d := newDecoder(b)
@@ -286,10 +300,17 @@ func decodeConv(id uint64, b []byte) (store.Conversation, error) {
 	if d.v2() {
 		c.Tier = d.byte()
 		if d.err == nil && len(d.b) > 0 {
-			if f := d.byte(); f != convFlagE2E {
+			f := d.byte()
+			if f == 0 || f&^(convFlagE2E|convFlagEveryone) != 0 {
 				d.fail()
 			}
-			c.E2E = true
+			c.E2E = f&convFlagE2E != 0
+			if f&convFlagEveryone != 0 {
+				c.EveryoneSeq = d.uvarint()
+				if d.err == nil && c.EveryoneSeq == 0 {
+					d.fail() // 0 is written as absent
+				}
+			}
 		}
 	}
 	if err := d.finish("conversation"); err != nil {

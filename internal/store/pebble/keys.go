@@ -17,6 +17,7 @@ const (
 	tagRead      = 'R'
 	tagDelivered = 'V'
 	tagCoalesce  = 'K'
+	tagOutbox    = 'O'
 )
 
 // bucketOf maps a message's server time to its time bucket. Times before the
@@ -119,6 +120,12 @@ func idemKey(conv uint64, sender, clientMsgID string) []byte {
 func coalesceKey(conv uint64, key string) []byte {
 	k := binary.BigEndian.AppendUint64(tagged(tagCoalesce, 9+len(key)), conv)
 	return append(k, key...)
+}
+
+// outboxKey is O | conv | seq: the message's fan-out is outstanding.
+func outboxKey(conv, seq uint64) []byte {
+	k := binary.BigEndian.AppendUint64(tagged(tagOutbox, 17), conv)
+	return binary.BigEndian.AppendUint64(k, seq)
 }
 
 // readKey is R | user 0x00 conv [| device]; the per-user position has no

@@ -108,6 +108,8 @@ func testClosed(t *testing.T, e *env) {
 		{"Conversation", func() error { _, err := e.s.Conversation(ctx, 1); return err }},
 		{"Member", func() error { _, err := e.s.Member(ctx, 1, "alice"); return err }},
 		{"Members", func() error { _, err := e.s.Members(ctx, 1); return err }},
+		{"Pending", func() error { _, err := e.s.Pending(ctx, 10); return err }},
+		{"FanoutDone", func() error { return e.s.FanoutDone(ctx, 1, []uint64{1}) }},
 		{"AddMembers", func() error { _, err := e.s.AddMembers(ctx, 1, []string{"bob"}, store.RoleMember); return err }},
 		{"RemoveMembers", func() error { _, err := e.s.RemoveMembers(ctx, 1, []string{"alice"}); return err }},
 		{"SetRole", func() error { return e.s.SetRole(ctx, 1, "alice", store.RoleAdmin) }},

@@ -63,6 +63,9 @@ func Run(t *testing.T, h Harness) {
 		{"KeyDirectory", testKeyDirectory},
 		{"KeyDirectoryConcurrent", testKeyDirectoryConcurrent},
 		{"E2EConversations", testE2EConversations},
+		{"Outbox", testOutbox},
+		{"OutboxConcurrent", testOutboxConcurrent},
+		{"AppendRows", testAppendRows},
 		{"Closed", testClosed},
 	}
 	for _, tc := range tests {

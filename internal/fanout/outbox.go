@@ -1,0 +1,404 @@
+// Package fanout makes stored messages visible after the sender's ACK: the
+// outbox workers drain the store's outbox entries (written with each
+// message, store.Store.Append) and run the fan-out of each message —
+// conversation rows by tier and pushes — off the request path.
+//
+// Per conversation, messages are fanned out one at a time in seq order (as
+// they reach the outbox); conversations run in parallel on a bounded set of
+// workers. An entry is cleared (store.Store.FanoutDone) only once its
+// handler has done the work or handed it to the compensation ledger; a
+// handler error keeps it and retries the conversation with backoff. The
+// in-memory queue is bounded: beyond it, messages wait in the store's
+// outbox, which a periodic scan reads back, as it reads the entries left
+// by a crashed process (at start, and those no worker takes for a scan
+// interval).
+package fanout
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/parley-im/parley/internal/store"
+)
+
+// Store is what the outbox needs of the store.
+type Store interface {
+	Pending(ctx context.Context, limit int) ([]store.Pending, error)
+	FanoutDone(ctx context.Context, convID uint64, seqs []uint64) error
+	Messages(ctx context.Context, convID, from, to uint64, limit int) ([]store.Message, error)
+}
+
+// Job is one stored message to fan out.
+type Job struct {
+	Msg store.Message
+	// RowsWritten: the append wrote every member's row already
+	// (store.Append.Rows); false for messages read back from the outbox.
+	RowsWritten bool
+}
+
+// Handler fans out one message. An error means the work was neither done
+// nor handed to the compensation ledger: the entry stays and the
+// conversation is retried after a backoff.
+type Handler func(ctx context.Context, j Job) error
+
+// Config tunes the outbox. Zero fields take defaults.
+type Config struct {
+	Workers    int           // conversations fanned out at once (default 16)
+	MaxQueued  int           // messages held in memory (default 100,000)
+	Batch      int           // messages of one conversation per turn (default 64)
+	Scan       time.Duration // store outbox scan interval (default 2 s)
+	ScanLimit  int           // entries read per scan (default 10,000)
+	MinBackoff time.Duration // first retry of a failed conversation (default 100 ms)
+	MaxBackoff time.Duration // (default 10 s)
+	Logger     *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Workers <= 0 {
+		c.Workers = 16
+	}
+	if c.MaxQueued <= 0 {
+		c.MaxQueued = 100_000
+	}
+	if c.Batch <= 0 {
+		c.Batch = 64
+	}
+	if c.Scan <= 0 {
+		c.Scan = 2 * time.Second
+	}
+	if c.ScanLimit <= 0 {
+		c.ScanLimit = 10_000
+	}
+	if c.MinBackoff <= 0 {
+		c.MinBackoff = 100 * time.Millisecond
+	}
+	if c.MaxBackoff < c.MinBackoff {
+		c.MaxBackoff = max(10*time.Second, c.MinBackoff)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// item is a queued message; without msg it is read from the store.
+type item struct {
+	seq  uint64
+	job  Job
+	read bool // job.Msg must be read from the store
+}
+
+type convQ struct {
+	items   []item // sorted by seq, no repeats
+	busy    bool   // a worker holds the conversation
+	ready   bool   // in the ready list
+	fails   int
+	waiting bool // a retry timer will make it ready
+}
+
+// Outbox is the fan-out worker pool. Its methods are safe for concurrent
+// use.
+type Outbox struct {
+	cfg Config
+	st  Store
+	h   Handler
+
+	mu     sync.Mutex
+	convs  map[uint64]*convQ
+	ready  []uint64
+	held   map[store.Pending]struct{} // queued or being fanned out
+	queued int                        // items in convs
+	wake   chan struct{}
+
+	deferred atomic.Int64 // messages left to the scan because the queue was full
+	done     atomic.Int64 // messages fanned out
+	failed   atomic.Int64 // handler failures
+}
+
+// New returns an outbox that runs h; Run starts it.
+func New(cfg Config, st Store, h Handler) *Outbox {
+	cfg = cfg.withDefaults()
+	return &Outbox{cfg: cfg, st: st, h: h, convs: make(map[uint64]*convQ),
+		held: make(map[store.Pending]struct{}), wake: make(chan struct{}, 1)}
+}
+
+// Enqueue hands a stored (acknowledged) message to the workers. It never
+// blocks: with the queue full, the message waits in the store's outbox for
+// the next scan.
+func (o *Outbox) Enqueue(j Job) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.queued >= o.cfg.MaxQueued {
+		o.deferred.Add(1)
+		return
+	}
+	o.addLocked(item{seq: j.Msg.Seq, job: j})
+}
+
+// addLocked queues it unless its entry is held already.
+func (o *Outbox) addLocked(it item) {
+	conv := it.job.Msg.ConvID
+	key := store.Pending{ConvID: conv, Seq: it.seq}
+	if _, ok := o.held[key]; ok {
+		return
+	}
+	o.held[key] = struct{}{}
+	q := o.convs[conv]
+	if q == nil {
+		q = &convQ{}
+		o.convs[conv] = q
+	}
+	i, _ := slices.BinarySearchFunc(q.items, it.seq, func(a item, s uint64) int { return cmpU(a.seq, s) })
+	q.items = slices.Insert(q.items, i, it)
+	o.queued++
+	o.readyLocked(conv, q)
+}
+
+func cmpU(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (o *Outbox) readyLocked(conv uint64, q *convQ) {
+	if q.busy || q.ready || q.waiting || len(q.items) == 0 {
+		return
+	}
+	q.ready = true
+	o.ready = append(o.ready, conv)
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Backlog is the number of messages queued in memory or being fanned out.
+func (o *Outbox) Backlog() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.held)
+}
+
+// Stats are the outbox's counters.
+type Stats struct {
+	Done, Failed, Deferred int64
+}
+
+// Stats returns the counters.
+func (o *Outbox) Stats() Stats {
+	return Stats{Done: o.done.Load(), Failed: o.failed.Load(), Deferred: o.deferred.Load()}
+}
+
+// Run recovers the store's outbox, then fans out until ctx ends. What is
+// queued then stays in the store's outbox for the next start.
+func (o *Outbox) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range o.cfg.Workers {
+		wg.Go(func() { o.work(ctx) })
+	}
+	wg.Go(func() { o.scanLoop(ctx) })
+	wg.Wait()
+}
+
+func (o *Outbox) work(ctx context.Context) {
+	for {
+		conv, q, batch, ok := o.take(ctx)
+		if !ok {
+			return
+		}
+		o.turn(ctx, conv, q, batch)
+	}
+}
+
+// take waits for a ready conversation and takes up to Batch of its items.
+func (o *Outbox) take(ctx context.Context) (uint64, *convQ, []item, bool) {
+	for {
+		o.mu.Lock()
+		if ctx.Err() != nil {
+			o.mu.Unlock()
+			return 0, nil, nil, false
+		}
+		if len(o.ready) > 0 {
+			conv := o.ready[0]
+			o.ready = o.ready[1:]
+			if len(o.ready) == 0 {
+				o.ready = nil // let the array go
+			}
+			q := o.convs[conv]
+			q.ready, q.busy = false, true
+			n := min(len(q.items), o.cfg.Batch)
+			batch := slices.Clone(q.items[:n])
+			q.items = q.items[n:]
+			o.queued -= n
+			if len(o.ready) > 0 {
+				select { // pass the wake on
+				case o.wake <- struct{}{}:
+				default:
+				}
+			}
+			o.mu.Unlock()
+			return conv, q, batch, true
+		}
+		o.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return 0, nil, nil, false
+		case <-o.wake:
+		}
+	}
+}
+
+// turn fans out batch in order, clears the entries done and puts back what
+// is left after a failure.
+func (o *Outbox) turn(ctx context.Context, conv uint64, q *convQ, batch []item) {
+	rest, err := o.fill(ctx, conv, batch)
+	var done []uint64
+	if err == nil {
+		for i := range batch {
+			if batch[i].read {
+				// Not in the store: nothing to fan out (cannot happen
+				// for a durable entry; cleared so it cannot stick).
+				o.cfg.Logger.Warn("fan-out: outbox entry without its message; cleared", "conv", conv, "seq", batch[i].seq)
+				done = append(done, batch[i].seq)
+				continue
+			}
+			if err = o.h(ctx, batch[i].job); err != nil {
+				rest = batch[i:]
+				break
+			}
+			done = append(done, batch[i].seq)
+		}
+	} else {
+		rest = batch
+	}
+	if len(done) > 0 {
+		o.done.Add(int64(len(done)))
+		// A failure here leaves the entries for a later scan, which
+		// repeats their (idempotent) fan-out.
+		if derr := o.st.FanoutDone(context.WithoutCancel(ctx), conv, done); derr != nil {
+			o.cfg.Logger.Warn("fan-out: clearing outbox entries failed; they will be fanned out again", "conv", conv, "err", derr)
+		}
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	q.busy = false
+	for _, s := range done {
+		delete(o.held, store.Pending{ConvID: conv, Seq: s})
+	}
+	if err != nil && ctx.Err() == nil {
+		o.failed.Add(1)
+		q.fails++
+		back := min(o.cfg.MinBackoff<<min(q.fails-1, 16), o.cfg.MaxBackoff)
+		o.cfg.Logger.Warn("fan-out failed; retrying", "conv", conv, "seq", rest[0].seq, "attempt", q.fails, "in", back, "err", err)
+		q.items = append(slices.Clone(rest), q.items...)
+		o.queued += len(rest)
+		q.waiting = true
+		time.AfterFunc(back, func() {
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			q.waiting = false
+			if ctx.Err() == nil {
+				o.readyLocked(conv, q)
+			}
+		})
+		return
+	}
+	if err == nil {
+		q.fails = 0
+	}
+	if len(q.items) == 0 && !q.waiting {
+		delete(o.convs, conv)
+		return
+	}
+	o.readyLocked(conv, q)
+}
+
+// fill reads the messages of items that have none, in one range read.
+func (o *Outbox) fill(ctx context.Context, conv uint64, batch []item) ([]item, error) {
+	lo, hi := uint64(0), uint64(0)
+	for _, it := range batch {
+		if it.read {
+			if lo == 0 {
+				lo = it.seq
+			}
+			hi = it.seq
+		}
+	}
+	if lo == 0 {
+		return nil, nil
+	}
+	msgs, err := o.st.Messages(ctx, conv, lo, hi, int(hi-lo+1))
+	if err != nil {
+		return batch, err
+	}
+	by := make(map[uint64]store.Message, len(msgs))
+	for _, m := range msgs {
+		by[m.Seq] = m
+	}
+	for i := range batch {
+		if !batch[i].read {
+			continue
+		}
+		if m, ok := by[batch[i].seq]; ok {
+			batch[i].job = Job{Msg: m}
+			batch[i].read = false
+		}
+	}
+	return nil, nil
+}
+
+// scanLoop reads the store's outbox: at once (what a previous process
+// left), then every Scan interval, taking the entries no worker held in
+// two scans running (a live entry is cleared in milliseconds; one that
+// stays is left by a crashed process or by a full queue).
+func (o *Outbox) scanLoop(ctx context.Context) {
+	seen := o.scan(ctx, nil)
+	t := time.NewTicker(o.cfg.Scan)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			seen = o.scan(ctx, seen)
+		}
+	}
+}
+
+// scan queues the entries not held now that were in prev (all of them when
+// prev is nil) and returns the entries it saw not held.
+func (o *Outbox) scan(ctx context.Context, prev map[store.Pending]bool) map[store.Pending]bool {
+	ps, err := o.st.Pending(ctx, o.cfg.ScanLimit)
+	if err != nil {
+		if ctx.Err() == nil {
+			o.cfg.Logger.Warn("fan-out: reading the outbox failed; retrying at the next scan", "err", err)
+		}
+		return prev
+	}
+	seen := make(map[store.Pending]bool, len(ps))
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, p := range ps {
+		if _, ok := o.held[p]; ok {
+			continue
+		}
+		if prev != nil && !prev[p] {
+			seen[p] = true
+			continue
+		}
+		if o.queued >= o.cfg.MaxQueued {
+			seen[p] = true // still waiting: next scan
+			continue
+		}
+		o.addLocked(item{seq: p.Seq, job: Job{Msg: store.Message{ConvID: p.ConvID, Seq: p.Seq}}, read: true})
+	}
+	return seen
+}
