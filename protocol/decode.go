@@ -64,6 +64,8 @@ func validate(f *Frame, lim Limits) *Error {
 	switch f.Type {
 	case TypePing, TypeConvList:
 		return nil
+	case TypeKeysUpload, TypeKeysBundle, TypeKeysDevices, TypeKeysRemove:
+		return validateKeys(f)
 	case TypeSend:
 		if e := needConv(f); e != nil {
 			return e

@@ -134,6 +134,14 @@ type Frame struct {
 	RetryAfter int64           `json:"retry_after_ms,omitempty"`
 	Hello      *Hello          `json:"hello,omitempty"`
 	Extra      json.RawMessage `json:"extra,omitempty"`
+
+	// End-to-end encryption (e2e.go): the conversation flag of open_direct
+	// and create_group, the key directory's fields.
+	E2E       bool            `json:"e2e,omitempty"`
+	Keys      *KeyUpload      `json:"keys,omitempty"`
+	Bundles   []KeyBundle     `json:"bundles,omitzero"`
+	Devices   []DeviceKeyInfo `json:"devices,omitzero"`
+	KeyCounts *KeyCounts      `json:"counts,omitempty"`
 }
 
 // FillLists makes the lists a response of f's type always carries non-nil,
@@ -168,6 +176,14 @@ func (f *Frame) FillLists() {
 	case TypeConv:
 		if f.Conv != nil && f.Conv.Members == nil {
 			f.Conv.Members = []string{}
+		}
+	case TypeBundles:
+		if f.Bundles == nil {
+			f.Bundles = []KeyBundle{}
+		}
+	case TypeDevices:
+		if f.Devices == nil {
+			f.Devices = []DeviceKeyInfo{}
 		}
 	}
 }
@@ -219,6 +235,9 @@ type SystemEvent struct {
 	Actor string   `json:"actor"`
 	Users []string `json:"users"`
 	Role  string   `json:"role,omitempty"`
+	// Device is the device of device_added, device_removed and
+	// identity_changed (E2E conversations only).
+	Device string `json:"device,omitempty"`
 }
 
 // ConvSnapshot is one conversation in a snapshot (the answer to sync). A
@@ -253,6 +272,7 @@ type ConvSummary struct {
 	// it is shown.
 	LeaveSeq    uint64   `json:"leave_seq,omitempty"`
 	LastMessage *Message `json:"last_message,omitempty"`
+	E2E         bool     `json:"e2e,omitempty"`
 }
 
 // ConvInfo describes a conversation (answer to open_direct, create_group and
@@ -268,6 +288,7 @@ type ConvInfo struct {
 	JoinSeq     uint64 `json:"join_seq"`
 	Role        string `json:"role,omitempty"` // the caller's role
 	Tier        string `json:"tier,omitempty"` // small, medium or large (groups)
+	E2E         bool   `json:"e2e,omitempty"`  // end-to-end encrypted (fixed at creation)
 }
 
 // Hello is the first frame on every connection.

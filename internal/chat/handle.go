@@ -60,9 +60,9 @@ func (s *Service) handle(ctx context.Context, c Caller, f *protocol.Frame, reply
 		}
 		return &protocol.Frame{Type: protocol.TypeConvList, List: list}, nil
 	case protocol.TypeOpenDirect:
-		return s.openDirect(ctx, c, f.Peer)
+		return s.openDirect(ctx, c, f.Peer, f.E2E)
 	case protocol.TypeCreateGroup:
-		return s.createGroup(ctx, c, f.Name, f.Members)
+		return s.createGroup(ctx, c, f.Name, f.Members, f.E2E)
 	case protocol.TypeAddMembers:
 		return s.addMembers(ctx, c, f.ConvID, f.Members)
 	case protocol.TypeRemove:
@@ -75,6 +75,8 @@ func (s *Service) handle(ctx context.Context, c Caller, f *protocol.Frame, reply
 		return s.mute(ctx, c, f.ConvID, f.UserID, f.Muted)
 	case protocol.TypeTyping:
 		return s.okIfAsked(f, s.typing(ctx, c, f.ConvID))
+	case protocol.TypeKeysUpload, protocol.TypeKeysBundle, protocol.TypeKeysDevices, protocol.TypeKeysRemove:
+		return s.keys(ctx, c, f)
 	}
 	return nil, protocol.Errorf(protocol.CodeUnknownType, "unknown frame type %q", f.Type)
 }
@@ -137,23 +139,27 @@ func (s *Service) history(ctx context.Context, c Caller, f *protocol.Frame) (*pr
 	return &protocol.Frame{Type: protocol.TypeHistory, ConvID: f.ConvID, Messages: wireMessages(msgs), HasMore: more}, nil
 }
 
-func (s *Service) openDirect(ctx context.Context, c Caller, peer string) (*protocol.Frame, *protocol.Error) {
+func (s *Service) openDirect(ctx context.Context, c Caller, peer string, e2e bool) (*protocol.Frame, *protocol.Error) {
 	if peer == c.User {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "a direct conversation needs another user")
 	}
-	conv, err := s.store.Direct(ctx, c.User, peer, s.ids.Next(), s.now().UnixMilli())
+	direct := s.store.Direct
+	if e2e {
+		direct = s.store.DirectE2E
+	}
+	conv, err := direct(ctx, c.User, peer, s.ids.Next(), s.now().UnixMilli())
 	if err != nil {
 		return nil, s.storeErr("open direct", err)
 	}
 	return s.convFrame(ctx, conv, c.User)
 }
 
-func (s *Service) createGroup(ctx context.Context, c Caller, name string, users []string) (*protocol.Frame, *protocol.Error) {
+func (s *Service) createGroup(ctx context.Context, c Caller, name string, users []string, e2e bool) (*protocol.Frame, *protocol.Error) {
 	users = uniqueWithout(users, c.User)
 	if len(users)+1 > s.cfg.Limits.MaxGroupMembers {
 		return nil, protocol.Errorf(protocol.CodeTooLarge, "a group has at most %d members", s.cfg.Limits.MaxGroupMembers)
 	}
-	conv := store.Conversation{ID: s.ids.Next(), Kind: store.Group, Name: name, CreatedAt: s.now().UnixMilli()}
+	conv := store.Conversation{ID: s.ids.Next(), Kind: store.Group, Name: name, CreatedAt: s.now().UnixMilli(), E2E: e2e}
 	conv.Tier = s.cfg.tierFor(0, len(users)+1)
 	members := make([]store.Member, 0, len(users)+1)
 	members = append(members, store.Member{ConvID: conv.ID, UserID: c.User, Role: store.RoleOwner, JoinSeq: 1})
@@ -172,7 +178,7 @@ func (s *Service) convFrame(ctx context.Context, conv store.Conversation, user s
 	if err != nil {
 		return nil, s.storeErr("members", err)
 	}
-	info := &protocol.ConvInfo{ConvID: conv.ID, Kind: conv.Kind.String(), Name: conv.Name, LastSeq: conv.LastSeq, MemberCount: len(members)}
+	info := &protocol.ConvInfo{ConvID: conv.ID, Kind: conv.Kind.String(), Name: conv.Name, LastSeq: conv.LastSeq, MemberCount: len(members), E2E: conv.E2E}
 	if conv.Kind == store.Group {
 		info.Tier = TierName(s.cfg.tierFor(conv.Tier, len(members)))
 	}

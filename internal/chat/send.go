@@ -36,6 +36,9 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	if err != nil {
 		return s.storeErr("conversation", err)
 	}
+	if perr := checkE2E(cv, f); perr != nil {
+		return perr
+	}
 	if f.MentionAll {
 		if cv.Kind != store.Group {
 			return protocol.Errorf(protocol.CodeInvalidArgument, "mention_all is for groups")

@@ -166,7 +166,7 @@ func (s *Service) conversations(ctx context.Context, c Caller) ([]protocol.ConvS
 		sum := protocol.ConvSummary{
 			ConvID: r.ConvID, Kind: cv.Kind.String(), Name: cv.Name, LastSeq: r.LastSeq,
 			ReadSeq: read, JoinSeq: r.JoinSeq, Unread: r.LastSeq - min(max(read, floor), r.LastSeq),
-			Mentioned: mentioned(r, cv, read), LeaveSeq: r.LeaveSeq,
+			Mentioned: mentioned(r, cv, read), LeaveSeq: r.LeaveSeq, E2E: cv.E2E,
 		}
 		if r.LastSeq > floor {
 			last, err := s.store.Latest(ctx, r.ConvID, r.LastSeq+1, floor+1, 1)

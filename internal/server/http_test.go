@@ -94,6 +94,7 @@ func TestHTTPStatusOfEveryCode(t *testing.T) {
 		protocol.CodeConflict: 409, protocol.CodeRecallExpired: 409, protocol.CodeTooLarge: 413,
 		protocol.CodeRateLimited: 429, protocol.CodeStoreUnavailable: 503, protocol.CodeOverloaded: 503,
 		protocol.CodeInternal: 500, protocol.CodeTimeout: 504,
+		protocol.CodeE2ERequired: 400, protocol.CodeE2EUnsupported: 400, protocol.CodeBadKey: 400,
 	}
 	for code, status := range want {
 		if got := httpStatus(code); got != status {

@@ -1,0 +1,116 @@
+package e2eechat
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	gocql "github.com/apache/cassandra-gocql-driver/v2"
+
+	"github.com/parley-im/parley/internal/server"
+	"github.com/parley-im/parley/internal/servertest"
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/internal/store/cassandra"
+)
+
+// E2E traffic through a node whose chat service stores in Cassandra: no
+// plaintext canary in any Cassandra table afterwards.
+func TestE2ENoPlaintextInCassandra(t *testing.T) {
+	addr := os.Getenv("PARLEY_TEST_CASSANDRA")
+	if addr == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI requires Cassandra: set PARLEY_TEST_CASSANDRA")
+		}
+		t.Skip("PARLEY_TEST_CASSANDRA not set")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ks := fmt.Sprintf("parley_e2ee_%d", time.Now().UnixNano()%1_000_000_000)
+	cfg := cassandra.Config{Hosts: []string{addr}, Keyspace: ks}
+	if err := cassandra.Migrate(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := cassandra.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := func() (*gocql.Session, error) {
+		c := gocql.NewCluster(addr)
+		c.Keyspace = ks
+		c.Timeout = 30 * time.Second
+		return c.CreateSession()
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cs.Close()
+		admin.Query(`DROP KEYSPACE IF EXISTS ` + ks).Exec()
+		admin.Close()
+	})
+	logs := &syncBuf{}
+	srv := servertest.Start(t, func(o *server.Options) {
+		o.WrapStore = func(store.Store) store.Store { return cs }
+		o.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	alice := startDev(t, srv, "alice", "phone", 3)
+	bob := startDev(t, srv, "bob", "phone", 3)
+	conv, err := alice.c.OpenDirectE2E(ctx, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1, err := alice.m.SendDirect(ctx, conv.ConvID, "bob", canary+" direct")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantText(t, "bob", bob.read(t, conv.ConvID), a1.Seq, canary+" direct")
+	g, err := alice.c.CreateGroupE2E(ctx, "g", []string{"bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g1, err := alice.m.SendGroup(ctx, g.ConvID, []string{"alice", "bob"}, canary+" group")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantText(t, "bob", bob.read(t, g.ConvID), g1.Seq, canary+" group")
+	if _, err := alice.m.EditGroup(ctx, g.ConvID, g1.Seq, []string{"alice", "bob"}, canary+" group edited"); err != nil {
+		t.Fatal(err)
+	}
+
+	var tables []string
+	it := admin.Query(`SELECT table_name FROM system_schema.tables WHERE keyspace_name = ?`, ks).Iter()
+	var name string
+	for it.Scan(&name) {
+		tables = append(tables, name)
+	}
+	if err := it.Close(); err != nil || len(tables) < 10 {
+		t.Fatalf("tables %v %v", tables, err)
+	}
+	rows := 0
+	for _, tbl := range tables {
+		iter := admin.Query(`SELECT * FROM ` + tbl).Iter()
+		for {
+			row := map[string]any{}
+			if !iter.MapScan(row) {
+				break
+			}
+			rows++
+			// %s prints blobs and text as text.
+			if s := fmt.Sprintf("%s", row); strings.Contains(s, "CANARY-7f3a9c") {
+				t.Fatalf("plaintext canary in table %s: %s", tbl, s)
+			}
+		}
+		if err := iter.Close(); err != nil {
+			t.Fatalf("scan %s: %v", tbl, err)
+		}
+	}
+	if rows < 10 {
+		t.Fatalf("only %d rows: the check would prove nothing", rows)
+	}
+	srv.Close()
+	assertNoCanary(t, srv.DataDir, logs.String())
+}

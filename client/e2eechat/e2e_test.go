@@ -1,0 +1,287 @@
+package e2eechat
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/parley-im/parley/client"
+	"github.com/parley-im/parley/client/e2ee"
+	"github.com/parley-im/parley/internal/server"
+	"github.com/parley-im/parley/internal/servertest"
+	"github.com/parley-im/parley/protocol"
+)
+
+// Acceptance tests of end-to-end encryption against a real in-process node:
+// the SDK (this package) on both ends, the server in the middle.
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+type dev struct {
+	c  *client.Client
+	m  *Messenger
+	st *e2ee.MemoryStore
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func startDev(t *testing.T, srv *servertest.Server, user, device string, keys int) *dev {
+	t.Helper()
+	c, err := client.New(client.Config{URL: srv.URL, Token: srv.Token(user), Device: device})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(ctx) }()
+	go func() {
+		for range c.Events() {
+		}
+	}()
+	t.Cleanup(func() { cancel(); c.Close(); <-done })
+	st := e2ee.NewMemoryStore()
+	d, err := e2ee.OpenDevice(st, e2ee.Address{User: user, Device: device})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(c, d, st)
+	if keys > 0 {
+		if _, err := m.PublishKeys(ctxT(t), keys); err != nil {
+			t.Fatalf("publish keys of %s/%s: %v", user, device, err)
+		}
+	}
+	return &dev{c: c, m: m, st: st}
+}
+
+// history returns every message of conv visible to d.
+func (d *dev) history(t *testing.T, conv uint64) []protocol.Message {
+	t.Helper()
+	msgs, _, err := d.c.History(ctxT(t), conv, client.HistoryQuery{Forward: true, Limit: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msgs
+}
+
+// read opens every message of conv and returns the user-visible texts by seq.
+func (d *dev) read(t *testing.T, conv uint64) map[uint64]string {
+	t.Helper()
+	out := map[uint64]string{}
+	for _, msg := range d.history(t, conv) {
+		o, err := d.m.Open(msg)
+		if err != nil {
+			out[msg.Seq] = "ERR:" + err.Error()
+			continue
+		}
+		if (o.Kind == protocol.KindText || o.Kind == protocol.KindEdit) && !o.Control && o.System == nil {
+			out[msg.Seq] = o.Text
+		}
+	}
+	return out
+}
+
+func wantText(t *testing.T, who string, got map[uint64]string, seq uint64, want string) {
+	t.Helper()
+	if got[seq] != want {
+		t.Fatalf("%s: seq %d = %q, want %q (all: %v)", who, seq, got[seq], want, got)
+	}
+}
+
+const canary = "CANARY-7f3a9c-plaintext-must-never-reach-the-server"
+
+// control is sent in clear in a plaintext conversation: the scan must find
+// it, or it could not find the canary either (compression, a wrong dir).
+const control = "CONTROL-5e1d0b-plaintext-in-a-plaintext-conversation"
+
+func TestE2EDirectConversation(t *testing.T) {
+	logs := &syncBuf{}
+	srv := servertest.Start(t, func(o *server.Options) {
+		o.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	ctx := ctxT(t)
+	alice := startDev(t, srv, "alice", "phone", 5)
+	aliceLaptop := startDev(t, srv, "alice", "laptop", 5)
+	bob := startDev(t, srv, "bob", "phone", 5)
+
+	conv, err := alice.c.OpenDirectE2E(ctx, "bob")
+	if err != nil || !conv.E2E {
+		t.Fatalf("open E2E direct: %+v %v", conv, err)
+	}
+	plainConv, err := alice.c.OpenDirect(ctx, "bob")
+	if err != nil || plainConv.E2E || plainConv.ConvID == conv.ConvID {
+		t.Fatalf("plaintext direct %+v %v", plainConv, err)
+	}
+	a1, err := alice.m.SendDirect(ctx, conv.ConvID, "bob", canary+" one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b1, err := bob.m.SendDirect(ctx, conv.ConvID, "alice", canary+" reply")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, err := alice.m.SendDirect(ctx, conv.ConvID, "bob", canary+" two")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := bob.read(t, conv.ConvID)
+	wantText(t, "bob", got, a1.Seq, canary+" one")
+	wantText(t, "bob", got, a2.Seq, canary+" two")
+	// The sender's other device reads the sender's messages, and the peer's.
+	got = aliceLaptop.read(t, conv.ConvID)
+	wantText(t, "alice's laptop", got, a1.Seq, canary+" one")
+	wantText(t, "alice's laptop", got, b1.Seq, canary+" reply")
+	wantText(t, "alice's laptop", got, a2.Seq, canary+" two")
+	// Opening again (a re-delivered push) gives the kept copy.
+	wantText(t, "bob again", bob.read(t, conv.ConvID), a1.Seq, canary+" one")
+
+	// The server refuses plaintext and mentions here.
+	_, err = alice.c.Send(ctx, conv.ConvID, canary+" in clear")
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Code != protocol.CodeE2ERequired {
+		t.Fatalf("plaintext send: %v", err)
+	}
+	_, err = alice.c.SendFrame(ctx, protocol.Frame{Type: protocol.TypeSend, ConvID: conv.ConvID,
+		Body: protocol.EncodeEnvelope(protocol.Envelope{Group: []byte{1}}), Mentions: []string{"bob"}})
+	if !errors.As(err, &ce) || ce.Code != protocol.CodeE2EUnsupported {
+		t.Fatalf("mention: %v", err)
+	}
+	// A plaintext conversation takes plaintext as before.
+	if _, err := alice.c.Send(ctx, plainConv.ConvID, control); err != nil {
+		t.Fatal(err)
+	}
+
+	// Edit (a new ciphertext) and recall.
+	ed, err := alice.m.EditDirect(ctx, conv.ConvID, a2.Seq, "bob", canary+" two, edited")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = bob.read(t, conv.ConvID)
+	wantText(t, "bob after edit", got, ed.Seq, canary+" two, edited")
+	// The edit event (a later seq) updates the kept copy of its target.
+	wantText(t, "bob's edited target", bob.read(t, conv.ConvID), a2.Seq, canary+" two, edited")
+	if _, err := alice.c.Recall(ctx, conv.ConvID, a1.Seq); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range bob.history(t, conv.ConvID) {
+		if m.Seq == a1.Seq && (!m.Recalled || m.Body != "") {
+			t.Fatalf("recalled message: %+v", m)
+		}
+	}
+
+	// A device registered later gets what is sent after it registered, and
+	// nothing before.
+	bobTablet := startDev(t, srv, "bob", "tablet", 5)
+	a3, err := alice.m.SendDirect(ctx, conv.ConvID, "bob", canary+" three")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = bobTablet.read(t, conv.ConvID)
+	wantText(t, "bob's tablet", got, a3.Seq, canary+" three")
+	if !strings.HasPrefix(got[b1.Seq], "ERR:") {
+		t.Fatalf("the new device read a message from before it registered: %q", got[b1.Seq])
+	}
+	// The device_added event reached the conversation (contacts learn of it).
+	sawAdded := false
+	for _, m := range alice.history(t, conv.ConvID) {
+		if m.Kind == protocol.KindSystem && strings.Contains(m.Body, `"device_added"`) && strings.Contains(m.Body, `"tablet"`) {
+			sawAdded = true
+		}
+	}
+	if !sawAdded {
+		t.Fatal("no device_added event for bob's tablet")
+	}
+	// The conversation list says which conversations are E2E.
+	list, err := bob.c.Conversations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range list {
+		if (s.ConvID == conv.ConvID) != s.E2E {
+			t.Fatalf("conv_list entry %+v", s)
+		}
+	}
+	// Local search finds decrypted messages; safety numbers agree.
+	hits, err := bob.m.Search("EDITED")
+	if err != nil || len(hits) == 0 {
+		t.Fatalf("search: %v %v", hits, err)
+	}
+	sa, err := alice.m.SafetyNumber(ctx, e2ee.Address{User: "bob", Device: "phone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := bob.m.SafetyNumber(ctx, e2ee.Address{User: "alice", Device: "phone"})
+	if err != nil || sa != sb || len(sa) != 60 {
+		t.Fatalf("safety numbers %q %q %v", sa, sb, err)
+	}
+
+	// No plaintext anywhere on the server: data directory, logs.
+	srv.Close()
+	assertNoCanary(t, srv.DataDir, logs.String())
+	if !dirContains(t, srv.DataDir, []byte(control)) {
+		t.Fatal("the control plaintext is not found in the data directory: the scan cannot see plaintext")
+	}
+}
+
+func dirContains(t *testing.T, dir string, needle []byte) bool {
+	found := false
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, needle) {
+				found = true
+			}
+		}
+		return nil
+	})
+	return found
+}
+
+func assertNoCanary(t *testing.T, dir, logs string) {
+	t.Helper()
+	needle := []byte("CANARY-7f3a9c")
+	files := 0
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		files++
+		if bytes.Contains(b, needle) {
+			return fmt.Errorf("plaintext canary in %s", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files == 0 {
+		t.Fatal("the data directory is empty: the check would prove nothing")
+	}
+	if strings.Contains(logs, string(needle)) {
+		t.Fatal("plaintext canary in the server's logs")
+	}
+	if !strings.Contains(logs, "level=") {
+		t.Fatal("no server logs captured: the check would prove nothing")
+	}
+}

@@ -1,0 +1,33 @@
+package chat
+
+import (
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/protocol"
+)
+
+// End-to-end encrypted conversations (M29). A conversation is created E2E
+// or not and never changes. Its bodies are E2E envelopes the server cannot
+// read (protocol.ParseEnvelope checks the form: a plaintext body is
+// refused with e2e_required). Everything that only moves or counts
+// messages works as for any conversation: seq, history, sync, snapshots,
+// receipts, edits (a new envelope), recall, every fan-out tier. What would
+// need the server to read or learn content is refused with
+// e2e_unsupported: mentions and @everyone (the server would learn who a
+// message names; clients highlight mentions locally after decrypting).
+
+// checkE2E vets a send, edit or recall for the conversation's mode.
+func checkE2E(cv store.Conversation, f *protocol.Frame) *protocol.Error {
+	if !cv.E2E {
+		return nil
+	}
+	if len(f.Mentions) > 0 || f.MentionAll {
+		return protocol.Errorf(protocol.CodeE2EUnsupported, "mentions are not available in end-to-end encrypted conversations (the server would learn who a message names)")
+	}
+	if f.Type == protocol.TypeRecall {
+		return nil
+	}
+	if _, err := protocol.ParseEnvelope(f.Body); err != nil {
+		return protocol.Errorf(protocol.CodeE2ERequired, "this conversation is end-to-end encrypted: %v", err)
+	}
+	return nil
+}

@@ -1,0 +1,224 @@
+package chat
+
+import (
+	"bytes"
+	"context"
+	"errors"
+
+	"github.com/parley-im/parley/client/e2ee"
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/protocol"
+)
+
+// The E2E key directory (M27): devices publish their public keys, other
+// devices fetch bundles to start sessions with them while they are offline.
+// The server checks every signature against the device's identity key, so
+// a bundle it hands out is at least self-consistent; clients check again.
+
+func (s *Service) keys(ctx context.Context, c Caller, f *protocol.Frame) (*protocol.Frame, *protocol.Error) {
+	switch f.Type {
+	case protocol.TypeKeysUpload:
+		return s.keysUpload(ctx, c, f.Keys)
+	case protocol.TypeKeysBundle:
+		return s.keysBundle(ctx, c, f.UserID, f.DeviceID)
+	case protocol.TypeKeysDevices:
+		if perr := s.mayFetchKeys(ctx, c, f.UserID); perr != nil {
+			return nil, perr
+		}
+		devs, err := s.store.KeyDevices(ctx, f.UserID)
+		if err != nil {
+			return nil, s.storeErr("key devices", err)
+		}
+		out := make([]protocol.DeviceKeyInfo, len(devs))
+		for i, d := range devs {
+			out[i] = protocol.DeviceKeyInfo{DeviceID: d.DeviceID, RegistrationID: d.RegistrationID, IdentityKey: d.IdentityKey, UpdatedAt: d.UpdatedAt}
+		}
+		return &protocol.Frame{Type: protocol.TypeDevices, UserID: f.UserID, Devices: out}, nil
+	case protocol.TypeKeysRemove:
+		devs, err := s.store.KeyDevices(ctx, c.User)
+		if err != nil {
+			return nil, s.storeErr("key devices", err)
+		}
+		if err := s.store.RemoveDevice(ctx, c.User, c.Device); err != nil {
+			return nil, s.storeErr("remove device", err)
+		}
+		for _, d := range devs {
+			if d.DeviceID == c.Device {
+				s.announceKeys(ctx, c, "device_removed")
+			}
+		}
+		return &protocol.Frame{Type: protocol.TypeKeys, KeyCounts: &protocol.KeyCounts{}}, nil
+	}
+	return nil, protocol.Errorf(protocol.CodeUnknownType, "unknown frame type %q", f.Type)
+}
+
+func verifySigned(identity []byte, p *protocol.PreKey, what string) *protocol.Error {
+	id, err := e2ee.DecodePublicKey(identity)
+	if err != nil {
+		return protocol.Errorf(protocol.CodeBadKey, "identity key: %v", err)
+	}
+	if !id.Verify(p.Key, p.Sig) {
+		return protocol.Errorf(protocol.CodeBadKey, "the signature of %s %d does not verify with the identity key", what, p.ID)
+	}
+	return nil
+}
+
+func toStore(p *protocol.PreKey) *store.PreKey {
+	if p == nil {
+		return nil
+	}
+	return &store.PreKey{ID: p.ID, Key: p.Key, Sig: p.Sig}
+}
+
+func fromStore(p *store.PreKey) *protocol.PreKey {
+	if p == nil {
+		return nil
+	}
+	return &protocol.PreKey{ID: p.ID, Key: p.Key, Sig: p.Sig}
+}
+
+func (s *Service) keysUpload(ctx context.Context, c Caller, k *protocol.KeyUpload) (*protocol.Frame, *protocol.Error) {
+	devs, err := s.store.KeyDevices(ctx, c.User)
+	if err != nil {
+		return nil, s.storeErr("key devices", err)
+	}
+	var cur *store.DeviceKeys
+	for i := range devs {
+		if devs[i].DeviceID == c.Device {
+			cur = &devs[i]
+		}
+	}
+	identity := k.IdentityKey
+	switch {
+	case cur == nil && (k.IdentityKey == nil || k.SignedPreKey == nil || k.LastResortKEM == nil || k.RegistrationID == 0):
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "a device's first keys_upload needs registration_id, identity_key, signed_prekey and last_resort_kem")
+	case cur == nil && len(devs) >= protocol.MaxKeyDevices:
+		return nil, protocol.Errorf(protocol.CodeTooLarge, "a user has at most %d devices with keys", protocol.MaxKeyDevices)
+	case cur != nil && identity == nil:
+		identity = cur.IdentityKey
+	case cur != nil && !bytes.Equal(identity, cur.IdentityKey) && (k.SignedPreKey == nil || k.LastResortKEM == nil):
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "a new identity_key needs a new signed_prekey and last_resort_kem in the same upload")
+	}
+	if k.SignedPreKey != nil {
+		if perr := verifySigned(identity, k.SignedPreKey, "signed_prekey"); perr != nil {
+			return nil, perr
+		}
+	}
+	if k.LastResortKEM != nil {
+		if perr := verifySigned(identity, k.LastResortKEM, "last_resort_kem"); perr != nil {
+			return nil, perr
+		}
+	}
+	for i := range k.KEMPreKeys {
+		if perr := verifySigned(identity, &k.KEMPreKeys[i], "kem_prekey"); perr != nil {
+			return nil, perr
+		}
+	}
+	if cur != nil && bytes.Equal(identity, cur.IdentityKey) {
+		pk, kem, err := s.store.PreKeyCounts(ctx, c.User, c.Device)
+		if err != nil {
+			return nil, s.storeErr("prekey counts", err)
+		}
+		if pk+len(k.PreKeys) > protocol.MaxStoredPreKeys || kem+len(k.KEMPreKeys) > protocol.MaxStoredPreKeys {
+			return nil, protocol.Errorf(protocol.CodeTooLarge, "a device holds at most %d one-time prekeys of each kind", protocol.MaxStoredPreKeys)
+		}
+	}
+	up := store.KeyUpload{RegistrationID: k.RegistrationID, IdentityKey: k.IdentityKey,
+		SignedPreKey: toStore(k.SignedPreKey), LastResortKEM: toStore(k.LastResortKEM), Now: s.now().UnixMilli()}
+	for _, p := range k.PreKeys {
+		up.PreKeys = append(up.PreKeys, store.PreKey{ID: p.ID, Key: p.Key})
+	}
+	for _, p := range k.KEMPreKeys {
+		up.KEMPreKeys = append(up.KEMPreKeys, store.PreKey{ID: p.ID, Key: p.Key, Sig: p.Sig})
+	}
+	res, err := s.store.UploadKeys(ctx, c.User, c.Device, up)
+	if err != nil {
+		return nil, s.storeErr("upload keys", err)
+	}
+	switch {
+	case res.NewDevice:
+		s.announceKeys(ctx, c, "device_added")
+	case res.IdentityChanged:
+		s.announceKeys(ctx, c, "identity_changed")
+	}
+	return &protocol.Frame{Type: protocol.TypeKeys, KeyCounts: &protocol.KeyCounts{PreKeys: res.PreKeys, KEMPreKeys: res.KEMPreKeys}}, nil
+}
+
+// mayFetchKeys: a user's keys are for the user and for the users who share
+// a conversation with them (as for presence), so strangers cannot drain a
+// device's one-time prekeys.
+func (s *Service) mayFetchKeys(ctx context.Context, c Caller, user string) *protocol.Error {
+	ok, err := s.SharesConversation(ctx, c.User, user)
+	if err != nil {
+		return s.storeErr("key access", err)
+	}
+	if !ok {
+		return protocol.Errorf(protocol.CodeForbidden, "you share no conversation with %s", user)
+	}
+	return nil
+}
+
+func (s *Service) keysBundle(ctx context.Context, c Caller, user, device string) (*protocol.Frame, *protocol.Error) {
+	if perr := s.mayFetchKeys(ctx, c, user); perr != nil {
+		return nil, perr
+	}
+	var devices []string
+	if device != "" {
+		devices = []string{device}
+	} else {
+		devs, err := s.store.KeyDevices(ctx, user)
+		if err != nil {
+			return nil, s.storeErr("key devices", err)
+		}
+		for _, d := range devs {
+			if user != c.User || d.DeviceID != c.Device {
+				devices = append(devices, d.DeviceID)
+			}
+		}
+	}
+	out := make([]protocol.KeyBundle, 0, len(devices))
+	for _, d := range devices {
+		kb, err := s.store.TakeBundle(ctx, user, d)
+		if errors.Is(err, store.ErrNotFound) {
+			if device != "" {
+				return nil, protocol.Errorf(protocol.CodeNotFound, "%s/%s has no keys", user, d)
+			}
+			continue // removed meanwhile
+		}
+		if err != nil {
+			return nil, s.storeErr("take bundle", err)
+		}
+		out = append(out, protocol.KeyBundle{UserID: user, DeviceID: d, RegistrationID: kb.Device.RegistrationID,
+			IdentityKey: kb.Device.IdentityKey, SignedPreKey: *fromStore(&kb.Device.SignedPreKey),
+			PreKey: fromStore(kb.PreKey), KEMPreKey: fromStore(kb.KEMPreKey), KEMLastResort: kb.KEMLastResort})
+		if kb.PreKeys < protocol.KeysLowThreshold || kb.KEMPreKeys < protocol.KeysLowThreshold {
+			s.push(ctx, []string{user}, &protocol.Frame{Type: protocol.TypeKeysLow, UserID: user, DeviceID: d,
+				KeyCounts: &protocol.KeyCounts{PreKeys: kb.PreKeys, KEMPreKeys: kb.KEMPreKeys}}, 0, 0)
+		}
+	}
+	return &protocol.Frame{Type: protocol.TypeBundles, UserID: user, Bundles: out}, nil
+}
+
+// announceKeys tells a user's contacts that the user's device list or a
+// device's identity changed: a system event in each of the user's current
+// E2E conversations (their clients then fetch bundles for the new device,
+// or show the changed safety number). Best effort: a failure is logged.
+func (s *Service) announceKeys(ctx context.Context, c Caller, event string) {
+	rows, err := s.store.UserConversations(ctx, c.User)
+	if err != nil {
+		s.log.Warn("announce keys: conversations", "user", c.User, "err", err)
+		return
+	}
+	for _, r := range rows {
+		if r.LeaveSeq != 0 {
+			continue
+		}
+		cv, err := s.store.Conversation(ctx, r.ConvID)
+		if err != nil || !cv.E2E {
+			continue
+		}
+		if perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: event, Users: []string{c.User}, Device: c.Device}); perr != nil {
+			s.log.Warn("announce keys", "conv", cv.ID, "err", perr)
+		}
+	}
+}
