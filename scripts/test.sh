@@ -17,3 +17,12 @@ go test -race -count=1 ./...
 # Under -race the gateway runs nbio in blocking mode (see docs/decisions.md);
 # run the end-to-end tests once more on the event loop itself.
 go test -count=1 ./internal/e2e/
+
+# End-to-end encryption interoperability against go.mau.fi/libsignal
+# (GPL-3.0). It is a module of its own (interop/libsignal) so the GPL code
+# never enters Parley's build; check that it did not.
+if go list -deps ./... | grep -q '^go.mau.fi/'; then
+	echo "test: a go.mau.fi (GPL) package is a dependency of the main module" >&2
+	exit 1
+fi
+(cd interop/libsignal && go vet ./... && go test -race -count=1 ./...)

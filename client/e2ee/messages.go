@@ -15,8 +15,10 @@ import (
 const (
 	VersionX3DH  = 3 // classic X3DH sessions (decrypt floor of libsignal)
 	VersionPQXDH = 4 // PQXDH sessions (ML-KEM-1024 prekey)
-	// currentVersion is the low nibble written into every version byte.
-	currentVersion = 4
+	// The low nibble of the version byte is the newest version the sender
+	// speaks. A version 3 session writes 3 (as libsignal did before PQXDH,
+	// and as its Java/C ports still check by re-serializing), a version 4
+	// session 4 (today's libsignal); readers only look at the high nibble.
 	// senderKeyVersion is the version of group messages.
 	senderKeyVersion = 3
 	macLen           = 8
@@ -64,7 +66,7 @@ type SignalMessage struct {
 
 func newSignalMessage(version uint8, macKey []byte, ratchet PublicKey, counter, prev uint32, ct []byte, sender, receiver PublicKey) SignalMessage {
 	var w pbWriter
-	w.b = append(w.b, version<<4|currentVersion)
+	w.b = append(w.b, version<<4|version)
 	w.bytes(1, ratchet.Bytes())
 	w.uint32(2, counter)
 	w.uint32(3, prev)
@@ -140,7 +142,7 @@ type PreKeySignalMessage struct {
 
 func (p *PreKeySignalMessage) encode() {
 	var w pbWriter
-	w.b = append(w.b, p.Version<<4|currentVersion)
+	w.b = append(w.b, p.Version<<4|p.Version)
 	if p.HasPreKey {
 		w.uint32(1, p.PreKeyID)
 	}
