@@ -411,7 +411,7 @@ func (cn *conn) readLoop() {
 			continue
 		}
 		switch f.Type {
-		case protocol.TypeMsg, protocol.TypeReceipt:
+		case protocol.TypeMsg, protocol.TypeReceipt, protocol.TypeKeysLow:
 			if f.Type == protocol.TypeMsg && f.Message == nil {
 				continue
 			}

@@ -304,6 +304,10 @@ func (d *dispatcher) applySnapshot(snaps []protocol.ConvSnapshot) {
 
 func (d *dispatcher) onPush(f *protocol.Frame) {
 	switch f.Type {
+	case protocol.TypeKeysLow:
+		if f.KeyCounts != nil {
+			d.emit(Event{Kind: EventKeysLow, KeysLow: &KeysLow{DeviceID: f.DeviceID, PreKeys: f.KeyCounts.PreKeys, KEMPreKeys: f.KeyCounts.KEMPreKeys}})
+		}
 	case protocol.TypeReceipt:
 		d.emit(Event{Kind: EventReceipt, ConvID: f.ConvID, Receipt: &Receipt{
 			ConvID: f.ConvID, UserID: f.UserID, DeviceID: f.DeviceID, Seq: f.Seq, State: f.State,

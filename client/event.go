@@ -29,6 +29,10 @@ const (
 	// client leaves on its own and Err says it is moving to the next
 	// gateway. The client reconnects unless Run is returning.
 	EventDisconnected
+	// EventKeysLow: the server handed out one-time prekeys of this user's
+	// device KeysLow.DeviceID and few are left; that device uploads more
+	// (e2eechat.Messenger.PublishKeys).
+	EventKeysLow
 )
 
 func (k EventKind) String() string {
@@ -43,6 +47,8 @@ func (k EventKind) String() string {
 		return "connected"
 	case EventDisconnected:
 		return "disconnected"
+	case EventKeysLow:
+		return "keys_low"
 	}
 	return "unknown"
 }
@@ -57,6 +63,14 @@ type Event struct {
 	Skipped  uint64
 	Hello    *protocol.Hello
 	Err      error
+	KeysLow  *KeysLow
+}
+
+// KeysLow says how many one-time prekeys a device of this user has left.
+type KeysLow struct {
+	DeviceID   string
+	PreKeys    int
+	KEMPreKeys int
 }
 
 // Receipt is a pushed delivered/read receipt: UserID's device DeviceID has

@@ -33,9 +33,10 @@ func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(
 func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 type dev struct {
-	c  *client.Client
-	m  *Messenger
-	st *e2ee.MemoryStore
+	c       *client.Client
+	m       *Messenger
+	st      *e2ee.MemoryStore
+	keysLow chan client.KeysLow
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -53,8 +54,15 @@ func startDev(t *testing.T, srv *servertest.Server, user, device string, keys in
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(ctx) }()
+	low := make(chan client.KeysLow, 64)
 	go func() {
-		for range c.Events() {
+		for ev := range c.Events() {
+			if ev.Kind == client.EventKeysLow {
+				select {
+				case low <- *ev.KeysLow:
+				default:
+				}
+			}
 		}
 	}()
 	t.Cleanup(func() { cancel(); c.Close(); <-done })
@@ -69,7 +77,7 @@ func startDev(t *testing.T, srv *servertest.Server, user, device string, keys in
 			t.Fatalf("publish keys of %s/%s: %v", user, device, err)
 		}
 	}
-	return &dev{c: c, m: m, st: st}
+	return &dev{c: c, m: m, st: st, keysLow: low}
 }
 
 // history returns every message of conv visible to d.
