@@ -109,7 +109,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s := g.newSession(id.User, device, nil)
-	s.tr = wsTransport{conn}
+	s.tr = newWSTransport(conn)
 	conn.SetSession(s)
 	g.open(s)
 }

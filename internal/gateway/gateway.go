@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -296,9 +297,45 @@ func (g *Gateway) deliver(d bus.Delivery) {
 		}
 		return
 	}
-	for _, u := range d.Users {
-		for _, s := range g.sessionsOf(u) {
-			s.push(d.Frame, d.ConvID, d.Seq, d.CoalesceKey)
+	m := &message{frame: newWireFrame(d.Frame), conv: d.ConvID, seq: d.Seq, key: d.CoalesceKey}
+	nowMS := g.now().UnixMilli()
+	users := d.Users
+	parts := min(runtime.GOMAXPROCS(0), len(users)/deliverChunk)
+	if parts <= 1 {
+		g.pushTo(users, m, nowMS)
+		return
+	}
+	// A large delivery is split over the cores: each connection still
+	// gets the frame from one goroutine, and deliver returns only when
+	// all are written, so successive deliveries keep their order.
+	var wg sync.WaitGroup
+	per := (len(users) + parts - 1) / parts
+	for len(users) > per {
+		wg.Add(1)
+		go func(us []string) {
+			defer wg.Done()
+			g.pushTo(us, m, nowMS)
+		}(users[:per])
+		users = users[per:]
+	}
+	g.pushTo(users, m, nowMS)
+	wg.Wait()
+}
+
+// deliverChunk is the fewest recipients worth a goroutine of their own.
+const deliverChunk = 1024
+
+// pushTo writes m to every local session of users.
+func (g *Gateway) pushTo(users []string, m *message, nowMS int64) {
+	var buf [4]*session
+	for _, u := range users {
+		sh := g.shardOf(u)
+		sh.mu.Lock()
+		list := append(buf[:0], sh.users[u]...)
+		sh.mu.Unlock()
+		for i, s := range list {
+			s.push(m, nowMS)
+			list[i] = nil
 		}
 	}
 }

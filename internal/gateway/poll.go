@@ -39,7 +39,8 @@ type mailbox struct {
 	}
 }
 
-func (m *mailbox) write(data []byte) error {
+func (m *mailbox) write(f *wireFrame) error {
+	data := f.payload()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.mu.closed {
@@ -166,8 +167,8 @@ func writeFrames(w http.ResponseWriter, frames [][]byte) {
 // discard is the transport of a one-off RPC caller without a poll session.
 type discard struct{}
 
-func (discard) write([]byte) error { return nil }
-func (discard) close(int, string)  {}
+func (discard) write(*wireFrame) error { return nil }
+func (discard) close(int, string)      {}
 
 // ServeRPC serves POST /v1/rpc?device=D[&session=S]: the body is one client
 // frame, the answer its response frame (an ok frame when the request needs

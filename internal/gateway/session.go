@@ -4,8 +4,7 @@ import (
 	"encoding/json"
 	"sync"
 	"sync/atomic"
-
-	"github.com/lesismal/nbio/nbhttp/websocket"
+	"time"
 
 	"github.com/parley-im/parley/protocol"
 )
@@ -37,38 +36,54 @@ type session struct {
 	}
 }
 
-// pending is a push waiting for the device's delivered ack.
-type pending struct {
+// message is a push encoded once for all its local recipients: the
+// delivery's frame and what identifies it for acks and supersession.
+type message struct {
+	frame     *wireFrame
 	conv, seq uint64
 	key       string // coalesce key of a state update
-	frame     []byte
-	sentMS    int64
-	tries     int
 }
 
-// push writes a delivery frame and, for messages, tracks it until acked.
-func (s *session) push(frame []byte, conv, seq uint64, key string) {
+// pending is a push waiting for the device's delivered ack.
+type pending struct {
+	m      *message
+	sentMS int64
+	tries  int
+}
+
+// keepInflight is the capacity of an emptied inflight list that is kept
+// for the next pushes instead of being given back: a connection receiving
+// a steady stream would otherwise reallocate it after every ack.
+const keepInflight = 8
+
+// push writes a delivery frame and, for messages (seq ≠ 0), tracks it until
+// acked. nowMS is the delivery's time, read once per delivery.
+func (s *session) push(m *message, nowMS int64) {
 	if s.closed.Load() || !s.greeted.Load() {
 		return
 	}
-	if seq != 0 {
+	if m.seq != 0 {
 		s.mu.Lock()
-		if key != "" {
-			s.supersedeLocked(conv, seq, key)
+		if m.key != "" {
+			s.supersedeLocked(m.conv, m.seq, m.key)
 		}
 		if len(s.mu.inflight) >= s.g.cfg.MaxInflight {
 			// The oldest unacked push is left to the client's gap fill and
 			// sync; keeping the bound protects the node's memory.
-			s.mu.inflight[0] = pending{}
-			s.mu.inflight = s.mu.inflight[1:]
+			copy(s.mu.inflight, s.mu.inflight[1:])
+			s.mu.inflight[len(s.mu.inflight)-1] = pending{}
+			s.mu.inflight = s.mu.inflight[:len(s.mu.inflight)-1]
 			if s.g.obs.Drop != nil {
 				s.g.obs.Drop("inflight_overflow")
 			}
 		}
-		s.mu.inflight = append(s.mu.inflight, pending{conv: conv, seq: seq, key: key, frame: frame, sentMS: s.g.now().UnixMilli()})
+		if s.mu.inflight == nil {
+			s.mu.inflight = make([]pending, 0, keepInflight)
+		}
+		s.mu.inflight = append(s.mu.inflight, pending{m: m, sentMS: nowMS})
 		s.mu.Unlock()
 	}
-	s.write(frame)
+	s.write(m.frame)
 }
 
 // supersedeLocked drops unacked older states of (conv, key): a lagging
@@ -77,7 +92,7 @@ func (s *session) push(frame []byte, conv, seq uint64, key string) {
 func (s *session) supersedeLocked(conv, seq uint64, key string) {
 	kept := s.mu.inflight[:0]
 	for _, p := range s.mu.inflight {
-		if p.conv == conv && p.key == key && p.seq < seq {
+		if p.m.conv == conv && p.m.key == key && p.m.seq < seq {
 			continue
 		}
 		kept = append(kept, p)
@@ -90,19 +105,26 @@ func (s *session) supersedeLocked(conv, seq uint64, key string) {
 func (s *session) ack(conv, seq uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if len(s.mu.inflight) == 0 {
+		return
+	}
+	var now time.Time
+	if s.g.obs.Delivered != nil {
+		now = s.g.now()
+	}
 	kept := s.mu.inflight[:0]
 	for _, p := range s.mu.inflight {
-		if p.conv == conv && p.seq <= seq {
+		if p.m.conv == conv && p.m.seq <= seq {
 			if s.g.obs.Delivered != nil {
-				s.g.obs.Delivered(s.g.now().Sub(timeMS(p.sentMS)))
+				s.g.obs.Delivered(now.Sub(timeMS(p.sentMS)))
 			}
 			continue
 		}
 		kept = append(kept, p)
 	}
 	clear(s.mu.inflight[len(kept):])
-	if len(kept) == 0 {
-		kept = nil // give the memory back once everything is acked
+	if len(kept) == 0 && cap(kept) > keepInflight {
+		kept = nil // give a grown list back once everything is acked
 	}
 	s.mu.inflight = kept
 }
@@ -115,7 +137,7 @@ func (s *session) retransmit(resendBefore, nowMS int64) {
 		s.mu.Unlock()
 		return
 	}
-	var resend [][]byte
+	var resend []*wireFrame
 	kept := s.mu.inflight[:0]
 	for _, p := range s.mu.inflight {
 		if p.sentMS >= resendBefore {
@@ -130,7 +152,7 @@ func (s *session) retransmit(resendBefore, nowMS int64) {
 		}
 		p.tries++
 		p.sentMS = nowMS
-		resend = append(resend, p.frame)
+		resend = append(resend, p.m.frame)
 		kept = append(kept, p)
 	}
 	clear(s.mu.inflight[len(kept):])
@@ -152,14 +174,15 @@ func (s *session) writeFrame(f *protocol.Frame) {
 		s.g.log.Error("encode frame", "type", f.Type, "err", err)
 		return
 	}
-	s.write(data)
+	s.write(newWireFrame(data))
 }
 
 // transport carries a session's frames: a WebSocket, or a long-poll
 // mailbox for the HTTP fallback. Both never block the writer.
 type transport interface {
 	// write queues one frame; an error means the session is unusable.
-	write(data []byte) error
+	// The frame is shared: the transport must not modify it.
+	write(f *wireFrame) error
 	// close ends the transport with a close code (WebSocket) or marks
 	// the mailbox gone (poll).
 	close(code int, reason string)
@@ -167,8 +190,8 @@ type transport interface {
 
 // write never blocks (see transport); a failed write drops the session,
 // which is the slow-consumer policy when the queue is full.
-func (s *session) write(data []byte) {
-	if err := s.tr.write(data); err != nil && !s.closed.Load() {
+func (s *session) write(f *wireFrame) {
+	if err := s.tr.write(f); err != nil && !s.closed.Load() {
 		s.g.log.Debug("write failed; dropping session", "session", s.id, "err", err)
 		if s.g.obs.Drop != nil {
 			s.g.obs.Drop("slow_consumer")
@@ -183,22 +206,6 @@ func (s *session) close(code int, reason string) {
 		return
 	}
 	s.tr.close(code, reason)
-}
-
-// wsTransport is a WebSocket connection. nbio buffers what the socket does
-// not take, up to the engine's MaxWriteBufferSize, and closes the
-// connection beyond it.
-type wsTransport struct{ c *websocket.Conn }
-
-func (w wsTransport) write(data []byte) error {
-	return w.c.WriteMessage(websocket.TextMessage, data)
-}
-
-func (w wsTransport) close(code int, reason string) {
-	if code != 0 {
-		_ = w.c.WriteClose(code, reason)
-	}
-	_ = w.c.Close()
 }
 
 // Presence delivers a batch of presence changes (presence.Subscriber).
