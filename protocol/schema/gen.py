@@ -13,7 +13,7 @@ def obj(props, required, desc=None, closed=True):
     if closed: o["additionalProperties"]=False
     if desc: o["description"]=desc
     return o
-CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized","token_expired","not_member","forbidden","not_found","conflict","recall_window_passed","rate_limited","store_unavailable","overloaded","internal","timeout"]
+CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized","token_expired","not_member","forbidden","not_found","conflict","recall_window_passed","rate_limited","store_unavailable","overloaded","internal","timeout","e2e_required","e2e_unsupported","bad_key"]
 defs={
  "ConvID":U64S,"MsgID":U64S,"UserID":ID,
  "Message":obj({"conv_id":ref("ConvID"),"seq":SEQ,"msg_id":ref("MsgID"),"sender":ID,"sender_device":ID,
@@ -26,11 +26,21 @@ defs={
    "join_seq":SEQ,"unread":SEQ,"from_seq":SEQ,"more_unread":SEQ,"messages":arr(ref("Message"))},
    ["conv_id","kind","last_seq","read_seq","join_seq","unread","from_seq","messages"]),
  "ConvSummary":obj({"conv_id":ref("ConvID"),"kind":{"enum":["direct","group"]},"name":STR,"peer":ID,"last_seq":SEQ,
-   "read_seq":SEQ,"join_seq":SEQ,"unread":SEQ,"mentioned":BOOL,"leave_seq":SEQ,"last_message":ref("Message")},
+   "read_seq":SEQ,"join_seq":SEQ,"unread":SEQ,"mentioned":BOOL,"leave_seq":SEQ,"last_message":ref("Message"),"e2e":BOOL},
    ["conv_id","kind","last_seq","read_seq","join_seq","unread"]),
  "ConvInfo":obj({"conv_id":ref("ConvID"),"kind":{"enum":["direct","group"]},"name":STR,"members":arr(ID),
    "member_count":SEQ,"last_seq":SEQ,"join_seq":SEQ,"role":{"enum":["owner","admin","member"]},
-   "tier":{"enum":["small","medium","large"]}},["conv_id","kind","members","member_count","last_seq","join_seq"]),
+   "tier":{"enum":["small","medium","large"]},"e2e":BOOL},["conv_id","kind","members","member_count","last_seq","join_seq"]),
+ "Bytes":{"type":"string","contentEncoding":"base64","pattern":"^[A-Za-z0-9+/]*={0,2}$"},
+ "PreKey":obj({"id":{"type":"integer","minimum":0,"maximum":4294967295},"key":{"$ref":"#/$defs/Bytes"},"sig":{"$ref":"#/$defs/Bytes"}},["id","key"]),
+ "KeyUpload":obj({"registration_id":{"type":"integer","minimum":0},"identity_key":{"$ref":"#/$defs/Bytes"},"signed_prekey":{"$ref":"#/$defs/PreKey"},
+   "last_resort_kem":{"$ref":"#/$defs/PreKey"},"prekeys":arr({"$ref":"#/$defs/PreKey"}),"kem_prekeys":arr({"$ref":"#/$defs/PreKey"})},[]),
+ "KeyBundle":obj({"user_id":ID,"device_id":ID,"registration_id":{"type":"integer","minimum":0},"identity_key":{"$ref":"#/$defs/Bytes"},
+   "signed_prekey":{"$ref":"#/$defs/PreKey"},"prekey":{"$ref":"#/$defs/PreKey"},"kem_prekey":{"$ref":"#/$defs/PreKey"},"kem_last_resort":BOOL},
+   ["user_id","device_id","registration_id","identity_key","signed_prekey"]),
+ "DeviceKeyInfo":obj({"device_id":ID,"registration_id":{"type":"integer","minimum":0},"identity_key":{"$ref":"#/$defs/Bytes"},"updated_at":MS},
+   ["device_id","registration_id","identity_key","updated_at"]),
+ "KeyCounts":obj({"prekeys":SEQ,"kem_prekeys":SEQ},["prekeys","kem_prekeys"]),
  "PresenceState":obj({"user_id":ID,"online":BOOL,"last_seen":MS},["user_id","online"]),
  "Limits":obj({k:{"type":"integer","minimum":1} for k in ["max_frame_bytes","max_body_bytes","max_client_msg_id","max_sync_convs","max_history","max_group_members","max_name_bytes","max_mentions","max_presence_subs"]},
    ["max_frame_bytes","max_body_bytes","max_client_msg_id","max_sync_convs","max_history","max_group_members","max_name_bytes","max_mentions","max_presence_subs"]),
@@ -57,6 +67,10 @@ server={
  "goaway":frame("goaway",{"retry_after_ms":{"type":"integer","minimum":0}},[],"the node is draining"),
  "presence":frame("presence",{"rid":RID,"states":arr(ref("PresenceState"))},["states"],"answer to presence_sub, and push"),
  "typing":frame("typing",{"conv_id":ref("ConvID"),"user_id":ID},["conv_id","user_id"],"push: a member is typing"),
+ "keys":frame("keys",{"rid":RID,"counts":ref("KeyCounts")},["counts"],"answer to keys_upload and keys_remove"),
+ "bundles":frame("bundles",{"rid":RID,"user_id":ID,"bundles":arr(ref("KeyBundle"))},["user_id","bundles"],"answer to keys_bundle"),
+ "devices":frame("devices",{"rid":RID,"user_id":ID,"devices":arr(ref("DeviceKeyInfo"))},["user_id","devices"],"answer to keys_devices"),
+ "keys_low":frame("keys_low",{"user_id":ID,"device_id":ID,"counts":ref("KeyCounts")},["user_id","device_id","counts"],"push: a device's one-time prekeys run low"),
 }
 C={"rid":RID}
 def cf(t, props, required, desc):
@@ -71,8 +85,8 @@ client={
  "sync":cf("sync",{"all":BOOL,"convs":arr(ref("SyncConv"))},[],"batch snapshot"),
  "history":cf("history",{"conv_id":ref("ConvID"),"after_seq":SEQ,"before_seq":SEQ,"limit":{"type":"integer","minimum":0}},["conv_id"],"a page of messages"),
  "conv_list":cf("conv_list",{},[],"the conversation list"),
- "open_direct":cf("open_direct",{"peer":ID},["peer"],"the direct conversation with peer"),
- "create_group":cf("create_group",{"name":STR,"members":arr(ID)},[],"create a group"),
+ "open_direct":cf("open_direct",{"peer":ID,"e2e":BOOL},["peer"],"the direct conversation with peer"),
+ "create_group":cf("create_group",{"name":STR,"members":arr(ID),"e2e":BOOL},[],"create a group"),
  "add_members":cf("add_members",{"conv_id":ref("ConvID"),"members":arr(ID)},["conv_id","members"],"add members"),
  "remove_members":cf("remove_members",{"conv_id":ref("ConvID"),"members":arr(ID)},["conv_id","members"],"remove members"),
  "leave":cf("leave",{"conv_id":ref("ConvID")},["conv_id"],"leave a group"),
@@ -80,6 +94,10 @@ client={
  "mute":cf("mute",{"conv_id":ref("ConvID"),"user_id":ID,"muted":BOOL},["conv_id","user_id"],"mute or unmute a member"),
  "presence_sub":cf("presence_sub",{"users":arr(ID)},[],"replace the presence watch list"),
  "typing":cf("typing",{"conv_id":ref("ConvID")},["conv_id"],"tell the other members you are typing"),
+ "keys_upload":cf("keys_upload",{"keys":ref("KeyUpload")},["keys"],"publish this device's E2E keys"),
+ "keys_bundle":cf("keys_bundle",{"user_id":ID,"device_id":ID},["user_id"],"fetch prekey bundles"),
+ "keys_devices":cf("keys_devices",{"user_id":ID},["user_id"],"list a user's devices with keys"),
+ "keys_remove":cf("keys_remove",{},[],"drop this device's keys"),
 }
 def name(prefix,t): return prefix+"".join(w.capitalize() for w in t.split("_"))
 for t,s in server.items(): defs[name("S",t)]=s
