@@ -56,6 +56,10 @@ type Config struct {
 	// TypingInterval is the least time between two typing notices of a
 	// user in a conversation; more are dropped.
 	TypingInterval time.Duration
+	// PositionFlush is how often delivered positions, kept in memory, are
+	// written to the store (RunPositions); a crash loses at most this much
+	// of them (never a message).
+	PositionFlush time.Duration
 }
 
 // DefaultConfig holds the seed's numbers: ranges up to 200, else the latest 50.
@@ -73,6 +77,7 @@ func DefaultConfig() Config {
 		InlineRows:         16,
 		EveryoneInterval:   time.Minute,
 		TypingInterval:     2 * time.Second,
+		PositionFlush:      time.Second,
 	}
 }
 
@@ -95,6 +100,8 @@ func (c Config) Validate() error {
 		return errors.New("chat: inline rows must not be negative")
 	case c.Hysteresis < 0 || c.Hysteresis >= 1:
 		return errors.New("chat: hysteresis must be in [0, 1)")
+	case c.PositionFlush <= 0:
+		return errors.New("chat: position flush interval must be positive")
 	case c.EveryoneInterval < 0 || c.TypingInterval < 0:
 		return errors.New("chat: intervals must not be negative")
 	}
@@ -145,6 +152,7 @@ type Service struct {
 	ledger Ledger
 	limits Limiter
 	outbox Outbox
+	pos    *positions // delivered positions (positions.go)
 }
 
 // Outbox takes stored messages for fan-out after the ACK (fanout.Outbox,
@@ -195,7 +203,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 		d.Limiter = newLimiter(d.Now)
 	}
 	s := &Service{cfg: cfg, store: d.Store, reg: d.Registry, bus: d.Bus, ids: d.IDs, now: d.Now, log: d.Logger,
-		obs: d.Observer, online: d.Online, ledger: d.Ledger, limits: d.Limiter, outbox: d.Outbox}
+		obs: d.Observer, online: d.Online, ledger: d.Ledger, limits: d.Limiter, outbox: d.Outbox, pos: newPositions()}
 	if s.outbox == nil {
 		s.outbox = inline{s}
 	}

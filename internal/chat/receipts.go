@@ -8,25 +8,35 @@ import (
 )
 
 // delivered records that a device has every message up to seq and tells the
-// peer of a direct conversation (the second tick of the ACK chain).
+// peer of a direct conversation (the second tick of the ACK chain). The
+// position lives in memory and is persisted in batches (positions.go): a
+// repeated or lower ack costs a map lookup, a raising one a receipt.
 func (s *Service) delivered(ctx context.Context, c Caller, conv, seq uint64) *protocol.Error {
-	cv, perr := s.conversation(ctx, c.User, conv)
-	if perr != nil {
-		return perr
-	}
-	seq = min(seq, cv.LastSeq)
-	before, err := s.store.Delivered(ctx, c.User, conv)
+	nowMS := s.now().UnixMilli()
+	sh, e, err := s.posEntry(ctx, c.User, conv, nowMS)
 	if err != nil {
 		return s.storeErr("delivered", err)
 	}
-	if seq <= before {
+	sh.mu.Lock()
+	e.touched = nowMS
+	done := seq <= e.seq
+	sh.mu.Unlock()
+	if done {
 		return nil
 	}
-	if _, err := s.store.SetDelivered(ctx, c.User, conv, seq); err != nil {
+	ci, err := s.convInfo(ctx, conv, seq, nowMS)
+	if err != nil {
 		return s.storeErr("delivered", err)
 	}
-	if cv.Kind == store.Direct {
-		s.receipt(ctx, c, cv, seq, protocol.StateDelivered, false)
+	seq = min(seq, ci.lastSeq)
+	sh.mu.Lock()
+	raised := seq > e.seq
+	if raised {
+		e.seq = seq
+	}
+	sh.mu.Unlock()
+	if raised && ci.kind == store.Direct {
+		s.receiptTo(ctx, c, conv, seq, protocol.StateDelivered, ci.members, false)
 	}
 	return nil
 }
@@ -77,23 +87,33 @@ func (s *Service) conversation(ctx context.Context, user string, conv uint64) (s
 }
 
 func (s *Service) receipt(ctx context.Context, c Caller, cv store.Conversation, seq uint64, state string, self bool) {
-	var users []string
-	if self {
-		users = append(users, c.User)
-	}
+	var members []string
 	if cv.Kind == store.Direct {
-		members, err := s.store.Members(ctx, cv.ID)
+		ms, err := s.store.Members(ctx, cv.ID)
 		if err != nil {
 			s.log.Warn("receipt: members", "err", err)
 			return
 		}
-		for _, m := range members {
-			if m.UserID != c.User {
-				users = append(users, m.UserID)
-			}
+		for _, m := range ms {
+			members = append(members, m.UserID)
+		}
+	}
+	s.receiptTo(ctx, c, cv.ID, seq, state, members, self)
+}
+
+// receiptTo pushes a receipt to the members other than the caller (a
+// direct conversation's peer) and, with self, to the caller's devices.
+func (s *Service) receiptTo(ctx context.Context, c Caller, conv, seq uint64, state string, members []string, self bool) {
+	var users []string
+	if self {
+		users = append(users, c.User)
+	}
+	for _, m := range members {
+		if m != c.User {
+			users = append(users, m)
 		}
 	}
 	s.push(ctx, users, &protocol.Frame{
-		Type: protocol.TypeReceipt, ConvID: cv.ID, UserID: c.User, DeviceID: c.Device, Seq: seq, State: state,
+		Type: protocol.TypeReceipt, ConvID: conv, UserID: c.User, DeviceID: c.Device, Seq: seq, State: state,
 	}, 0, 0)
 }

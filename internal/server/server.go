@@ -343,6 +343,9 @@ func (s *Server) startChat() error {
 	s.chat = svc
 	s.outbox = outbox
 	s.runLoop(outbox.Run)
+	// Delivered positions live in memory; the loop flushes them in batches
+	// and once more when the server stops, before the store closes.
+	s.runLoop(svc.RunPositions)
 	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "parley_fanout_backlog", Help: "Stored messages whose fan-out is queued or running in this process.",
 	}, func() float64 { return float64(outbox.Backlog()) }))
