@@ -127,3 +127,36 @@ func TestE2EThousandMemberGroupOneCiphertext(t *testing.T) {
 		t.Fatalf("group message bodies of %v bytes", sizes)
 	}
 }
+
+// The sender's own device opens its own messages (kept copies) and sees its
+// distributions as control messages.
+func TestE2EOwnMessages(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx := ctxT(t)
+	alice := startDev(t, srv, "alice", "phone", 3)
+	startDev(t, srv, "bob", "phone", 3)
+	g, err := alice.c.CreateGroupE2E(ctx, "g", []string{"bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := alice.m.SendGroup(ctx, g.ConvID, []string{"alice", "bob"}, "mine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	controls := 0
+	for _, m := range alice.history(t, g.ConvID) {
+		o, err := alice.m.Open(m)
+		if err != nil {
+			t.Fatalf("own message %d: %v", m.Seq, err)
+		}
+		if o.Control {
+			controls++
+		}
+		if m.Seq == ack.Seq && o.Text != "mine" {
+			t.Fatalf("own message read %q", o.Text)
+		}
+	}
+	if controls != 1 {
+		t.Fatalf("%d distribution messages, want 1", controls)
+	}
+}

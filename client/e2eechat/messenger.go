@@ -272,7 +272,7 @@ func (m *Messenger) direct(ctx context.Context, f protocol.Frame, peer, text str
 		return client.Ack{}, err
 	}
 	f.Body = protocol.EncodeEnvelope(protocol.Envelope{To: env})
-	ack, err := m.c.SendFrame(ctx, f)
+	ack, err := m.sendOwn(ctx, f, text)
 	if err != nil {
 		return ack, err
 	}
@@ -286,6 +286,23 @@ func (m *Messenger) direct(ctx context.Context, f protocol.Frame, peer, text str
 }
 
 func groupName(conv uint64) string { return strconv.FormatUint(conv, 10) }
+
+func ownKey(conv uint64, clientMsgID string) string {
+	return "own/" + strconv.FormatUint(conv, 10) + "/" + clientMsgID
+}
+
+// sendOwn sends f, keeping text under its client_msg_id first: the echo
+// push of this device's own message may arrive before the ack, and a
+// sender cannot decrypt its own ciphertext.
+func (m *Messenger) sendOwn(ctx context.Context, f protocol.Frame, text string) (client.Ack, error) {
+	if f.ClientMsgID == "" {
+		f.ClientMsgID = client.NewClientMsgID()
+	}
+	if err := m.st.Save(ownKey(f.ConvID, f.ClientMsgID), []byte(text)); err != nil {
+		return client.Ack{}, err
+	}
+	return m.c.SendFrame(ctx, f)
+}
 
 // distKey records which devices have this device's current sender key.
 func distKey(conv uint64, chain uint32) string {
@@ -336,7 +353,11 @@ func (m *Messenger) distribute(ctx context.Context, conv uint64, members []strin
 			missing = missing[1:]
 		}
 		body := protocol.EncodeEnvelope(protocol.Envelope{To: batch})
-		if _, err := m.c.SendFrame(ctx, protocol.Frame{Type: protocol.TypeSend, ConvID: conv, Kind: protocol.KindText, Body: body}); err != nil {
+		cmid := client.NewClientMsgID()
+		if err := m.st.Save("ownctl/"+ownKey(conv, cmid), []byte{1}); err != nil {
+			return err
+		}
+		if _, err := m.c.SendFrame(ctx, protocol.Frame{Type: protocol.TypeSend, ConvID: conv, ClientMsgID: cmid, Kind: protocol.KindText, Body: body}); err != nil {
 			return err
 		}
 		keys := make([]string, 0, len(have))
@@ -373,7 +394,7 @@ func (m *Messenger) group(ctx context.Context, f protocol.Frame, members []strin
 		return client.Ack{}, err
 	}
 	f.Body = protocol.EncodeEnvelope(protocol.Envelope{Group: ct})
-	ack, err := m.c.SendFrame(ctx, f)
+	ack, err := m.sendOwn(ctx, f, text)
 	if err != nil {
 		return ack, err
 	}
@@ -439,7 +460,21 @@ func (m *Messenger) Open(msg protocol.Message) (Opened, error) {
 		return o, nil
 	}
 	if msg.Sender == m.self.User && msg.SenderDevice == m.self.Device {
-		return o, ErrOwnUnknown
+		if b, err := m.st.Load("ownctl/" + ownKey(msg.ConvID, msg.ClientMsgID)); err != nil {
+			return o, err
+		} else if b != nil {
+			o.Control = true
+			return o, nil
+		}
+		b, err := m.st.Load(ownKey(msg.ConvID, msg.ClientMsgID))
+		if err != nil {
+			return o, err
+		}
+		if b == nil {
+			return o, ErrOwnUnknown
+		}
+		o.Text = string(b)
+		return o, m.keep(msg.ConvID, msg.Seq, o.Text)
 	}
 	env, err := protocol.ParseEnvelope(msg.Body)
 	if err != nil {

@@ -26,7 +26,7 @@ const chatHelp = `commands:
   /history [N]          the last N messages of the current conversation (default 20)
   /read                 mark the current conversation read up to the last message seen
   /quit                 leave (end of input does the same)
-anything else is sent to the current conversation.
+` + chatE2EHelp + `anything else is sent to the current conversation.
 `
 
 // chatCommandTimeout bounds one command, so a script piped into a client
@@ -42,8 +42,9 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	url := fs.String("url", "ws://127.0.0.1:7480", "server WebSocket URL")
 	token := fs.String("token", "", "bearer token (default $PARLEY_TOKEN)")
 	device := fs.String("device", "cli", "device id of this client")
+	keys := fs.String("keys", defaultKeysDir(), "directory of this device's end-to-end encryption keys")
 	fs.Usage = func() {
-		fmt.Fprintln(stdout, "usage: parley chat [-url URL] [-token TOKEN] [-device ID]")
+		fmt.Fprintln(stdout, "usage: parley chat [-url URL] [-token TOKEN] [-device ID] [-keys DIR]")
 		fs.PrintDefaults()
 		fmt.Fprint(stdout, "\n"+chatHelp)
 	}
@@ -62,7 +63,8 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s := &chatSession{c: c, out: stdout, printed: make(map[[2]uint64]bool)}
+	s := &chatSession{c: c, out: stdout, printed: make(map[[2]uint64]bool),
+		e2e: &e2eState{dir: *keys, device: *device, convs: map[uint64]e2eConv{}}}
 
 	runErr := make(chan error, 1)
 	go func() { runErr <- c.Run(ctx) }()
@@ -125,6 +127,7 @@ func chatReadLines(r io.Reader, lines chan<- string, done <-chan struct{}) {
 type chatSession struct {
 	c       *client.Client
 	current uint64
+	e2e     *e2eState
 
 	mu  sync.Mutex // guards out, me and printed
 	out io.Writer
@@ -174,7 +177,10 @@ func (s *chatSession) printOnce(m *protocol.Message) {
 func (s *chatSession) event(ev client.Event) {
 	switch ev.Kind {
 	case client.EventMessage:
-		s.printOnce(ev.Message)
+		m, _ := s.openE2E(ev.Message)
+		if m != nil {
+			s.printOnce(m)
+		}
 	case client.EventReceipt:
 		s.mu.Lock()
 		me := s.me
@@ -191,6 +197,10 @@ func (s *chatSession) event(ev client.Event) {
 		s.me = ev.Hello.UserID
 		s.mu.Unlock()
 		s.printf("* connected to %s as %s/%s", ev.Hello.Node, ev.Hello.UserID, ev.Hello.DeviceID)
+	case client.EventKeysLow:
+		if ev.KeysLow.DeviceID == s.e2e.device {
+			go s.refillKeys()
+		}
 	case client.EventDisconnected:
 		if ev.Err != nil {
 			s.printf("* disconnected: %v", ev.Err)
@@ -229,6 +239,12 @@ func (s *chatSession) command(ctx context.Context, line string) bool {
 		err = s.chatHistory(ctx, args)
 	case "/read":
 		err = s.chatRead(ctx)
+	case "/sdm":
+		err = s.chatSDM(ctx, args)
+	case "/sgroup":
+		err = s.chatSGroup(ctx, args)
+	case "/safety":
+		err = s.chatSafety(ctx, args)
 	default:
 		err = fmt.Errorf("unknown command %s (try /help)", cmd)
 	}
@@ -243,10 +259,17 @@ func (s *chatSession) chatSend(ctx context.Context, body string) {
 		s.printf("! no current conversation: use /dm USER, /group NAME USER... or /use CONV")
 		return
 	}
-	ack, err := s.c.Send(ctx, s.current, body)
+	seq, isE2E, err := s.sendE2E(ctx, s.current, body)
 	if err != nil {
 		s.printf("! send: %v", err)
 		return
+	}
+	ack := client.Ack{ConvID: s.current, Seq: seq}
+	if !isE2E {
+		if ack, err = s.c.Send(ctx, s.current, body); err != nil {
+			s.printf("! send: %v", err)
+			return
+		}
 	}
 	s.mu.Lock()
 	me := s.me
@@ -315,6 +338,12 @@ func (s *chatSession) chatList(ctx context.Context) error {
 		if cv.ConvID == s.current {
 			mark = ">"
 		}
+		if cv.E2E {
+			what += "  [e2e]"
+			if _, known := s.e2eConv(cv.ConvID); !known && cv.Kind == protocol.ConvDirect {
+				s.setE2EConv(cv.ConvID, e2eConv{peer: cv.Peer})
+			}
+		}
 		s.printf("%s %d  %s  unread %d  last %d", mark, cv.ConvID, what, cv.Unread, cv.LastSeq)
 	}
 	return nil
@@ -337,7 +366,9 @@ func (s *chatSession) chatHistory(ctx context.Context, args []string) error {
 		return fmt.Errorf("history: %w", err)
 	}
 	for i := range msgs {
-		s.printf("%s", chatFormat(&msgs[i]))
+		if m, _ := s.openE2E(&msgs[i]); m != nil {
+			s.printf("%s", chatFormat(m))
+		}
 	}
 	return nil
 }

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/parley-im/parley/client/e2ee"
+	"github.com/parley-im/parley/client/e2eechat"
+	"github.com/parley-im/parley/protocol"
+)
+
+// End-to-end encrypted conversations in `parley chat`: /sdm and /sgroup
+// open them, messages in them are encrypted with this device's keys (kept
+// in -keys DIR/<user>/<device>, files 0600), /safety prints safety numbers.
+
+const chatE2EHelp = `  /sdm USER             open the end-to-end encrypted direct conversation with USER
+  /sgroup NAME USER...  create an end-to-end encrypted group
+  /safety USER          safety numbers with each device of USER (compare them out of band)
+`
+
+// e2eState is the E2E side of a chat session.
+type e2eState struct {
+	dir    string // -keys
+	device string
+
+	mu     sync.Mutex
+	m      *e2eechat.Messenger
+	convs  map[uint64]e2eConv
+	failed error
+}
+
+type e2eConv struct {
+	peer    string   // direct
+	members []string // group (known when created here)
+	group   bool
+}
+
+func defaultKeysDir() string {
+	if d, err := os.UserConfigDir(); err == nil {
+		return filepath.Join(d, "parley", "e2ee")
+	}
+	return ".parley-e2ee"
+}
+
+// messenger returns the session's Messenger, opening the device's store
+// and publishing its keys the first time.
+func (s *chatSession) messenger(ctx context.Context) (*e2eechat.Messenger, error) {
+	e := s.e2e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.m != nil {
+		return e.m, nil
+	}
+	s.mu.Lock()
+	me := s.me
+	s.mu.Unlock()
+	if me == "" {
+		if h, ok := s.c.Hello(); ok {
+			me = h.UserID
+		}
+	}
+	if me == "" {
+		return nil, errors.New("e2e: not connected yet")
+	}
+	st, err := e2ee.OpenFileStore(filepath.Join(e.dir, me, e.device))
+	if err != nil {
+		return nil, fmt.Errorf("e2e: key store: %w", err)
+	}
+	d, err := e2ee.OpenDevice(st, e2ee.Address{User: me, Device: e.device})
+	if err != nil {
+		return nil, fmt.Errorf("e2e: %w", err)
+	}
+	m := e2eechat.New(s.c, d, st)
+	if b, err := st.Load("published"); err != nil {
+		return nil, err
+	} else if b == nil {
+		if _, err := m.PublishKeys(ctx, 20); err != nil {
+			return nil, fmt.Errorf("e2e: publish keys: %w", err)
+		}
+		if err := st.Save("published", []byte{1}); err != nil {
+			return nil, err
+		}
+	}
+	e.m = m
+	return m, nil
+}
+
+func (s *chatSession) setE2EConv(id uint64, c e2eConv) {
+	s.e2e.mu.Lock()
+	defer s.e2e.mu.Unlock()
+	s.e2e.convs[id] = c
+}
+
+func (s *chatSession) e2eConv(id uint64) (e2eConv, bool) {
+	s.e2e.mu.Lock()
+	defer s.e2e.mu.Unlock()
+	c, ok := s.e2e.convs[id]
+	return c, ok
+}
+
+func (s *chatSession) chatSDM(ctx context.Context, args []string) error {
+	if len(args) != 1 {
+		return errors.New("usage: /sdm USER")
+	}
+	if _, err := s.messenger(ctx); err != nil {
+		return err
+	}
+	info, err := s.c.OpenDirectE2E(ctx, args[0])
+	if err != nil {
+		return fmt.Errorf("sdm: %w", err)
+	}
+	s.setE2EConv(info.ConvID, e2eConv{peer: args[0]})
+	s.current = info.ConvID
+	s.printf("* conv %d: end-to-end encrypted direct with %s", info.ConvID, args[0])
+	return nil
+}
+
+func (s *chatSession) chatSGroup(ctx context.Context, args []string) error {
+	if len(args) < 2 {
+		return errors.New("usage: /sgroup NAME USER...")
+	}
+	if _, err := s.messenger(ctx); err != nil {
+		return err
+	}
+	info, err := s.c.CreateGroupE2E(ctx, args[0], args[1:])
+	if err != nil {
+		return fmt.Errorf("sgroup: %w", err)
+	}
+	s.setE2EConv(info.ConvID, e2eConv{group: true, members: info.Members})
+	s.current = info.ConvID
+	s.printf("* conv %d: end-to-end encrypted group %s with %s", info.ConvID, args[0], strings.Join(info.Members, ", "))
+	return nil
+}
+
+func (s *chatSession) chatSafety(ctx context.Context, args []string) error {
+	if len(args) != 1 {
+		return errors.New("usage: /safety USER")
+	}
+	m, err := s.messenger(ctx)
+	if err != nil {
+		return err
+	}
+	devs, err := m.Devices(ctx, args[0], true)
+	if err != nil {
+		return fmt.Errorf("safety: %w", err)
+	}
+	if len(devs) == 0 {
+		return fmt.Errorf("safety: %s has no device with keys", args[0])
+	}
+	for _, d := range devs {
+		n, err := m.SafetyNumber(ctx, e2ee.Address{User: args[0], Device: d})
+		if err != nil {
+			return fmt.Errorf("safety: %w", err)
+		}
+		s.printf("* safety number with %s/%s: %s", args[0], d, e2ee.FormatSafetyNumber(n))
+	}
+	return nil
+}
+
+// sendE2E sends body in E2E conversation c; it reports false when the
+// conversation is not one this session knows as E2E.
+func (s *chatSession) sendE2E(ctx context.Context, conv uint64, body string) (uint64, bool, error) {
+	c, ok := s.e2eConv(conv)
+	if !ok {
+		return 0, false, nil
+	}
+	m, err := s.messenger(ctx)
+	if err != nil {
+		return 0, true, err
+	}
+	if c.group {
+		ack, err := m.SendGroup(ctx, conv, c.members, body)
+		return ack.Seq, true, err
+	}
+	ack, err := m.SendDirect(ctx, conv, c.peer, body)
+	return ack.Seq, true, err
+}
+
+// openE2E decrypts an E2E message for display; ok is false for a message
+// that is not an envelope. A nil result with ok means "do not print"
+// (protocol messages).
+func (s *chatSession) openE2E(msg *protocol.Message) (*protocol.Message, bool) {
+	if msg.Kind == protocol.KindSystem || msg.Kind == protocol.KindRecall || msg.Recalled {
+		return msg, false
+	}
+	if _, err := protocol.ParseEnvelope(msg.Body); err != nil {
+		return msg, false
+	}
+	m, err := s.messenger(context.Background())
+	out := *msg
+	if err != nil {
+		out.Body = "(encrypted: " + err.Error() + ")"
+		return &out, true
+	}
+	o, err := m.Open(*msg)
+	switch {
+	case errors.Is(err, e2eechat.ErrNotForDevice):
+		out.Body = "(encrypted for other devices)"
+	case err != nil:
+		out.Body = "(cannot decrypt: " + err.Error() + ")"
+	case o.Control:
+		return nil, true
+	default:
+		out.Body = o.Text
+	}
+	return &out, true
+}
+
+// refillKeys uploads more one-time prekeys after a keys_low push.
+func (s *chatSession) refillKeys() {
+	ctx, cancel := context.WithTimeout(context.Background(), chatCommandTimeout)
+	defer cancel()
+	m, err := s.messenger(ctx)
+	if err == nil {
+		_, err = m.PublishKeys(ctx, 20)
+	}
+	if err != nil {
+		s.printf("! e2e: refilling prekeys: %v", err)
+	}
+}
