@@ -104,7 +104,12 @@ func (s *Service) FanOut(ctx context.Context, j fanout.Job) error {
 		return fmt.Errorf("recipients: %w", err)
 	}
 	rows := 0
-	if !j.RowsWritten {
+	if j.RowsWritten {
+		// The append wrote every member's row with the message (direct
+		// conversations and the smallest groups): counted here, so the
+		// per-tier row-write figures stay whole.
+		rows = len(recipients)
+	} else {
 		if tier != TierLarge {
 			// Small: every member (all are recipients); medium: members
 			// online. @everyone marks them too (and is remembered on the
