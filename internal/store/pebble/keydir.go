@@ -65,6 +65,30 @@ func preKeyKey(user, device string, kind byte, id uint32) []byte {
 	return binary.BigEndian.AppendUint32(preKeyPrefix(user, device, kind), id)
 }
 
+// deviceRow is an E value: the device's keys and how many one-time keys
+// of each kind it holds (kept here so that a fetch never scans the keys).
+type deviceRow struct {
+	store.DeviceKeys
+	preKeys, kemKeys int
+}
+
+func encodeDeviceRow(r deviceRow) []byte {
+	b := encodeDeviceKeys(r.DeviceKeys)
+	b = binary.AppendUvarint(b, uint64(r.preKeys))
+	return binary.AppendUvarint(b, uint64(r.kemKeys))
+}
+
+func decodeDeviceRow(user, device string, b []byte) (deviceRow, error) {
+	d := newDecoder(b)
+	r := deviceRow{DeviceKeys: decodeDeviceFields(d, user, device)}
+	r.preKeys = int(d.uint32())
+	r.kemKeys = int(d.uint32())
+	if err := d.finish("device keys"); err != nil {
+		return deviceRow{}, err
+	}
+	return r, nil
+}
+
 func encodeDeviceKeys(d store.DeviceKeys) []byte {
 	e := newEncoder(256 + len(d.LastResortKEM.Key))
 	e.uvarint(uint64(d.RegistrationID))
@@ -87,8 +111,7 @@ func (d *decoder) uint32() uint32 {
 	return uint32(v)
 }
 
-func decodeDeviceKeys(user, device string, b []byte) (store.DeviceKeys, error) {
-	d := newDecoder(b)
+func decodeDeviceFields(d *decoder, user, device string) store.DeviceKeys {
 	k := store.DeviceKeys{UserID: user, DeviceID: device}
 	k.RegistrationID = d.uint32()
 	k.IdentityKey = []byte(d.string())
@@ -99,10 +122,7 @@ func decodeDeviceKeys(user, device string, b []byte) (store.DeviceKeys, error) {
 	k.LastResortKEM.Key = []byte(d.string())
 	k.LastResortKEM.Sig = []byte(d.string())
 	k.UpdatedAt = d.varint()
-	if err := d.finish("device keys"); err != nil {
-		return store.DeviceKeys{}, err
-	}
-	return k, nil
+	return k
 }
 
 func encodePreKey(p store.PreKey) []byte {
@@ -145,23 +165,25 @@ func (s *Store) UploadKeys(ctx context.Context, user, device string, up store.Ke
 		if err != nil {
 			return err
 		}
-		var cur store.DeviceKeys
+		var row deviceRow
 		if found {
-			if cur, err = decodeDeviceKeys(user, device, raw); err != nil {
+			if row, err = decodeDeviceRow(user, device, raw); err != nil {
 				return err
 			}
 		} else {
 			if up.IdentityKey == nil || up.SignedPreKey == nil || up.LastResortKEM == nil {
 				return fmt.Errorf("first upload without identity key, signed prekey and last-resort KEM key: %w", store.ErrNotFound)
 			}
-			cur = store.DeviceKeys{UserID: user, DeviceID: device}
+			row.DeviceKeys = store.DeviceKeys{UserID: user, DeviceID: device}
 			res.NewDevice = true
 		}
+		cur := &row.DeviceKeys
 		if up.IdentityKey != nil && found && !bytes.Equal(up.IdentityKey, cur.IdentityKey) {
 			res.IdentityChanged = true
 			if err := b.DeleteRange(preKeyPrefix(user, device, 0), prefixEnd(preKeyPrefix(user, device, 0)), nil); err != nil {
 				return err
 			}
+			row.preKeys, row.kemKeys = 0, 0
 		}
 		if up.IdentityKey != nil {
 			cur.IdentityKey = up.IdentityKey
@@ -176,28 +198,43 @@ func (s *Store) UploadKeys(ctx context.Context, user, device string, up store.Ke
 			cur.LastResortKEM = *up.LastResortKEM
 		}
 		cur.UpdatedAt = up.Now
-		if err := b.Set(keyDeviceKey(user, device), encodeDeviceKeys(cur), nil); err != nil {
+		// An id already stored is replaced, not counted again.
+		put := func(kind byte, keys []store.PreKey, n *int) error {
+			seen := map[uint32]bool{}
+			for _, p := range keys {
+				k := preKeyKey(user, device, kind, p.ID)
+				if !seen[p.ID] && !res.IdentityChanged {
+					had, err := s.exists(k)
+					if err != nil {
+						return err
+					}
+					if !had {
+						*n++
+					}
+				} else if !seen[p.ID] {
+					*n++
+				}
+				seen[p.ID] = true
+				if err := b.Set(k, encodePreKey(p), nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		if err := put(kindPreKey, up.PreKeys, &row.preKeys); err != nil {
 			return err
 		}
-		for _, p := range up.PreKeys {
-			if err := b.Set(preKeyKey(user, device, kindPreKey, p.ID), encodePreKey(p), nil); err != nil {
-				return err
-			}
+		if err := put(kindKEM, up.KEMPreKeys, &row.kemKeys); err != nil {
+			return err
 		}
-		for _, p := range up.KEMPreKeys {
-			if err := b.Set(preKeyKey(user, device, kindKEM, p.ID), encodePreKey(p), nil); err != nil {
-				return err
-			}
+		if err := b.Set(keyDeviceKey(user, device), encodeDeviceRow(row), nil); err != nil {
+			return err
 		}
 		if err := s.db.ApplyNoSyncWait(b, syncWrite); err != nil {
 			return err
 		}
-		res.Device = cur
-		if res.PreKeys, err = s.countPrefix(preKeyPrefix(user, device, kindPreKey)); err != nil {
-			return err
-		}
-		res.KEMPreKeys, err = s.countPrefix(preKeyPrefix(user, device, kindKEM))
-		return err
+		res.Device, res.PreKeys, res.KEMPreKeys = *cur, row.preKeys, row.kemKeys
+		return nil
 	}()
 	if err == nil {
 		if err = b.SyncWait(); err != nil {
@@ -209,12 +246,6 @@ func (s *Store) UploadKeys(ctx context.Context, user, device string, up store.Ke
 		return store.UploadResult{}, fmt.Errorf("pebble: %s: %w", op, err)
 	}
 	return res, nil
-}
-
-func (s *Store) countPrefix(p []byte) (int, error) {
-	n := 0
-	err := s.scan(p, func(k, v []byte) error { n++; return nil })
-	return n, err
 }
 
 // firstPreKey returns the lowest-id prekey under prefix p.
@@ -266,9 +297,11 @@ func (s *Store) TakeBundle(ctx context.Context, user, device string) (store.KeyB
 		if !found {
 			return store.ErrNotFound
 		}
-		if kb.Device, err = decodeDeviceKeys(user, device, raw); err != nil {
+		row, err := decodeDeviceRow(user, device, raw)
+		if err != nil {
 			return err
 		}
+		kb.Device = row.DeviceKeys
 		pk, k, err := s.firstPreKey(preKeyPrefix(user, device, kindPreKey))
 		if err != nil {
 			return err
@@ -276,6 +309,7 @@ func (s *Store) TakeBundle(ctx context.Context, user, device string) (store.KeyB
 		if pk != nil {
 			kb.PreKey = pk
 			b.Delete(k, nil)
+			row.preKeys--
 			wrote = true
 		}
 		kk, k, err := s.firstPreKey(preKeyPrefix(user, device, kindKEM))
@@ -285,21 +319,23 @@ func (s *Store) TakeBundle(ctx context.Context, user, device string) (store.KeyB
 		if kk != nil {
 			kb.KEMPreKey = kk
 			b.Delete(k, nil)
+			row.kemKeys--
 			wrote = true
 		} else {
 			lr := kb.Device.LastResortKEM
 			kb.KEMPreKey, kb.KEMLastResort = &lr, true
 		}
+		row.preKeys, row.kemKeys = max(row.preKeys, 0), max(row.kemKeys, 0)
 		if wrote {
+			if err := b.Set(keyDeviceKey(user, device), encodeDeviceRow(row), nil); err != nil {
+				return err
+			}
 			if err := s.db.ApplyNoSyncWait(b, syncWrite); err != nil {
 				return err
 			}
 		}
-		if kb.PreKeys, err = s.countPrefix(preKeyPrefix(user, device, kindPreKey)); err != nil {
-			return err
-		}
-		kb.KEMPreKeys, err = s.countPrefix(preKeyPrefix(user, device, kindKEM))
-		return err
+		kb.PreKeys, kb.KEMPreKeys = row.preKeys, row.kemKeys
+		return nil
 	}()
 	if err == nil && wrote {
 		if err = b.SyncWait(); err != nil {
@@ -326,11 +362,11 @@ func (s *Store) KeyDevices(ctx context.Context, user string) ([]store.DeviceKeys
 	p := keyDevicePrefix(user)
 	var out []store.DeviceKeys
 	err := s.scan(p, func(k, v []byte) error {
-		d, err := decodeDeviceKeys(user, string(k[len(p):]), v)
+		r, err := decodeDeviceRow(user, string(k[len(p):]), v)
 		if err != nil {
 			return err
 		}
-		out = append(out, d)
+		out = append(out, r.DeviceKeys)
 		return nil
 	})
 	if err != nil {
@@ -349,15 +385,18 @@ func (s *Store) PreKeyCounts(ctx context.Context, user, device string) (int, int
 	if validDevice(user, device) != nil {
 		return 0, 0, nil
 	}
-	a, err := s.countPrefix(preKeyPrefix(user, device, kindPreKey))
+	raw, found, err := s.get(keyDeviceKey(user, device))
 	if err != nil {
 		return 0, 0, fmt.Errorf("pebble: %s: %w", op, err)
 	}
-	k, err := s.countPrefix(preKeyPrefix(user, device, kindKEM))
+	if !found {
+		return 0, 0, nil
+	}
+	r, err := decodeDeviceRow(user, device, raw)
 	if err != nil {
 		return 0, 0, fmt.Errorf("pebble: %s: %w", op, err)
 	}
-	return a, k, nil
+	return r.preKeys, r.kemKeys, nil
 }
 
 // RemoveDevice drops a device's keys.

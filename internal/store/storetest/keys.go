@@ -81,6 +81,14 @@ func testKeyDirectory(t *testing.T, e *env) {
 	if a, k, err := s.PreKeyCounts(ctx, "alice", "phone"); err != nil || a != 1 || k != 0 {
 		t.Fatalf("counts %d %d %v", a, k, err)
 	}
+	// Uploading an id again replaces the key; it is not counted twice.
+	res, err = s.UploadKeys(ctx, "alice", "phone", store.KeyUpload{PreKeys: []store.PreKey{{ID: 10, Key: []byte("pk10b")}, {ID: 11, Key: []byte("pk11")}, {ID: 11, Key: []byte("pk11")}}, Now: 3})
+	if err != nil || res.PreKeys != 2 {
+		t.Fatalf("re-upload: %+v %v", res, err)
+	}
+	if b, err := s.TakeBundle(ctx, "alice", "phone"); err != nil || b.PreKey == nil || b.PreKey.ID != 10 || string(b.PreKey.Key) != "pk10b" || b.PreKeys != 1 {
+		t.Fatalf("bundle after re-upload: %+v %v", b, err)
+	}
 	// A new identity drops the prekeys signed by the old one.
 	res, err = s.UploadKeys(ctx, "alice", "phone", upload(9, 3, 0, 0))
 	if err != nil || !res.IdentityChanged || res.PreKeys != 0 {
