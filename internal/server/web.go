@@ -3,12 +3,14 @@ package server
 import (
 	"encoding/json"
 	"io"
+	"io/fs"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/protocol"
+	"github.com/parley-im/parley/web"
 )
 
 // DevTokenTTL is how long a token from POST /v1/dev/token lives.
@@ -19,6 +21,9 @@ const DevTokenTTL = 24 * time.Hour
 func (s *Server) routeWeb(mux *http.ServeMux) {
 	if s.opts.Web.DevKey != nil {
 		mux.HandleFunc("POST /v1/dev/token", s.handleDevToken)
+	}
+	if s.opts.Web.Page {
+		s.routePage(mux)
 	}
 }
 
@@ -68,4 +73,34 @@ type DevToken struct {
 	Token   string `json:"token"`
 	User    string `json:"user"`
 	Expires int64  `json:"expires"` // unix ms
+}
+
+// routePage serves the embedded chat page: / is index.html, /web/... its
+// assets.
+func (s *Server) routePage(mux *http.ServeMux) {
+	files := web.Static()
+	index, err := fs.ReadFile(files, "index.html")
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	assets := http.StripPrefix("/web/", http.FileServerFS(files))
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		pageHeaders(w)
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = w.Write(index)
+	})
+	mux.HandleFunc("GET /web/", func(w http.ResponseWriter, r *http.Request) {
+		pageHeaders(w)
+		assets.ServeHTTP(w, r)
+	})
+}
+
+// pageHeaders: the page loads only its own scripts and talks only to its
+// own origin; assets are revalidated so a new binary's page is picked up.
+func pageHeaders(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Security-Policy", "default-src 'self'; connect-src 'self' ws: wss:; img-src 'self' data:; style-src 'self'; base-uri 'none'; form-action 'self'")
+	h.Set("Referrer-Policy", "no-referrer")
 }

@@ -1,0 +1,191 @@
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import WebSocket from "ws";
+import { Server, seqs, increasing } from "./server.mjs";
+import { Backoff, MemoryPositions, ParleyError } from "../dist/index.js";
+
+let srv;
+before(async () => { srv = await Server.start(); });
+after(async () => { await srv?.close(); });
+
+const closeAll = (...cs) => cs.forEach((c) => c.close());
+
+test("two users chat both ways: order, once, acks, delivered and read receipts, typing, presence", async () => {
+  const a = await srv.client("alice1"), b = await srv.client("bob1");
+  await Promise.all([a.log.waitConnected(), b.log.waitConnected()]);
+  const conv = await a.openDirect("bob1");
+  assert.equal(conv.kind, "direct");
+  const acks = [];
+  for (let i = 1; i <= 5; i++) acks.push(await a.send(conv.conv_id, `a${i}`));
+  assert.deepEqual(acks.map((x) => x.seq), [1, 2, 3, 4, 5]);
+  await b.log.waitMessages(conv.conv_id, 5);
+  for (let i = 1; i <= 3; i++) await b.send(conv.conv_id, `b${i}`);
+  await a.log.waitMessages(conv.conv_id, 8);
+  await b.log.waitMessages(conv.conv_id, 8);
+  for (const c of [a, b]) {
+    const m = c.log.messages(conv.conv_id);
+    assert.deepEqual(seqs(m), [1, 2, 3, 4, 5, 6, 7, 8], "in order, each once (own messages come back as pushes)");
+    assert.deepEqual(m.map((x) => x.body), ["a1", "a2", "a3", "a4", "a5", "b1", "b2", "b3"]);
+  }
+  // b's device acknowledged delivery: a gets delivered receipts; then read.
+  await a.log.waitFor((ev) => ev.some((e) => e.kind === "receipt" && e.state === "delivered" && e.user_id === "bob1" && e.seq >= 5), "delivered receipt");
+  await b.read(conv.conv_id, 8);
+  await a.log.waitFor((ev) => ev.some((e) => e.kind === "receipt" && e.state === "read" && e.user_id === "bob1" && e.seq === 8), "read receipt");
+  // Typing reaches the peer.
+  b.typing(conv.conv_id);
+  await a.log.waitFor((ev) => ev.some((e) => e.kind === "typing" && e.userId === "bob1"), "typing");
+  // Presence: b watches a, a leaves.
+  const states = await b.watchPresence(["alice1"]);
+  assert.deepEqual(states.map((s) => [s.user_id, s.online]), [["alice1", true]]);
+  a.close();
+  await b.log.waitFor((ev) => ev.some((e) => e.kind === "presence" && e.some?.((s) => !s.online)) ||
+    ev.some((e) => e.kind === "presence" && Object.values(e).some((s) => s && s.user_id === "alice1" && s.online === false)), "alice offline", 20000);
+  closeAll(b);
+});
+
+test("groups: create, add, remove, roles, mute, leave as system messages; muted send is forbidden", async () => {
+  const o = await srv.client("gowner"), m1 = await srv.client("gm1"), m2 = await srv.client("gm2");
+  await Promise.all([o.log.waitConnected(), m1.log.waitConnected(), m2.log.waitConnected()]);
+  const g = await o.createGroup("team", ["gm1"]);
+  assert.equal(g.kind, "group");
+  assert.equal(g.role, "owner");
+  let info = await o.addMembers(g.conv_id, ["gm2"]);
+  assert.deepEqual(info.members, ["gm1", "gm2", "gowner"]);
+  await o.setRole(g.conv_id, "gm1", "admin");
+  await o.mute(g.conv_id, "gm2", true);
+  await assert.rejects(m2.send(g.conv_id, "hello?"), (e) => e instanceof ParleyError && e.code === "forbidden");
+  await o.mute(g.conv_id, "gm2", false);
+  await m2.send(g.conv_id, "now I can");
+  await m1.leave(g.conv_id);
+  info = await o.removeMembers(g.conv_id, ["gm2"]);
+  assert.deepEqual(info.members, ["gowner"]);
+  await o.log.waitFor((ev) => ev.filter((e) => e.kind === "message" && e.convId === g.conv_id).length >= 7, "7 group events");
+  const events = o.log.messages(g.conv_id);
+  assert.ok(increasing(events));
+  const sys = events.filter((x) => x.kind === "system").map((x) => JSON.parse(x.body).event);
+  assert.deepEqual(sys, ["member_added", "role_changed", "muted", "unmuted", "member_left", "member_removed"]);
+  // gm2 saw from its join on, through its removal, and nothing after.
+  await m2.log.waitFor((ev) => ev.some((e) => e.kind === "message" && e.message.kind === "system" && JSON.parse(e.message.body).event === "member_removed"), "removal seen");
+  assert.equal(m2.log.messages(g.conv_id)[0].kind, "system");
+  closeAll(o, m1, m2);
+});
+
+test("edit, recall and state messages", async () => {
+  const a = await srv.client("edit-a"), b = await srv.client("edit-b");
+  await Promise.all([a.log.waitConnected(), b.log.waitConnected()]);
+  const { conv_id } = await a.openDirect("edit-b");
+  const first = await a.send(conv_id, "helo");
+  await a.edit(conv_id, first.seq, "hello");
+  const second = await a.send(conv_id, "oops");
+  await a.recall(conv_id, second.seq);
+  await assert.rejects(b.edit(conv_id, first.seq, "not mine"), (e) => e.code === "forbidden");
+  await a.send(conv_id, "10 left", { kind: "state", coalesceKey: "packet" });
+  await a.send(conv_id, "9 left", { kind: "state", coalesceKey: "packet" });
+  await b.log.waitMessages(conv_id, 6);
+  const kinds = b.log.messages(conv_id).map((m) => m.kind);
+  assert.deepEqual(kinds, ["text", "edit", "text", "recall", "state", "state"]);
+  const h = await b.history(conv_id, { afterSeq: 0 });
+  assert.equal(h.messages[0].body, "hello");
+  assert.equal(h.messages[0].edited, true);
+  assert.equal(h.messages[2].recalled, true);
+  assert.equal(h.messages[4].superseded, true);
+  assert.equal(h.messages[5].body, "9 left");
+  closeAll(a, b);
+});
+
+test("offline catch-up: a restarted client gets what it missed exactly once", async () => {
+  const a = await srv.client("off-a");
+  const positions = new MemoryPositions();
+  let b = await srv.client("off-b", "d1", { positions });
+  await Promise.all([a.log.waitConnected(), b.log.waitConnected()]);
+  const { conv_id } = await a.openDirect("off-b");
+  await a.send(conv_id, "before");
+  await b.log.waitMessages(conv_id, 1);
+  await new Promise((r) => setTimeout(r, 300)); // the position is saved within ~100 ms
+  b.close();
+  for (let i = 0; i < 7; i++) await a.send(conv_id, `while away ${i}`);
+  b = await srv.client("off-b", "d1", { positions });
+  await b.log.waitMessages(conv_id, 7);
+  await new Promise((r) => setTimeout(r, 500));
+  const got = b.log.messages(conv_id);
+  assert.deepEqual(seqs(got), [2, 3, 4, 5, 6, 7, 8]);
+  assert.ok(b.log.of("snapshot").some((s) => s.convId === conv_id), "came through the sync");
+  closeAll(a, b);
+});
+
+/** A ws WebSocket that drops or repeats some pushes, to force gap fills and duplicates. */
+function faultyWS(fault) {
+  return class extends WebSocket {
+    constructor(url) {
+      super(url);
+      let inner = null;
+      Object.defineProperty(this, "onmessage", {
+        get: () => inner,
+        set: (fn) => {
+          inner = fn;
+          super.onmessage = (ev) => {
+            const f = JSON.parse(String(ev.data));
+            for (const data of fault(f, String(ev.data))) fn({ data });
+          };
+        },
+      });
+    }
+  };
+}
+
+test("gap detection and fill from history; duplicates dropped by seq", async () => {
+  const a = await srv.client("gap-a");
+  // Drops the pushes of seq 2 and 3; repeats every other push twice.
+  const b = await srv.client("gap-b", "d1", {
+    WebSocket: faultyWS((f, raw) => (f.type === "msg" && (f.message.seq === 2 || f.message.seq === 3) ? [] : f.type === "msg" ? [raw, raw] : [raw])),
+  });
+  await Promise.all([a.log.waitConnected(), b.log.waitConnected()]);
+  const { conv_id } = await a.openDirect("gap-b");
+  for (let i = 1; i <= 6; i++) await a.send(conv_id, `m${i}`);
+  await b.log.waitMessages(conv_id, 6);
+  await new Promise((r) => setTimeout(r, 300));
+  assert.deepEqual(seqs(b.log.messages(conv_id)), [1, 2, 3, 4, 5, 6]);
+  closeAll(a, b);
+});
+
+test("fallback to /v1/poll + /v1/rpc when the WebSocket cannot open", async () => {
+  class Broken { constructor() { throw new Error("blocked by a proxy"); } }
+  const a = await srv.client("http-a", "d1", { WebSocket: Broken });
+  const b = await srv.client("http-b");
+  await Promise.all([a.log.waitConnected(), b.log.waitConnected()]);
+  assert.equal(a.log.of("connected")[0].transport, "http");
+  assert.equal(b.log.of("connected")[0].transport, "websocket");
+  const { conv_id } = await a.openDirect("http-b");
+  await a.send(conv_id, "from http");
+  await b.send(conv_id, "to http");
+  await a.log.waitMessages(conv_id, 2);
+  assert.deepEqual(a.log.messages(conv_id).map((m) => m.body), ["from http", "to http"]);
+  await a.read(conv_id, 2);
+  await b.log.waitFor((ev) => ev.some((e) => e.kind === "receipt" && e.state === "read" && e.seq === 2), "read over http");
+  closeAll(a, b);
+});
+
+test("a send retried across a reconnect is stored once (client_msg_id)", async () => {
+  const a = await srv.client("dup-a"), b = await srv.client("dup-b");
+  await Promise.all([a.log.waitConnected(), b.log.waitConnected()]);
+  const { conv_id } = await a.openDirect("dup-b");
+  const first = await a.send(conv_id, "once", { clientMsgId: "fixed-1" });
+  const again = await a.send(conv_id, "once", { clientMsgId: "fixed-1" });
+  assert.equal(again.seq, first.seq);
+  assert.equal(again.duplicate, true);
+  await b.log.waitMessages(conv_id, 1);
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(b.log.messages(conv_id).length, 1);
+  closeAll(a, b);
+});
+
+test("backoff: full jitter within the window, server delays honoured with jitter on top", () => {
+  const lo = new Backoff(250, 30000, () => 0), hi = new Backoff(250, 30000, () => 0.999999);
+  assert.equal(lo.delay(5), 0);
+  assert.equal(hi.ceiling(0), 250);
+  assert.equal(hi.ceiling(3), 2000);
+  assert.equal(hi.ceiling(20), 30000);
+  assert.ok(hi.delay(3) < 2000 && hi.delay(3) > 1990);
+  assert.equal(lo.after(4000), 4000);
+  assert.ok(hi.after(4000) >= 5999 && hi.after(4000) < 6000);
+});
