@@ -58,6 +58,7 @@ export interface ConvSummary {
   mentioned?: boolean;
   leave_seq?: number;
   last_message?: Message;
+  e2e?: boolean;
 }
 
 export interface ConvInfo {
@@ -70,6 +71,48 @@ export interface ConvInfo {
   join_seq: number;
   role?: "owner" | "admin" | "member";
   tier?: "small" | "medium" | "large";
+  e2e?: boolean;
+}
+
+export type Bytes = string;
+
+export interface PreKey {
+  id: number;
+  key: Bytes;
+  sig?: Bytes;
+}
+
+export interface KeyUpload {
+  registration_id?: number;
+  identity_key?: Bytes;
+  signed_prekey?: PreKey;
+  last_resort_kem?: PreKey;
+  prekeys?: PreKey[];
+  kem_prekeys?: PreKey[];
+}
+
+export interface KeyBundle {
+  user_id: string;
+  device_id: string;
+  registration_id: number;
+  identity_key: Bytes;
+  signed_prekey: PreKey;
+  prekey?: PreKey;
+  kem_prekey?: PreKey;
+  kem_last_resort?: boolean;
+}
+
+export interface DeviceKeyInfo {
+  device_id: string;
+  registration_id: number;
+  identity_key: Bytes;
+  /** Unix milliseconds */
+  updated_at: number;
+}
+
+export interface KeyCounts {
+  prekeys: number;
+  kem_prekeys: number;
 }
 
 export interface PresenceState {
@@ -104,7 +147,7 @@ export interface Hello {
   limits: Limits;
 }
 
-export type Code = "bad_frame" | "unknown_type" | "invalid_argument" | "too_large" | "unauthorized" | "token_expired" | "not_member" | "forbidden" | "not_found" | "conflict" | "recall_window_passed" | "rate_limited" | "store_unavailable" | "overloaded" | "internal" | "timeout";
+export type Code = "bad_frame" | "unknown_type" | "invalid_argument" | "too_large" | "unauthorized" | "token_expired" | "not_member" | "forbidden" | "not_found" | "conflict" | "recall_window_passed" | "rate_limited" | "store_unavailable" | "overloaded" | "internal" | "timeout" | "e2e_required" | "e2e_unsupported" | "bad_key";
 
 /** first frame on every connection */
 export interface SHello {
@@ -214,6 +257,37 @@ export interface STyping {
   user_id: string;
 }
 
+/** answer to keys_upload and keys_remove */
+export interface SKeys {
+  type: "keys";
+  rid?: string;
+  counts: KeyCounts;
+}
+
+/** answer to keys_bundle */
+export interface SBundles {
+  type: "bundles";
+  rid?: string;
+  user_id: string;
+  bundles: KeyBundle[];
+}
+
+/** answer to keys_devices */
+export interface SDevices {
+  type: "devices";
+  rid?: string;
+  user_id: string;
+  devices: DeviceKeyInfo[];
+}
+
+/** push: a device's one-time prekeys run low */
+export interface SKeysLow {
+  type: "keys_low";
+  user_id: string;
+  device_id: string;
+  counts: KeyCounts;
+}
+
 /** heartbeat */
 export interface CPing {
   type: "ping";
@@ -297,6 +371,7 @@ export interface COpenDirect {
   type: "open_direct";
   rid?: string;
   peer: string;
+  e2e?: boolean;
 }
 
 /** create a group */
@@ -305,6 +380,7 @@ export interface CCreateGroup {
   rid?: string;
   name?: string;
   members?: string[];
+  e2e?: boolean;
 }
 
 /** add members */
@@ -362,11 +438,39 @@ export interface CTyping {
   conv_id: ConvID;
 }
 
+/** publish this device's E2E keys */
+export interface CKeysUpload {
+  type: "keys_upload";
+  rid?: string;
+  keys: KeyUpload;
+}
+
+/** fetch prekey bundles */
+export interface CKeysBundle {
+  type: "keys_bundle";
+  rid?: string;
+  user_id: string;
+  device_id?: string;
+}
+
+/** list a user's devices with keys */
+export interface CKeysDevices {
+  type: "keys_devices";
+  rid?: string;
+  user_id: string;
+}
+
+/** drop this device's keys */
+export interface CKeysRemove {
+  type: "keys_remove";
+  rid?: string;
+}
+
 /** every frame the server sends; pick the branch by type */
-export type ServerFrame = SHello | SPong | SAck | SOk | SError | SMsg | SReceipt | SSnapshot | SHistory | SConvList | SConv | SGoaway | SPresence | STyping;
+export type ServerFrame = SHello | SPong | SAck | SOk | SError | SMsg | SReceipt | SSnapshot | SHistory | SConvList | SConv | SGoaway | SPresence | STyping | SKeys | SBundles | SDevices | SKeysLow;
 
 /** every frame a client may send */
-export type ClientFrame = CPing | CSend | CEdit | CRecall | CDelivered | CRead | CSync | CHistory | CConvList | COpenDirect | CCreateGroup | CAddMembers | CRemoveMembers | CLeave | CSetRole | CMute | CPresenceSub | CTyping;
+export type ClientFrame = CPing | CSend | CEdit | CRecall | CDelivered | CRead | CSync | CHistory | CConvList | COpenDirect | CCreateGroup | CAddMembers | CRemoveMembers | CLeave | CSetRole | CMute | CPresenceSub | CTyping | CKeysUpload | CKeysBundle | CKeysDevices | CKeysRemove;
 
 /** The server frame interface of each type. */
 export interface ServerFrameByType {
@@ -384,6 +488,10 @@ export interface ServerFrameByType {
   goaway: SGoaway;
   presence: SPresence;
   typing: STyping;
+  keys: SKeys;
+  bundles: SBundles;
+  devices: SDevices;
+  keys_low: SKeysLow;
 }
 
 /** The client frame interface of each type. */
@@ -406,4 +514,8 @@ export interface ClientFrameByType {
   mute: CMute;
   presence_sub: CPresenceSub;
   typing: CTyping;
+  keys_upload: CKeysUpload;
+  keys_bundle: CKeysBundle;
+  keys_devices: CKeysDevices;
+  keys_remove: CKeysRemove;
 }
