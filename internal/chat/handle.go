@@ -8,11 +8,9 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
-// Caller is the authenticated sender of a request.
-type Caller struct {
-	User   string
-	Device string
-}
+// Caller is the authenticated sender of a request (protocol.Caller, which
+// the gateway fills in without depending on this package).
+type Caller = protocol.Caller
 
 // Handle runs one validated client frame. reply is called at most once, with
 // the response the frame's rid correlates to, or with an error frame; frames
@@ -30,10 +28,8 @@ func (s *Service) Handle(ctx context.Context, c Caller, f *protocol.Frame, reply
 	}
 }
 
-// ErrorFrame builds the error frame for rid.
-func ErrorFrame(rid string, e *protocol.Error) *protocol.Frame {
-	return &protocol.Frame{Type: protocol.TypeError, RID: rid, Code: e.Code, Error: e.Msg, RetryAfter: e.RetryAfter}
-}
+// ErrorFrame builds the error frame for rid (protocol.ErrorFrame).
+func ErrorFrame(rid string, e *protocol.Error) *protocol.Frame { return protocol.ErrorFrame(rid, e) }
 
 func (s *Service) handle(ctx context.Context, c Caller, f *protocol.Frame, reply func(*protocol.Frame)) (*protocol.Frame, *protocol.Error) {
 	switch f.Type {

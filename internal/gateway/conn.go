@@ -14,7 +14,6 @@ import (
 
 	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/bus"
-	"github.com/parley-im/parley/internal/chat"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/protocol"
 )
@@ -284,7 +283,7 @@ func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Fram
 		if g.obs.Error != nil {
 			g.obs.Error(perr.Code)
 		}
-		reply(chat.ErrorFrame(rid, perr))
+		reply(protocol.ErrorFrame(rid, perr))
 		if s.badFrames.Add(1) >= maxBadFrames {
 			s.close(protocol.CloseTooManyErrors, "too many bad frames")
 		}
@@ -304,7 +303,7 @@ func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Fram
 			if g.obs.Error != nil {
 				g.obs.Error(perr.Code)
 			}
-			reply(chat.ErrorFrame(f.RID, perr))
+			reply(protocol.ErrorFrame(f.RID, perr))
 			return
 		}
 	}
@@ -312,7 +311,7 @@ func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Fram
 		reply(g.watch(ctx, s, f))
 		return
 	}
-	g.backend.Handle(ctx, chat.Caller{User: s.user, Device: s.device}, f, func(resp *protocol.Frame) {
+	g.backend.Handle(ctx, protocol.Caller{User: s.user, Device: s.device}, f, func(resp *protocol.Frame) {
 		if resp.Type == protocol.TypeError && g.obs.Error != nil {
 			g.obs.Error(resp.Code)
 		}
@@ -326,10 +325,10 @@ func (g *Gateway) watch(ctx context.Context, s *session, f *protocol.Frame) *pro
 	for _, u := range f.Users {
 		ok, err := g.mayWatch(ctx, s.user, u)
 		if err != nil {
-			return chat.ErrorFrame(f.RID, protocol.Errorf(protocol.CodeStoreUnavailable, "presence check failed; retry"))
+			return protocol.ErrorFrame(f.RID, protocol.Errorf(protocol.CodeStoreUnavailable, "presence check failed; retry"))
 		}
 		if !ok {
-			return chat.ErrorFrame(f.RID, protocol.Errorf(protocol.CodeNotMember, "you share no conversation with %s", u))
+			return protocol.ErrorFrame(f.RID, protocol.Errorf(protocol.CodeNotMember, "you share no conversation with %s", u))
 		}
 	}
 	resp := &protocol.Frame{Type: protocol.TypePresence, RID: f.RID, States: g.presence.Watch(s, f.Users)}

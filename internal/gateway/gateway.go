@@ -27,7 +27,6 @@ import (
 
 	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/bus"
-	"github.com/parley-im/parley/internal/chat"
 	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/protocol"
@@ -36,7 +35,7 @@ import (
 // Backend runs client requests; the chat service in-process, or a remote
 // chat tier.
 type Backend interface {
-	Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, reply func(*protocol.Frame))
+	Handle(ctx context.Context, c protocol.Caller, f *protocol.Frame, reply func(*protocol.Frame))
 }
 
 // Presence is the node's presence tracker (presence.Tracker).
