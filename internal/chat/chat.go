@@ -122,7 +122,7 @@ type Observer struct {
 }
 
 // Online indexes the online members of medium and large groups
-// (presence.Tracker), so their fan-out never walks the whole group.
+// (fanout.Online), so their fan-out never walks the whole group.
 type Online interface {
 	Tracked(conv uint64) bool
 	Track(conv uint64, members []store.Member)

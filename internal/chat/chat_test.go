@@ -10,8 +10,8 @@ import (
 
 	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/bus/local"
+	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/ledger"
-	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/registry/memory"
 	"github.com/parley-im/parley/internal/snowflake"
@@ -65,7 +65,7 @@ func TestPushIsOneDeliveryPerNode(t *testing.T) {
 		defer cancel()
 	}
 	svc, err := New(DefaultConfig(), Deps{Store: st, Registry: reg, Bus: b, IDs: snowflake.New(1, nil),
-		Online: presence.New(presence.Config{}, st, nil), Ledger: led})
+		Online: fanout.NewOnline(st), Ledger: led})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/bus/local"
+	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/ledger"
-	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/registry/memory"
 	"github.com/parley-im/parley/internal/snowflake"
@@ -74,7 +74,7 @@ func newReceiptRig(t *testing.T) *receiptRig {
 // a restarted process, with nothing in memory.
 func (r *receiptRig) service() *Service {
 	svc, err := New(DefaultConfig(), Deps{Store: r.st, Registry: r.reg, Bus: r.b, IDs: snowflake.New(1, nil),
-		Online: presence.New(presence.Config{}, r.st, nil), Ledger: r.led})
+		Online: fanout.NewOnline(r.st), Ledger: r.led})
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -23,7 +23,8 @@ func subjectPresenceDump(ns string) string { return ns + ".presence.dump" }
 // leaves made by any of them.
 func subjectMembers(ns string) string { return ns + ".members" }
 
-// Tracker is what the relay feeds (presence.Tracker).
+// Tracker is what the relay feeds (the presence tracker and the
+// online-member index, fanout.Online).
 type Tracker interface {
 	Connected(ctx context.Context, user string)
 	Disconnected(user string)

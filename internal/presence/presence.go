@@ -1,13 +1,11 @@
 // Package presence tracks who is online (M26) from the gateway's connect and
-// disconnect events, and serves two consumers:
+// disconnect events, for clients that watch other users' presence: changes
+// are aggregated per flush interval and each user's changes go out at most
+// once per MinGap, so a user flapping, or a huge group, cannot turn
+// presence into a broadcast storm. The final state always goes out.
 //
-//   - the chat service, which asks for the online members of medium and
-//     large groups, so that a send costs work proportional to the members
-//     online, not to the group's size (M16);
-//   - clients that watch other users' presence: changes are aggregated per
-//     flush interval and each user's changes go out at most once per
-//     MinGap, so a user flapping, or a huge group, cannot turn presence into
-//     a broadcast storm. The final state always goes out.
+// The online members of groups, which the fan-out needs, are indexed by
+// fanout.Online, fed by the same events.
 //
 // A Tracker is safe for concurrent use; one goroutine (Run) flushes
 // aggregated changes.
@@ -18,18 +16,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 )
 
 // Subscriber receives presence batches (a gateway session).
 type Subscriber interface {
 	Presence(states []protocol.PresenceState)
-}
-
-// RowLister lists a user's conversations (the store).
-type RowLister interface {
-	UserConversations(ctx context.Context, user string) ([]store.ConvRow, error)
 }
 
 // Config tunes a Tracker.
@@ -40,19 +32,14 @@ type Config struct {
 
 // Tracker is the node's presence state.
 type Tracker struct {
-	cfg  Config
-	rows RowLister
-	now  func() time.Time
+	cfg Config
+	now func() time.Time
 
 	mu struct {
 		sync.Mutex
-		online   map[string]int   // user → connected devices
-		lastSeen map[string]int64 // user → unix ms of going offline
-		// groups are the tracked groups (medium and large tiers) with
-		// their online members and each one's join_seq, so a send can
-		// filter recipients by seq without reading memberships.
-		groups map[uint64]map[string]uint64
-		subs   map[string]map[Subscriber]struct{} // watched user → watchers
+		online   map[string]int                     // user → connected devices
+		lastSeen map[string]int64                   // user → unix ms of going offline
+		subs     map[string]map[Subscriber]struct{} // watched user → watchers
 		// watching is the reverse of subs, to replace a watcher's set.
 		watching map[Subscriber][]string
 		pending  map[string]bool  // users whose change awaits broadcast
@@ -61,7 +48,7 @@ type Tracker struct {
 }
 
 // New returns a tracker; call Run to flush presence changes.
-func New(cfg Config, rows RowLister, now func() time.Time) *Tracker {
+func New(cfg Config, now func() time.Time) *Tracker {
 	if cfg.Flush <= 0 {
 		cfg.Flush = time.Second
 	}
@@ -71,10 +58,9 @@ func New(cfg Config, rows RowLister, now func() time.Time) *Tracker {
 	if now == nil {
 		now = time.Now
 	}
-	t := &Tracker{cfg: cfg, rows: rows, now: now}
+	t := &Tracker{cfg: cfg, now: now}
 	t.mu.online = make(map[string]int)
 	t.mu.lastSeen = make(map[string]int64)
-	t.mu.groups = make(map[uint64]map[string]uint64)
 	t.mu.subs = make(map[string]map[Subscriber]struct{})
 	t.mu.watching = make(map[Subscriber][]string)
 	t.mu.pending = make(map[string]bool)
@@ -83,32 +69,13 @@ func New(cfg Config, rows RowLister, now func() time.Time) *Tracker {
 }
 
 // Connected counts a new device of user; the first one makes the user
-// online and adds it to the tracked groups it belongs to.
-func (t *Tracker) Connected(ctx context.Context, user string) {
-	t.mu.Lock()
-	t.mu.online[user]++
-	first := t.mu.online[user] == 1
-	tracked := len(t.mu.groups) > 0
-	if first {
-		t.mu.pending[user] = true
-	}
-	t.mu.Unlock()
-	if !first || !tracked {
-		return
-	}
-	rows, err := t.rows.UserConversations(ctx, user)
-	if err != nil {
-		return // the group index catches up when the group is next tracked
-	}
+// online.
+func (t *Tracker) Connected(_ context.Context, user string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.mu.online[user] == 0 {
-		return
-	}
-	for _, r := range rows {
-		if g := t.mu.groups[r.ConvID]; g != nil && r.LeaveSeq == 0 {
-			g[user] = r.JoinSeq
-		}
+	t.mu.online[user]++
+	if t.mu.online[user] == 1 {
+		t.mu.pending[user] = true
 	}
 }
 
@@ -121,12 +88,12 @@ func (t *Tracker) Disconnected(user string) {
 		t.mu.online[user] = n
 		return
 	}
+	if n < 0 {
+		return // a disconnect without a connect
+	}
 	delete(t.mu.online, user)
 	t.mu.lastSeen[user] = t.now().UnixMilli()
 	t.mu.pending[user] = true
-	for _, g := range t.mu.groups {
-		delete(g, user)
-	}
 }
 
 // Online reports whether user has a connected device on this node.
@@ -134,74 +101,6 @@ func (t *Tracker) Online(user string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.mu.online[user] > 0
-}
-
-// Tracked reports whether conv's online members are indexed.
-func (t *Tracker) Tracked(conv uint64) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.mu.groups[conv] != nil
-}
-
-// Track starts indexing conv's online members, given all its current
-// members (a one-time cost proportional to the group, paid when it enters
-// the medium tier or after a restart).
-func (t *Tracker) Track(conv uint64, members []store.Member) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	g := make(map[string]uint64)
-	for _, m := range members {
-		if t.mu.online[m.UserID] > 0 {
-			g[m.UserID] = m.JoinSeq
-		}
-	}
-	t.mu.groups[conv] = g
-}
-
-// Untrack stops indexing conv (it went back to the small tier).
-func (t *Tracker) Untrack(conv uint64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	delete(t.mu.groups, conv)
-}
-
-// Joined and Left keep a tracked group's index in step with membership.
-func (t *Tracker) Joined(conv uint64, members []store.Member) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if g := t.mu.groups[conv]; g != nil {
-		for _, m := range members {
-			if t.mu.online[m.UserID] > 0 {
-				g[m.UserID] = m.JoinSeq
-			}
-		}
-	}
-}
-
-func (t *Tracker) Left(conv uint64, users []string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if g := t.mu.groups[conv]; g != nil {
-		for _, u := range users {
-			delete(g, u)
-		}
-	}
-}
-
-// GroupOnline returns the online members of a tracked group with their
-// join_seq, and true; false if conv is not tracked.
-func (t *Tracker) GroupOnline(conv uint64) ([]store.Member, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	g := t.mu.groups[conv]
-	if g == nil {
-		return nil, false
-	}
-	out := make([]store.Member, 0, len(g))
-	for u, join := range g {
-		out = append(out, store.Member{ConvID: conv, UserID: u, JoinSeq: join})
-	}
-	return out, true
 }
 
 // Watch replaces the set of users s watches and returns their current

@@ -126,6 +126,7 @@ type Server struct {
 	reg      *prometheus.Registry
 	metrics  *metrics.Metrics
 	presence *presence.Tracker
+	online   *fanout.Online // online members of tracked groups
 
 	// Engines; nil when the node's roles do not use them.
 	store    store.Store
@@ -216,7 +217,7 @@ func (s *Server) closeEngines() error {
 // bus, embedded or distributed.
 func (s *Server) openEngines(ctx context.Context) error {
 	o := s.opts
-	var rows presence.RowLister
+	var rows fanout.RowLister
 	if o.Cluster == nil {
 		st, err := pstore.Open(ctx, pstore.Config{
 			Dir: filepath.Join(o.DataDir, "store"), FS: o.StoreFS, BucketWidth: o.BucketWidth, Logger: o.Logger,
@@ -234,7 +235,8 @@ func (s *Server) openEngines(ctx context.Context) error {
 		s.onClose(led.Close)
 		s.registry = memory.New()
 		s.bus = local.New()
-		s.presence = presence.New(o.Presence, st, nil)
+		s.presence = presence.New(o.Presence, nil)
+		s.online = fanout.NewOnline(st)
 		s.runLoop(func(ctx context.Context) { s.presence.Run(ctx) })
 		return nil
 	}
@@ -280,13 +282,14 @@ func (s *Server) openEngines(ctx context.Context) error {
 		}
 		s.ledger = cluster.NewLedger(tasks)
 	}
-	s.presence = presence.New(o.Presence, rows, nil)
+	s.presence = presence.New(o.Presence, nil)
+	s.online = fanout.NewOnline(rows)
 	s.runLoop(func(ctx context.Context) { s.presence.Run(ctx) })
 	resync := c.PresenceResync
 	if resync <= 0 {
 		resync = 15 * time.Second
 	}
-	s.relay = cluster.NewRelay(nc, ns, o.Node, s.presence, resync, o.Logger)
+	s.relay = cluster.NewRelay(nc, ns, o.Node, tracker{s.presence, s.online}, resync, o.Logger)
 	s.runLoop(func(ctx context.Context) {
 		if err := s.relay.Run(ctx); err != nil {
 			s.log.Error("presence relay stopped", "err", err)
@@ -303,9 +306,9 @@ func (s *Server) runLoop(f func(ctx context.Context)) {
 
 func (s *Server) startChat() error {
 	o, m := s.opts, s.metrics
-	var online chat.Online = s.presence
+	var online chat.Online = s.online
 	if s.relay != nil {
-		online = onlineIndex{s.presence, s.relay}
+		online = onlineIndex{s.online, s.relay}
 	}
 	chatStore := s.store
 	if o.WrapStore != nil {
@@ -368,25 +371,48 @@ func (s *Server) startChat() error {
 }
 
 // onlineIndex is the chat service's online index in cluster mode: the
-// process's tracker, with joins and leaves relayed to the other chat
-// processes' trackers.
+// process's index, with joins and leaves relayed to the other chat
+// processes' indexes.
 type onlineIndex struct {
-	*presence.Tracker
+	*fanout.Online
 	relay *cluster.Relay
 }
 
 func (o onlineIndex) Joined(conv uint64, members []store.Member) { o.relay.Joined(conv, members) }
 func (o onlineIndex) Left(conv uint64, users []string)           { o.relay.Left(conv, users) }
 
-// hub is the gateway's presence: the node's tracker, plus the relay that
-// tells the other processes in cluster mode.
+// tracker feeds connects and disconnects to the presence tracker and the
+// online-member index, and membership changes to the latter (what the
+// cluster relay applies for other processes).
+type tracker struct {
+	presence *presence.Tracker
+	online   *fanout.Online
+}
+
+func (t tracker) Connected(ctx context.Context, user string) {
+	t.presence.Connected(ctx, user)
+	t.online.Connected(ctx, user)
+}
+
+func (t tracker) Disconnected(user string) {
+	t.presence.Disconnected(user)
+	t.online.Disconnected(user)
+}
+
+func (t tracker) Joined(conv uint64, members []store.Member) { t.online.Joined(conv, members) }
+func (t tracker) Left(conv uint64, users []string)           { t.online.Left(conv, users) }
+
+// hub is the gateway's presence: the node's tracker and online index, plus
+// the relay that tells the other processes in cluster mode.
 type hub struct {
 	*presence.Tracker
-	relay *cluster.Relay
+	online *fanout.Online
+	relay  *cluster.Relay
 }
 
 func (h hub) Connected(ctx context.Context, user string) {
 	h.Tracker.Connected(ctx, user)
+	h.online.Connected(ctx, user)
 	if h.relay != nil {
 		h.relay.Local(user, true)
 	}
@@ -394,6 +420,7 @@ func (h hub) Connected(ctx context.Context, user string) {
 
 func (h hub) Disconnected(user string) {
 	h.Tracker.Disconnected(user)
+	h.online.Disconnected(user)
 	if h.relay != nil {
 		h.relay.Local(user, false)
 	}
@@ -421,7 +448,7 @@ func (s *Server) startGateway(ctx context.Context) error {
 	}
 	s.gw, err = gateway.New(gcfg, gateway.Deps{
 		Backend: s.backend, Verifier: v, Registry: s.registry, Bus: s.bus, Logger: o.Logger,
-		Presence: hub{s.presence, s.relay}, MayWatch: mayWatch,
+		Presence: hub{s.presence, s.online, s.relay}, MayWatch: mayWatch,
 		Observer: gateway.Observer{
 			Connections: func(d int) { m.Connections.Add(float64(d)) },
 			Handshake:   func(r string) { m.Handshakes.WithLabelValues(r).Inc() },
