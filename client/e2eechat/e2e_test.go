@@ -37,6 +37,15 @@ type dev struct {
 	m       *Messenger
 	st      *e2ee.MemoryStore
 	keysLow chan client.KeysLow
+
+	mu     sync.Mutex
+	pushed map[uint64][]protocol.Message // messages from the event stream (pushes, sync)
+}
+
+func (d *dev) events(conv uint64) []protocol.Message {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]protocol.Message(nil), d.pushed[conv]...)
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -55,8 +64,14 @@ func startDev(t *testing.T, srv *servertest.Server, user, device string, keys in
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(ctx) }()
 	low := make(chan client.KeysLow, 64)
+	d := &dev{c: c, keysLow: low, pushed: map[uint64][]protocol.Message{}}
 	go func() {
 		for ev := range c.Events() {
+			if ev.Kind == client.EventMessage {
+				d.mu.Lock()
+				d.pushed[ev.ConvID] = append(d.pushed[ev.ConvID], *ev.Message)
+				d.mu.Unlock()
+			}
 			if ev.Kind == client.EventKeysLow {
 				select {
 				case low <- *ev.KeysLow:
@@ -67,17 +82,18 @@ func startDev(t *testing.T, srv *servertest.Server, user, device string, keys in
 	}()
 	t.Cleanup(func() { cancel(); c.Close(); <-done })
 	st := e2ee.NewMemoryStore()
-	d, err := e2ee.OpenDevice(st, e2ee.Address{User: user, Device: device})
+	edev, err := e2ee.OpenDevice(st, e2ee.Address{User: user, Device: device})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := New(c, d, st)
+	m := New(c, edev, st)
 	if keys > 0 {
 		if _, err := m.PublishKeys(ctxT(t), keys); err != nil {
 			t.Fatalf("publish keys of %s/%s: %v", user, device, err)
 		}
 	}
-	return &dev{c: c, m: m, st: st, keysLow: low}
+	d.m, d.st = m, st
+	return d
 }
 
 // history returns every message of conv visible to d.

@@ -67,6 +67,10 @@ type Messenger struct {
 
 	mu   sync.Mutex
 	devs map[string][]string // user → device ids with keys (cache)
+
+	// openMu makes Open atomic: a message delivered twice at once (push and
+	// sync) is decrypted once, the second call gets the kept copy.
+	openMu sync.Mutex
 }
 
 // New returns a Messenger for device d (whose state is in st) on client c.
@@ -426,6 +430,8 @@ func (m *Messenger) RotateGroup(convID uint64) error {
 // Open decrypts a message of an E2E conversation (a push, a sync or a
 // history entry). Opening the same message again returns the kept copy.
 func (m *Messenger) Open(msg protocol.Message) (Opened, error) {
+	m.openMu.Lock()
+	defer m.openMu.Unlock()
 	o := Opened{ConvID: msg.ConvID, Seq: msg.Seq, Sender: msg.Sender, SenderDevice: msg.SenderDevice, Kind: msg.Kind, TargetSeq: msg.TargetSeq}
 	switch {
 	case msg.Kind == protocol.KindSystem:

@@ -80,6 +80,9 @@ func encodeDeviceRow(r deviceRow) []byte {
 
 func decodeDeviceRow(user, device string, b []byte) (deviceRow, error) {
 	d := newDecoder(b)
+	if d.err == nil && d.version != codecV2 { // key rows were born in version 2
+		d.fail()
+	}
 	r := deviceRow{DeviceKeys: decodeDeviceFields(d, user, device)}
 	r.preKeys = int(d.uint32())
 	r.kemKeys = int(d.uint32())
@@ -134,6 +137,9 @@ func encodePreKey(p store.PreKey) []byte {
 
 func decodePreKey(id uint32, b []byte) (store.PreKey, error) {
 	d := newDecoder(b)
+	if d.err == nil && d.version != codecV2 {
+		d.fail()
+	}
 	p := store.PreKey{ID: id, Key: []byte(d.string()), Sig: []byte(d.string())}
 	return p, d.finish("prekey")
 }
