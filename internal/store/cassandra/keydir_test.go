@@ -18,7 +18,7 @@ func TestTwoProcessesTakeBundles(t *testing.T) {
 	procs := []*Store{openT(t, cfg), openT(t, cfg)}
 	const keys = 30
 	up := store.KeyUpload{RegistrationID: 1, IdentityKey: []byte("id"),
-		SignedPreKey: &store.PreKey{ID: 1, Key: []byte("spk"), Sig: []byte("s")},
+		SignedPreKey:  &store.PreKey{ID: 1, Key: []byte("spk"), Sig: []byte("s")},
 		LastResortKEM: &store.PreKey{ID: 99, Key: []byte("lr"), Sig: []byte("s")}}
 	for i := 1; i <= keys; i++ {
 		up.PreKeys = append(up.PreKeys, store.PreKey{ID: uint32(i), Key: []byte(fmt.Sprint("pk", i))})

@@ -31,7 +31,7 @@ func BenchmarkTakeBundle(b *testing.B) {
 			kem := make([]byte, 1569)
 			for d := 0; d < devices; d++ {
 				up := store.KeyUpload{RegistrationID: 1, IdentityKey: make([]byte, 33),
-					SignedPreKey: &store.PreKey{ID: 1, Key: make([]byte, 33), Sig: make([]byte, 64)},
+					SignedPreKey:  &store.PreKey{ID: 1, Key: make([]byte, 33), Sig: make([]byte, 64)},
 					LastResortKEM: &store.PreKey{ID: 1, Key: kem, Sig: make([]byte, 64)}}
 				for i := 0; i < perDevice; i++ {
 					up.PreKeys = append(up.PreKeys, store.PreKey{ID: uint32(i + 1), Key: make([]byte, 33)})
