@@ -36,6 +36,12 @@ func DecodeClient(data []byte, lim Limits) (*Frame, *Error) {
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return nil, Errorf(CodeBadFrame, "frame is not a JSON object")
 	}
+	if f, ok := decodeSmall(trimmed); ok {
+		if e := validate(f, lim); e != nil {
+			return f, e
+		}
+		return f, nil
+	}
 	var f Frame
 	if err := json.Unmarshal(trimmed, &f); err != nil {
 		rid := peekRID(trimmed)
