@@ -159,3 +159,37 @@ func TestKeyDirectoryFrames(t *testing.T) {
 		t.Fatalf("no identity_changed event in %+v", hist)
 	}
 }
+
+// A reinstalled device (same id, new identity): contacts see
+// identity_changed, drop the old session, and reach the new install.
+func TestIdentityChangeRecovers(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx := ctxT(t)
+	alice := startDev(t, srv, "alice", "phone", 3)
+	bob := startDev(t, srv, "bob", "phone", 3)
+	conv, err := alice.c.OpenDirectE2E(ctx, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1, err := alice.m.SendDirect(ctx, conv.ConvID, "bob", "before")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantText(t, "bob", bob.read(t, conv.ConvID), a1.Seq, "before")
+	// Bob reinstalls: new state, same device id, new keys.
+	bob2 := startDev(t, srv, "bob", "phone", 3)
+	alice.read(t, conv.ConvID) // sees identity_changed
+	a2, err := alice.m.SendDirect(ctx, conv.ConvID, "bob", "after reinstall")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantText(t, "bob's new install", bob2.read(t, conv.ConvID), a2.Seq, "after reinstall")
+	// An empty upload tells a device its counts; Refill tops up.
+	c, err := bob2.m.KeyCounts(ctx)
+	if err != nil || c.PreKeys != 2 {
+		t.Fatalf("counts %+v %v", c, err)
+	}
+	if c, err = bob2.m.Refill(ctx, 20); err != nil || c.PreKeys != 22 || c.KEMPreKeys != 22 {
+		t.Fatalf("refill %+v %v", c, err)
+	}
+}

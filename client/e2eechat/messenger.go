@@ -119,6 +119,23 @@ func (m *Messenger) PublishKeys(ctx context.Context, n int) (protocol.KeyCounts,
 	}
 }
 
+// KeyCounts asks the server how many one-time prekeys of this device it
+// still holds (an upload with no keys). A device that was offline when a
+// keys_low push went out checks this after connecting.
+func (m *Messenger) KeyCounts(ctx context.Context) (protocol.KeyCounts, error) {
+	return m.c.UploadKeys(ctx, protocol.KeyUpload{})
+}
+
+// Refill uploads n more one-time prekeys of each kind when the server
+// holds fewer than protocol.KeysLowThreshold of either.
+func (m *Messenger) Refill(ctx context.Context, n int) (protocol.KeyCounts, error) {
+	c, err := m.KeyCounts(ctx)
+	if err != nil || (c.PreKeys >= protocol.KeysLowThreshold && c.KEMPreKeys >= protocol.KeysLowThreshold) {
+		return c, err
+	}
+	return m.PublishKeys(ctx, n)
+}
+
 // RotateSignedPreKey makes and uploads a new signed prekey.
 func (m *Messenger) RotateSignedPreKey(ctx context.Context) error {
 	spk, err := m.d.RotateSignedPreKey()
@@ -441,8 +458,17 @@ func (m *Messenger) Open(msg protocol.Message) (Opened, error) {
 		}
 		o.System = &ev
 		switch ev.Event {
-		case "device_added", "device_removed", "identity_changed":
+		case "device_added":
 			m.forget(ev.Users...)
+		case "device_removed", "identity_changed":
+			// The old session cannot reach the device any more: the next
+			// message starts a new one from a fresh bundle.
+			m.forget(ev.Users...)
+			if ev.Device != "" && ev.Actor != "" && (ev.Actor != m.self.User || ev.Device != m.self.Device) {
+				if err := m.d.Reset(e2ee.Address{User: ev.Actor, Device: ev.Device}); err != nil {
+					return o, err
+				}
+			}
 		case "member_removed", "member_left":
 			if err := m.RotateGroup(msg.ConvID); err != nil {
 				return o, err

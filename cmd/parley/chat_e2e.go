@@ -85,6 +85,8 @@ func (s *chatSession) messenger(ctx context.Context) (*e2eechat.Messenger, error
 		if err := st.Save("published", []byte{1}); err != nil {
 			return nil, err
 		}
+	} else if _, err := m.Refill(ctx, 20); err != nil { // keys_low may have come while offline
+		return nil, fmt.Errorf("e2e: refill keys: %w", err)
 	}
 	e.m = m
 	return m, nil
