@@ -77,7 +77,7 @@ func DefaultConfig() Config {
 		InlineRows:         16,
 		EveryoneInterval:   time.Minute,
 		TypingInterval:     2 * time.Second,
-		PositionFlush:      time.Second,
+		PositionFlush:      5 * time.Second,
 	}
 }
 
