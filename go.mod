@@ -63,3 +63,5 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 )
+
+replace github.com/lesismal/nbio => ./third_party/nbio
