@@ -41,8 +41,9 @@ func (c Code) Retryable() bool {
 const (
 	CloseNormal          = 1000 // the client asked to close, or a clean shutdown
 	CloseGoingAway       = 1001 // the node is draining: reconnect (to any node) after the goaway delay
-	CloseProtocolError   = 1002 // a WebSocket protocol violation, including invalid UTF-8 in a text frame
+	CloseProtocolError   = 1002 // a WebSocket protocol violation (RFC 6455: unmasked frame, reserved bit or opcode, bad fragmentation, control frame over 125 bytes)
 	CloseUnsupportedData = 1003 // a binary frame: Parley frames are text
+	CloseInvalidData     = 1007 // invalid UTF-8 in a text frame (checked fragment by fragment)
 	CloseTooBig          = 1009 // a frame over max_frame_bytes
 	CloseInternal        = 1011 // the server failed
 	CloseIdleTimeout     = 4000 // nothing received for idle_timeout_ms

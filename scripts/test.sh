@@ -15,8 +15,11 @@ fi
 go test -race -count=1 ./...
 
 # Under -race the gateway runs nbio in blocking mode (see docs/decisions.md);
-# run the end-to-end tests once more on the event loop itself.
-go test -count=1 ./internal/e2e/
+# run the end-to-end tests once more on the event loop itself, with the
+# Autobahn|Testsuite cases against the gateway's WebSocket layer
+# (TestAutobahn: needs PARLEY_KOSOKU, which .ci/run installs; under CI=true
+# it fails without it).
+go test -count=1 ./internal/e2e/ ./internal/gateway/
 
 # End-to-end encryption interoperability against go.mau.fi/libsignal
 # (GPL-3.0). It is a module of its own (interop/libsignal) so the GPL code

@@ -74,6 +74,10 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 	gw.SyncRate = g.SyncRate
 	gw.SyncBurst = g.SyncBurst
 	gw.OutboundQueueBytes = g.OutboundQueueBytes
+	gw.MaxHeaderBytes = g.MaxHeaderBytes
+	gw.HeaderTimeout = g.HeaderTimeout
+	gw.BodyTimeout = g.BodyTimeout
+	gw.MaxPendingConnections = g.MaxPendingConnections
 	roles := cfg.RoleSet()
 	o := server.Options{
 		Listen: cfg.Listen, DataDir: cfg.DataDir, Node: cfg.NodeID, Auth: authCfg,

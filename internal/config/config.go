@@ -140,6 +140,16 @@ type Gateway struct {
 	SyncRate       float64 `yaml:"sync_rate"`
 	SyncBurst      int     `yaml:"sync_burst"`
 	MaxConnections int     `yaml:"max_connections"`
+	// The edge, before a request is authenticated: MaxHeaderBytes bounds a
+	// request line and headers (431); a request head must arrive within
+	// HeaderTimeout of the connection opening or of the previous response,
+	// its body within BodyTimeout (408); MaxPendingConnections is how many
+	// TCP connections beyond MaxConnections are accepted at all (partial
+	// handshakes count toward MaxConnections and meet a 503).
+	MaxHeaderBytes        int           `yaml:"max_header_bytes"`
+	HeaderTimeout         time.Duration `yaml:"header_timeout"`
+	BodyTimeout           time.Duration `yaml:"body_timeout"`
+	MaxPendingConnections int           `yaml:"max_pending_connections"`
 }
 
 // Limits mirrors protocol.Limits with YAML keys.
@@ -223,6 +233,11 @@ func defaults() Config {
 			SyncRate:           500,
 			SyncBurst:          1000,
 			MaxConnections:     100000,
+
+			MaxHeaderBytes:        16 << 10,
+			HeaderTimeout:         10 * time.Second,
+			BodyTimeout:           10 * time.Second,
+			MaxPendingConnections: 10000,
 		},
 		Limits: Limits(protocol.DefaultLimits),
 		Chat: Chat{
@@ -437,6 +452,10 @@ func (c Config) validateGateway(p *problems) {
 	p.check(g.SyncRate > 0, "gateway.sync_rate", "must be positive, got %v", g.SyncRate)
 	p.check(g.SyncBurst > 0, "gateway.sync_burst", "must be positive, got %d", g.SyncBurst)
 	p.check(g.MaxConnections > 0, "gateway.max_connections", "must be positive, got %d", g.MaxConnections)
+	p.check(g.MaxHeaderBytes >= 1024, "gateway.max_header_bytes", "must be at least 1024, got %d", g.MaxHeaderBytes)
+	p.check(g.HeaderTimeout > 0, "gateway.header_timeout", "must be positive, got %v", g.HeaderTimeout)
+	p.check(g.BodyTimeout > 0, "gateway.body_timeout", "must be positive, got %v", g.BodyTimeout)
+	p.check(g.MaxPendingConnections > 0, "gateway.max_pending_connections", "must be positive, got %d", g.MaxPendingConnections)
 }
 
 func (c Config) validateLimits(p *problems) {

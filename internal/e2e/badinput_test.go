@@ -66,7 +66,7 @@ func TestBadFramesCloseWithCodes(t *testing.T) {
 		want int
 	}{
 		{"oversized frame", websocket.TextMessage, []byte(`{"type":"ping","x":"` + strings.Repeat("a", protocol.DefaultLimits.MaxFrameBytes) + `"}`), protocol.CloseTooBig},
-		{"invalid UTF-8", websocket.TextMessage, []byte("{\"type\":\"ping\",\"rid\":\"\xff\xfe\"}"), protocol.CloseProtocolError},
+		{"invalid UTF-8", websocket.TextMessage, []byte("{\"type\":\"ping\",\"rid\":\"\xff\xfe\"}"), protocol.CloseInvalidData},
 		{"binary frame", websocket.BinaryMessage, []byte{1, 2, 3}, protocol.CloseUnsupportedData},
 	}
 	for _, tc := range tests {

@@ -26,19 +26,10 @@ func timeMS(ms int64) time.Time { return time.UnixMilli(ms) }
 
 func (g *Gateway) newUpgrader() *websocket.Upgrader {
 	u := websocket.NewUpgrader()
-	// The sweeper owns the idle timeout, so no per-connection timers.
-	u.KeepaliveTime = 0
-	u.MessageLengthLimit = g.cfg.Limits.MaxFrameBytes
-	u.ReleasePayload = true
+	configureUpgrader(u, g.cfg)
 	// Tokens travel in a header or the query, never in cookies, so a
 	// cross-origin page cannot ride on a user's session.
 	u.CheckOrigin = func(*http.Request) bool { return true }
-	// Only used when the engine runs in blocking mode (race-detector
-	// builds): writes go through a bounded queue instead of blocking the
-	// pusher, and a full queue drops the connection as MaxWriteBufferSize
-	// does on the event loop. nbio counts this queue in frames.
-	u.BlockingModAsyncWrite = true
-	u.BlockingModSendQueueMaxSize = uint16(min(65535, max(16, g.cfg.OutboundQueueBytes/1024)))
 	u.SetPingHandler(func(c *websocket.Conn, data string) {
 		if s, ok := c.Session().(*session); ok && s != nil {
 			s.lastSeen.Store(g.now().UnixMilli())
@@ -107,30 +98,19 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.observeHandshake("upgrade_failed")
 		return
 	}
+	g.edge.ws.Add(1)
 	s := g.newSession(id.User, device, nil)
 	s.tr = newWSTransport(conn)
 	conn.SetSession(s)
 	g.open(s)
 }
 
-// admitRequest runs admission control, authentication and the device
-// check for a new session; on refusal it has written the answer.
+// admitRequest authenticates a new session's request and checks its
+// device, then runs admission control; on refusal it has written the
+// answer. Authentication comes first so that requests with bad tokens
+// never spend the handshake budget of valid ones: they get 401, not 503.
 func (g *Gateway) admitRequest(w http.ResponseWriter, r *http.Request) (auth.Identity, string, bool) {
 	now := g.now()
-	if g.draining.Load() {
-		g.refuse(w, "draining", protocol.CodeOverloaded, "node is draining; connect to another node", time.Second+rand.N(4*time.Second))
-		return auth.Identity{}, "", false
-	}
-	if g.conns.Load() >= int64(g.cfg.MaxConnections) {
-		g.refuse(w, "full", protocol.CodeOverloaded, "node is full", time.Second+rand.N(4*time.Second))
-		return auth.Identity{}, "", false
-	}
-	if ok, wait := g.admit.take(now); !ok {
-		// Jitter spreads a reconnect storm over time instead of
-		// synchronising everyone on the same retry instant (M31).
-		g.refuse(w, "rate_limited", protocol.CodeOverloaded, "too many handshakes; retry later", wait+rand.N(2*time.Second))
-		return auth.Identity{}, "", false
-	}
 	id, ok := Authenticate(g.verifier, w, r, now)
 	if !ok {
 		g.observeHandshake("unauthorized")
@@ -146,6 +126,20 @@ func (g *Gateway) admitRequest(w http.ResponseWriter, r *http.Request) (auth.Ide
 		g.observeHandshake("bad_request")
 		httpError(w, http.StatusBadRequest, protocol.CodeInvalidArgument, "device does not match the token", 0)
 		return id, "", false
+	}
+	if g.draining.Load() {
+		g.refuse(w, "draining", protocol.CodeOverloaded, "node is draining; connect to another node", time.Second+rand.N(4*time.Second))
+		return auth.Identity{}, "", false
+	}
+	if g.full() {
+		g.refuse(w, "full", protocol.CodeOverloaded, "node is full", time.Second+rand.N(4*time.Second))
+		return auth.Identity{}, "", false
+	}
+	if ok, wait := g.admit.take(now); !ok {
+		// Jitter spreads a reconnect storm over time instead of
+		// synchronising everyone on the same retry instant (M31).
+		g.refuse(w, "rate_limited", protocol.CodeOverloaded, "too many handshakes; retry later", wait+rand.N(2*time.Second))
+		return auth.Identity{}, "", false
 	}
 	return id, device, true
 }
@@ -224,6 +218,7 @@ func (g *Gateway) kick(ctx context.Context, old *registry.Entry) {
 }
 
 func (g *Gateway) onClose(c *websocket.Conn, _ error) {
+	g.edge.ws.Add(-1)
 	s, ok := c.Session().(*session)
 	if !ok || s == nil {
 		return

@@ -77,6 +77,18 @@ type Config struct {
 	// OutboundQueueBytes bounds the bytes waiting for one slow reader;
 	// past it the connection is dropped (the slow-consumer policy).
 	OutboundQueueBytes int
+
+	// The edge (edge.go): bounds on a connection before its request is
+	// authenticated. MaxHeaderBytes bounds a request line and headers
+	// (431 over it); a request head must arrive within HeaderTimeout of
+	// the connection opening or of the previous response, and its body
+	// within BodyTimeout of the head (408). MaxPendingConnections is how
+	// many TCP connections beyond MaxConnections the event loop accepts,
+	// so that partial handshakes meet Parley's 503, not a refused accept.
+	MaxHeaderBytes        int
+	HeaderTimeout         time.Duration
+	BodyTimeout           time.Duration
+	MaxPendingConnections int
 }
 
 // DefaultConfig returns the defaults documented in docs/protocol.md.
@@ -97,6 +109,11 @@ func DefaultConfig() Config {
 		SyncBurst:          1000,
 		RequestTimeout:     10 * time.Second,
 		OutboundQueueBytes: 1 << 20,
+
+		MaxHeaderBytes:        16 << 10,
+		HeaderTimeout:         10 * time.Second,
+		BodyTimeout:           10 * time.Second,
+		MaxPendingConnections: 10000,
 	}
 }
 
@@ -115,6 +132,8 @@ func (c Config) Validate() error {
 		return errors.New("gateway: timeouts must be positive")
 	case c.OutboundQueueBytes < c.Limits.MaxFrameBytes:
 		return errors.New("gateway: outbound queue must hold at least one maximal frame")
+	case c.MaxHeaderBytes < 1024 || c.HeaderTimeout <= 0 || c.BodyTimeout <= 0 || c.MaxPendingConnections <= 0:
+		return errors.New("gateway: header bound (at least 1 KiB), header and body timeouts and pending connections must be positive")
 	}
 	return nil
 }
@@ -158,6 +177,7 @@ type Gateway struct {
 	sessionPrefix string
 	polls         sync.Map // poll session id → *mailbox
 	shards        [64]shard
+	edge          edgeCounters
 }
 
 // shard indexes the local sessions of the users that hash to it.

@@ -183,6 +183,10 @@ func (g *Gateway) ServeRPC(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusBadRequest, protocol.CodeInvalidArgument, "device missing, invalid, or not the token's", 0)
 		return
 	}
+	if r.ContentLength > int64(g.cfg.Limits.MaxFrameBytes) {
+		httpError(w, http.StatusRequestEntityTooLarge, protocol.CodeTooLarge, "frame over max_frame_bytes", 0)
+		return
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, int64(g.cfg.Limits.MaxFrameBytes)+1))
 	if err != nil {
 		httpError(w, http.StatusBadRequest, protocol.CodeBadFrame, "cannot read body", 0)

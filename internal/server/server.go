@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/lesismal/nbio/mempool"
 	"github.com/lesismal/nbio/nbhttp"
 	natsio "github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -518,29 +517,19 @@ func (s *Server) listen(o Options) error {
 	if s.gw != nil {
 		s.routeWeb(mux)
 	}
-	handler := s.browserGuard(mux)
+	var handler http.Handler = s.browserGuard(mux)
+	if s.gw != nil {
+		handler = s.gw.Track(handler)
+	}
 	if stdServer {
-		s.std = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+		s.std = gateway.StdServer(o.Gateway, handler)
 		go func() { _ = s.std.Serve(ln) }()
 		return nil
 	}
-	s.engine = nbhttp.NewEngine(nbhttp.Config{
-		Network:                      "tcp",
-		Addrs:                        []string{ln.Addr().String()},
-		Listen:                       func(string, string) (net.Listener, error) { return ln, nil },
-		Handler:                      handler,
-		MaxLoad:                      o.Gateway.MaxConnections + 1024,
-		ReleaseWebsocketPayload:      true,
-		MaxWriteBufferSize:           o.Gateway.OutboundQueueBytes,
-		MaxWebsocketFramePayloadSize: o.Gateway.Limits.MaxFrameBytes,
-		ReadBufferSize:               4096,
-		IOMod:                        nbhttp.IOModNonBlocking,
-		// Plain GC-managed buffers: nbio's pooled allocator corrupts frames
-		// under concurrent connections in v1.6.7–1.6.8 (nbio issue #490;
-		// reproduced here by internal/e2e). Idle connections hold no
-		// buffers either way, so the per-connection cost is unchanged.
-		BodyAllocator: mempool.NewSTD(),
-	})
+	s.engine = nbhttp.NewEngine(gateway.EngineConfig(o.Gateway, ln, handler))
+	if s.gw != nil {
+		s.gw.Attach(s.engine)
+	}
 	if err := s.engine.Start(); err != nil {
 		return fmt.Errorf("server: start engine: %w", err)
 	}

@@ -525,6 +525,10 @@ func (c *Conn) setDeadline(timer **time.Timer, errClose error, t time.Time) erro
 	if !t.IsZero() {
 		if *timer == nil {
 			*timer = c.p.g.AfterFunc(time.Until(t), func() {
+				if g := c.p.g; errClose == errReadTimeout && g.onReadTimeout != nil {
+					g.onReadTimeout(c) // [parley patch H4]
+					return
+				}
 				_ = c.closeWithError(errClose)
 			})
 		} else {

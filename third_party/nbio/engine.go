@@ -150,6 +150,9 @@ type Engine struct {
 	onOpen func(c *Conn)
 	// callback for connection closed.
 	onClose func(c *Conn, err error)
+	// onReadTimeout, if set, is called instead of closing a connection
+	// whose read deadline passed; it must close it. [parley patch H4]
+	onReadTimeout func(c *Conn)
 	// callback for reading event.
 	onRead func(c *Conn)
 	// callback for coming data.
@@ -339,6 +342,15 @@ func (g *Engine) OnClose(h func(c *Conn, err error)) {
 //go:norace
 func (g *Engine) OnRead(h func(c *Conn)) {
 	g.onRead = h
+}
+
+// OnReadTimeout registers a callback that runs, instead of the close,
+// when a connection's read deadline passes; it must close the connection.
+// It lets a protocol answer before closing (an HTTP 408). [parley patch H4]
+//
+//go:norace
+func (g *Engine) OnReadTimeout(h func(c *Conn)) {
+	g.onReadTimeout = h
 }
 
 // OnData registers callback for data.

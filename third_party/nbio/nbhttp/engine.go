@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"strconv"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -114,7 +115,25 @@ type Config struct {
 	ReadLimit int
 
 	// MaxHTTPBodySize represents the max size of HTTP body for parser reading.
+	// It is checked against Content-Length and each chunk size before the
+	// body is buffered; over it the request is answered 413. [parley patch H2]
 	MaxHTTPBodySize int
+
+	// MaxHeaderBytes bounds a request's line and headers; over it the
+	// request is answered 431 and the connection closed. 0: no bound.
+	// [parley patch H1]
+	MaxHeaderBytes int
+
+	// BodyReadTimeout bounds the time from a request's complete head to
+	// its complete body; past it the request is answered 408. The head
+	// itself must arrive within KeepaliveTime of the connection opening or
+	// of the previous response (also 408 if part of it came). [parley patch H4]
+	BodyReadTimeout time.Duration
+
+	// ErrorBody, if set, gives the body (and its Content-Type) of the
+	// answers the parser sends on its own: 400, 408, 413, 431.
+	// [parley patch H3]
+	ErrorBody func(status int, err error) (contentType string, body []byte)
 
 	// ReadBufferSize represents buffer size for reading, it's set to 64k by default.
 	ReadBufferSize int
@@ -589,8 +608,75 @@ func (e *Engine) DataHandler(c *nbio.Conn, data []byte) {
 	err := readerCloser.Parse(data)
 	if err != nil {
 		logging.Debug("ParserCloser.Read failed: %v", err)
+		if p, ok := readerCloser.(*Parser); ok && e.answerParseError(c, p, err) {
+			return
+		}
 		_ = c.CloseWithError(err)
 	}
+}
+
+// errorStatus is the status answering a request the parser refused.
+//
+//go:norace
+func errorStatus(err error) int {
+	switch {
+	case errors.Is(err, ErrHeaderTooLarge):
+		return http.StatusRequestHeaderFieldsTooLarge
+	case errors.Is(err, ErrBodyTooLarge), errors.Is(err, ErrTooLong):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, ErrRequestTimeout):
+		return http.StatusRequestTimeout
+	case errors.Is(err, net.ErrClosed):
+		return 0
+	}
+	return http.StatusBadRequest
+}
+
+// errorResponse renders the answer to a refused request.
+//
+//go:norace
+func (e *Engine) errorResponse(status int, err error) []byte {
+	ctype, body := "text/plain; charset=utf-8", []byte(http.StatusText(status)+"\n")
+	if e.ErrorBody != nil {
+		ctype, body = e.ErrorBody(status, err)
+	}
+	head := "HTTP/1.1 " + strconv.Itoa(status) + " " + http.StatusText(status) + "\r\n" +
+		"Content-Type: " + ctype + "\r\nContent-Length: " + strconv.Itoa(len(body)) +
+		"\r\nConnection: close\r\n\r\n"
+	return append([]byte(head), body...)
+}
+
+// lingerTime is how long a connection answered with an error keeps
+// draining what the client still sends, so that closing it does not
+// reset the connection before the client reads the answer.
+const lingerTime = time.Second
+
+// answerParseError answers a request the parser refused (a server
+// connection still speaking HTTP) and closes the connection after a short
+// linger. Upstream dropped the connection without an answer.
+// [parley patch H3]
+//
+//go:norace
+func (e *Engine) answerParseError(c *nbio.Conn, p *Parser, err error) bool {
+	status := errorStatus(err)
+	if status == 0 || p.isClient || !p.startDiscard() {
+		return false
+	}
+	_, _ = c.Write(e.errorResponse(status, err))
+	_ = c.SetReadDeadline(time.Now().Add(lingerTime))
+	return true
+}
+
+// onReadTimeout runs when a server connection's read deadline passes: a
+// partly received request is answered 408 before the close.
+// [parley patch H4]
+//
+//go:norace
+func (e *Engine) onReadTimeout(c *nbio.Conn) {
+	if p, ok := c.Session().(*Parser); ok && !p.isClient && p.partial() {
+		_, _ = c.Write(e.errorResponse(http.StatusRequestTimeout, ErrRequestTimeout))
+	}
+	_ = c.CloseWithError(ErrRequestTimeout)
 }
 
 // TLSDataHandler .
@@ -719,6 +805,9 @@ func (engine *Engine) AddConnNonTLSNonBlocking(conn *Conn, tlsConfig *tls.Config
 	conn.Parser = parser
 	nbc.SetSession(parser)
 	nbc.OnData(engine.DataHandler)
+	// The head deadline is armed by the poller's open callback, before the
+	// connection can be read: armed here, after AddConn, it could land
+	// after a fast upgrade had cleared it. [parley patch H5]
 	_, err = engine.AddConn(nbc)
 	if err != nil {
 		engine.mux.Lock()
@@ -726,7 +815,6 @@ func (engine *Engine) AddConnNonTLSNonBlocking(conn *Conn, tlsConfig *tls.Config
 		engine.mux.Unlock()
 		return
 	}
-	_ = nbc.SetReadDeadline(time.Now().Add(engine.KeepaliveTime))
 }
 
 // AddConnNonTLSBlocking .
@@ -1183,6 +1271,15 @@ func NewEngine(conf Config) *Engine {
 	g.OnData(func(c *nbio.Conn, data []byte) {
 		c.DataHandler()(c, data)
 	})
+
+	// [parley patch H5] Server connections get their head deadline when
+	// the poller opens them, before their first read.
+	g.OnOpen(func(c *nbio.Conn) {
+		if p, ok := c.Session().(*Parser); ok && !p.isClient {
+			_ = c.SetReadDeadline(time.Now().Add(engine.KeepaliveTime))
+		}
+	})
+	g.OnReadTimeout(engine.onReadTimeout) // [parley patch H4]
 
 	// engine.isOneshot = (conf.EpollMod == nbio.EPOLLET && conf.EPOLLONESHOT == nbio.EPOLLONESHOT && runtime.GOOS == "linux")
 	// if engine.isOneshot {

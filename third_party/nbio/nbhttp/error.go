@@ -62,6 +62,18 @@ var (
 	// ErrTrailerExpected .
 	ErrTrailerExpected = errors.New("trailer expected")
 
+	// ErrHeaderTooLarge: the request line and headers exceed
+	// Config.MaxHeaderBytes; answered 431. [parley patch H1]
+	ErrHeaderTooLarge = errors.New("request line and headers too large")
+
+	// ErrBodyTooLarge: the body (by Content-Length, or chunk by chunk)
+	// exceeds Config.MaxHTTPBodySize; answered 413. [parley patch H2]
+	ErrBodyTooLarge = errors.New("request body too large")
+
+	// ErrRequestTimeout: a request did not arrive in time; answered 408.
+	// [parley patch H4]
+	ErrRequestTimeout = errors.New("request not received in time")
+
 	// ErrTooLong .
 	ErrTooLong = errors.New("invalid http message: too long")
 )

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/lesismal/nbio/logging"
@@ -74,6 +75,61 @@ type Parser struct {
 	chunked      bool
 	isClient     bool
 	headerExists bool
+
+	// [parley patches H1-H4] headBytes and bodyBytes count the current
+	// request's head and chunked body against the engine's limits;
+	// discarding is set once a refused request has been answered, and
+	// discarded counts what was dropped since.
+	headBytes  int
+	bodyBytes  int
+	discarding bool
+	discarded  int
+}
+
+// maxDiscard bounds what a connection answered with an error may still
+// send before it is closed. [parley patch H3]
+const maxDiscard = 256 << 10
+
+// startDiscard stops parsing after a refused request was answered: what
+// the client still sends is dropped, not buffered. It reports false if the
+// connection no longer speaks HTTP. [parley patch H3]
+//
+//go:norace
+func (p *Parser) startDiscard() bool {
+	p.mux.Lock()
+	defer p.mux.Unlock()
+	if p.ParserCloser != nil || p.state == stateClose {
+		return false
+	}
+	p.discarding = true
+	if p.bytesCached != nil {
+		mempool.Free(p.bytesCached)
+		p.bytesCached = nil
+	}
+	return true
+}
+
+// partial reports whether part of a request has arrived and not the rest.
+// [parley patch H4]
+//
+//go:norace
+func (p *Parser) partial() bool {
+	p.mux.Lock()
+	defer p.mux.Unlock()
+	if p.ParserCloser != nil || p.discarding || p.state == stateClose {
+		return false
+	}
+	return p.state != stateMethodBefore || (p.bytesCached != nil && len(*p.bytesCached) > 0)
+}
+
+// setReadDeadline arms (or with a zero t clears) the read deadline of a
+// server connection. [parley patch H4]
+//
+//go:norace
+func (p *Parser) setReadDeadline(t time.Time) {
+	if !p.isClient && p.Conn != nil {
+		_ = p.Conn.SetReadDeadline(t)
+	}
 }
 
 //go:norace
@@ -169,6 +225,15 @@ func (p *Parser) Parse(data []byte) error {
 		return nil
 	}
 
+	if p.discarding {
+		// [parley patch H3]
+		p.discarded += len(data)
+		if p.discarded > maxDiscard {
+			return net.ErrClosed
+		}
+		return nil
+	}
+
 	var start = 0
 	var offset = 0
 	if p.bytesCached != nil {
@@ -203,6 +268,13 @@ UPGRADER:
 			goto UPGRADER
 		}
 		c = data[i]
+		if !p.isClient && (p.state <= stateHeaderValue || p.state == stateHeaderOverLF) {
+			// The head of a request. [parley patch H1]
+			p.headBytes++
+			if m := p.Engine.MaxHeaderBytes; m > 0 && p.headBytes > m {
+				return ErrHeaderTooLarge
+			}
+		}
 		switch p.state {
 		case stateClose:
 			return net.ErrClosed
@@ -377,6 +449,9 @@ UPGRADER:
 					return err
 				}
 
+				if m := p.Engine.MaxHTTPBodySize; !p.isClient && m > 0 && p.contentLength > m {
+					return ErrBodyTooLarge // before buffering it [parley patch H2]
+				}
 				p.Processor.OnContentLength(p, p.contentLength)
 				err = p.parseTrailer()
 				if err != nil {
@@ -473,6 +548,11 @@ UPGRADER:
 		case stateHeaderOverLF:
 			if c == '\n' {
 				p.headerExists = false
+				p.headBytes = 0
+				if !p.isClient && p.Engine.BodyReadTimeout > 0 && (p.chunked || p.contentLength > 0) {
+					t := p.Engine.BodyReadTimeout
+					p.setReadDeadline(time.Now().Add(t)) // [parley patch H4]
+				}
 				if p.chunked {
 					start = i + 1
 					p.nextState(stateBodyChunkSizeBefore)
@@ -540,6 +620,10 @@ UPGRADER:
 			}
 		case stateBodyChunkSizeLF:
 			if c == '\n' {
+				p.bodyBytes += p.chunkSize
+				if m := p.Engine.MaxHTTPBodySize; !p.isClient && m > 0 && p.bodyBytes > m {
+					return ErrBodyTooLarge // before buffering the chunk [parley patch H2]
+				}
 				start = i + 1
 				if p.chunkSize > 0 {
 					p.nextState(stateBodyChunkData)
@@ -808,6 +892,11 @@ func (p *Parser) parseTrailer() error {
 
 //go:norace
 func (p *Parser) handleMessage() {
+	// The request is in: no deadline while it is handled; the response
+	// re-arms the keep-alive one. Cleared before the handler can run.
+	// [parley patch H4]
+	p.setReadDeadline(time.Time{})
+	p.headBytes, p.bodyBytes = 0, 0
 	p.Processor.OnComplete(p)
 	p.chunked = false
 	p.header = nil

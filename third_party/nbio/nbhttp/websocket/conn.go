@@ -85,6 +85,13 @@ type Conn struct {
 	message                  *[]byte
 	bytesCached              *[]byte
 
+	// parley patches: failed (N7) once the connection is being failed;
+	// closeReceived (N7) once a close frame was parsed; utf8Checked (N6)
+	// is how much of message is known to be valid UTF-8.
+	failed        bool
+	closeReceived bool
+	utf8Checked   int
+
 	Engine  *nbhttp.Engine
 	Execute func(f func()) bool
 }
@@ -248,14 +255,7 @@ func (c *Conn) handleWsMessage(opcode MessageType, pData *[]byte) {
 		c.messageHandler(c, opcode, pData)
 		return
 	case TextMessage:
-		if pData != nil && !c.Engine.CheckUtf8(*pData) {
-			protoErrorData := make([]byte, 2+len(errInvalidUtf8Text))
-			binary.BigEndian.PutUint16(protoErrorData, 1002)
-			copy(protoErrorData[2:], errInvalidUtf8Text)
-			c.SetCloseError(ErrInvalidUtf8)
-			_ = c.WriteMessage(CloseMessage, protoErrorData)
-			goto ErrExit
-		}
+		// Parse has checked the UTF-8. [parley patch N6]
 		c.messageHandler(c, opcode, pData)
 		return
 	case PingMessage:
@@ -280,7 +280,8 @@ func (c *Conn) handleWsMessage(opcode MessageType, pData *[]byte) {
 			}
 			if !c.Engine.CheckUtf8((*pData)[2:]) {
 				protoErrorData := make([]byte, 2+len(errInvalidUtf8Text))
-				binary.BigEndian.PutUint16(protoErrorData, 1002)
+				// 1007, as for any invalid UTF-8. [parley patch N6]
+				binary.BigEndian.PutUint16(protoErrorData, 1007)
 				copy(protoErrorData[2:], errInvalidUtf8Text)
 				c.SetCloseError(ErrInvalidUtf8)
 				_ = c.WriteMessage(CloseMessage, protoErrorData)
@@ -310,12 +311,18 @@ ErrExit:
 }
 
 //go:norace
+func isControl(opcode MessageType) bool { return opcode >= CloseMessage }
+
+// nextFrame parses the frame at the start of c.bytesCached. Header-level
+// errors are reported as soon as the header is in, before the payload
+// arrives. [parley patches N2, N3, N4, N5]
+//
+//go:norace
 func (c *Conn) nextFrame() (int, MessageType, []byte, bool, bool, bool, error) {
 	var (
 		opcode                    MessageType
 		body                      []byte
 		ok, fin, res1, res2, res3 bool
-		err                       error
 		pdata                     = c.bytesCached
 		l                         int64
 		headLen                   = int64(2)
@@ -324,65 +331,127 @@ func (c *Conn) nextFrame() (int, MessageType, []byte, bool, bool, bool, error) {
 	if pdata != nil {
 		l = int64(len(*pdata))
 	}
-	if l >= 2 {
-		opcode = MessageType((*pdata)[0] & 0xF)
-		res1 = int8((*pdata)[0]&0x40) != 0
-		res2 = int8((*pdata)[0]&0x20) != 0
-		res3 = int8((*pdata)[0]&0x10) != 0
-		fin = (((*pdata)[0] & 0x80) != 0)
-		payloadLen := (*pdata)[1] & 0x7F
-		bodyLen := int64(-1)
-
-		switch payloadLen {
-		case 126:
-			if l >= 4 {
-				bodyLen = int64(binary.BigEndian.Uint16((*pdata)[2:4]))
-				headLen = 4
-			}
-		case 127:
-			if len(*pdata) >= 10 {
-				bodyLen = int64(binary.BigEndian.Uint64((*pdata)[2:10]))
-				headLen = 10
-			}
-		default:
-			bodyLen = int64(payloadLen)
+	if l < 2 {
+		return 0, 0, nil, false, false, false, nil
+	}
+	opcode = MessageType((*pdata)[0] & 0xF)
+	res1 = int8((*pdata)[0]&0x40) != 0
+	res2 = int8((*pdata)[0]&0x20) != 0
+	res3 = int8((*pdata)[0]&0x10) != 0
+	fin = (((*pdata)[0] & 0x80) != 0)
+	masked := ((*pdata)[1] & 0x80) != 0
+	if masked == c.isClient {
+		return 0, 0, nil, false, false, false, ErrUnmaskedFrame
+	}
+	if err := c.validFrame(opcode, fin, res1, res2, res3, c.expectingFragments); err != nil {
+		return 0, 0, nil, false, false, false, err
+	}
+	payloadLen := (*pdata)[1] & 0x7F
+	bodyLen := int64(-1)
+	switch payloadLen {
+	case 126:
+		if l >= 4 {
+			bodyLen = int64(binary.BigEndian.Uint16((*pdata)[2:4]))
+			headLen = 4
 		}
-
-		ml := 0
+	case 127:
+		if l >= 10 {
+			u := binary.BigEndian.Uint64((*pdata)[2:10])
+			if u>>63 != 0 {
+				return 0, 0, nil, false, false, false, ErrPayloadLengthMSB
+			}
+			bodyLen = int64(u)
+			headLen = 10
+		}
+	default:
+		bodyLen = int64(payloadLen)
+	}
+	if isControl(opcode) && (payloadLen > maxControlFramePayloadSize) {
+		return 0, 0, nil, false, false, false, ErrControlMessageTooBig
+	}
+	if bodyLen < 0 {
+		return 0, 0, nil, false, false, false, nil
+	}
+	if !isControl(opcode) {
+		ml := int64(0)
 		if c.message != nil {
-			ml = len(*c.message)
+			ml = int64(len(*c.message))
 		}
-		if c.isMessageTooLarge(ml + int(bodyLen)) {
+		if (c.MessageLengthLimit > 0 && ml+bodyLen > int64(c.MessageLengthLimit)) || bodyLen > (1<<62) {
 			return 0, 0, nil, false, false, false, ErrMessageTooLarge
 		}
-
-		if (bodyLen > maxControlFramePayloadSize) &&
-			((opcode == PingMessage) || (opcode == PongMessage) || (opcode == CloseMessage)) {
-			return 0, 0, nil, false, false, false, ErrControlMessageTooBig
-		}
-
-		if bodyLen >= 0 {
-			masked := ((*pdata)[1] & 0x80) != 0
-			if masked {
-				headLen += 4
-			}
-			total = headLen + bodyLen
-			if l >= total {
-				body = (*pdata)[headLen:total]
-				if masked {
-					maskXOR(body, (*pdata)[headLen-4:headLen])
-				}
-
-				ok = true
-				err = c.validFrame(opcode, fin, res1, res2, res3, c.expectingFragments)
-			}
-		}
 	}
-
-	return int(total), opcode, body, ok, fin, res1, err
+	if masked {
+		headLen += 4
+	}
+	total = headLen + bodyLen
+	if l >= total {
+		body = (*pdata)[headLen:total]
+		if masked {
+			maskXOR(body, (*pdata)[headLen-4:headLen])
+		}
+		ok = true
+	}
+	return int(total), opcode, body, ok, fin, res1, nil
 }
 
-// Read .
+// closeCodeFor maps a parse error to the close code that fails the
+// connection (RFC 6455 7.4.1). [parley patch N7]
+//
+//go:norace
+func closeCodeFor(err error) int {
+	switch {
+	case errors.Is(err, ErrMessageTooLarge), errors.Is(err, nbhttp.ErrTooLong):
+		return 1009
+	case errors.Is(err, ErrInvalidUtf8):
+		return 1007
+	}
+	return 1002
+}
+
+// fail fails the WebSocket connection (RFC 6455 7.1.7): the rest of the
+// input is discarded, and a close frame with code goes out after the
+// messages already parsed have been handled (they run in order on the
+// connection's executor), then the connection closes. Upstream, Parse
+// returned the error and the engine dropped TCP without a close frame,
+// sometimes before earlier messages were answered. [parley patch N7]
+//
+//go:norace
+func (c *Conn) fail(code int, err error) {
+	c.mux.Lock()
+	if c.failed || c.closed {
+		c.mux.Unlock()
+		return
+	}
+	c.failed = true
+	if c.bytesCached != nil {
+		c.Engine.BodyAllocator.Free(c.bytesCached)
+		c.bytesCached = nil
+	}
+	if c.message != nil {
+		c.Engine.BodyAllocator.Free(c.message)
+		c.message = nil
+	}
+	c.mux.Unlock()
+	c.SetCloseError(err)
+	reason := err.Error()
+	if len(reason) > maxControlFramePayloadSize-2 {
+		reason = reason[:maxControlFramePayloadSize-2]
+	}
+	closeConn := func() {
+		_ = c.WriteClose(code, reason)
+		_ = c.Close()
+	}
+	if c.isBlockingMod || c.Execute == nil {
+		closeConn()
+		return
+	}
+	if !c.Execute(closeConn) {
+		_ = c.Close()
+	}
+}
+
+// Parse reads frames from data.
 //
 //go:norace
 func (c *Conn) Parse(data []byte) error {
@@ -394,6 +463,11 @@ func (c *Conn) Parse(data []byte) error {
 	if c.closed {
 		c.mux.Unlock()
 		return net.ErrClosed
+	}
+	if c.failed || c.closeReceived {
+		// Failing or closing: nothing more is read. [parley patch N7]
+		c.mux.Unlock()
+		return nil
 	}
 
 	defer func() {
@@ -411,7 +485,8 @@ func (c *Conn) Parse(data []byte) error {
 	readLimit := c.Engine.ReadLimit
 	if readLimit > 0 && (c.bytesCached != nil && (len(*c.bytesCached)+len(data) > readLimit)) {
 		c.mux.Unlock()
-		return nbhttp.ErrTooLong
+		c.fail(1009, nbhttp.ErrTooLong)
+		return nil
 	}
 
 	var allocator = c.Engine.BodyAllocator
@@ -437,12 +512,15 @@ func (c *Conn) Parse(data []byte) error {
 	releaseBuf := func() {
 		if frame != nil {
 			allocator.Free(frame)
+			frame = nil
 		}
 		if message != nil {
 			allocator.Free(message)
+			message = nil
 		}
 		if protocolMessage != nil {
 			allocator.Free(protocolMessage)
+			protocolMessage = nil
 		}
 	}
 
@@ -468,17 +546,17 @@ func (c *Conn) Parse(data []byte) error {
 				if c.msgType == 0 {
 					c.msgType = opcode
 					c.compress = compress
+					c.utf8Checked = 0
 				}
 				msgType = c.msgType
 				if bl > 0 && c.dataFrameHandler != nil {
 					frame = allocator.Malloc(bl)
 					copy(*frame, body)
-					// if compressed, should check utf8 after decompressed the whole message.
-					// if c.msgType == TextMessage && len(frame) > 0 && !c.Engine.CheckUtf8(frame) {
-					// 	c.Conn.Close()
-					// 	err = ErrInvalidUtf8
-					// 	return
-					// }
+				}
+				if fin {
+					c.expectingFragments = false
+				} else {
+					c.expectingFragments = true
 				}
 				if c.messageHandler != nil {
 					if bl > 0 {
@@ -489,9 +567,22 @@ func (c *Conn) Parse(data []byte) error {
 							c.message = allocator.Append(c.message, body...)
 						}
 					}
+					if msgType == TextMessage && !c.compress && c.message != nil {
+						// Fail fast on invalid UTF-8. [parley patch N6]
+						n, valid := validUTF8Prefix((*c.message)[c.utf8Checked:])
+						c.utf8Checked += n
+						if !valid || (fin && c.utf8Checked != len(*c.message)) {
+							err = ErrInvalidUtf8
+							return
+						}
+					}
 					if fin {
 						message = c.message
 						c.message = nil
+						if message == nil {
+							// Empty messages reach the handler too. [parley patch N1]
+							message = allocator.Malloc(0)
+						}
 						if c.compress {
 							var pb *[]byte
 							var rc io.ReadCloser
@@ -505,15 +596,16 @@ func (c *Conn) Parse(data []byte) error {
 							message = pb
 							_ = rc.Close()
 							if err != nil {
-								releaseBuf()
+								return
+							}
+							if msgType == TextMessage && !c.Engine.CheckUtf8(*message) {
+								err = ErrInvalidUtf8
 								return
 							}
 						}
 						c.msgType = 0
 						c.compress = false
-						c.expectingFragments = false
-					} else {
-						c.expectingFragments = true
+						c.utf8Checked = 0
 					}
 				}
 			case PingMessage, PongMessage, CloseMessage:
@@ -522,8 +614,12 @@ func (c *Conn) Parse(data []byte) error {
 					protocolMessage = allocator.Malloc(len(body))
 					copy(*protocolMessage, body)
 				}
+				if opcode == CloseMessage {
+					// Nothing after a close frame is read. [parley patch N7]
+					c.closeReceived = true
+				}
 			default:
-				err = ErrInvalidFragmentMessage
+				err = ErrReservedMessageType
 				return
 			}
 
@@ -538,10 +634,9 @@ func (c *Conn) Parse(data []byte) error {
 		}()
 
 		if err != nil {
-			if errors.Is(err, ErrMessageTooLarge) || errors.Is(err, ErrControlMessageTooBig) {
-				_ = c.WriteClose(1009, err.Error())
-			}
-			return err
+			releaseBuf()
+			c.fail(closeCodeFor(err), err)
+			return nil
 		}
 
 		if message != nil {
@@ -558,8 +653,8 @@ func (c *Conn) Parse(data []byte) error {
 			isProtocolMessage = false
 		}
 
-		// need more data
-		if !ok {
+		// need more data, or a close frame ended the input
+		if !ok || c.closeReceived {
 			break
 		}
 	}
@@ -1105,8 +1200,11 @@ func (c *Conn) validFrame(opcode MessageType, fin, res1, res2, res3, expectingFr
 	if res2 || res3 {
 		return ErrReserveBitSet
 	}
-	if opcode > BinaryMessage && opcode < CloseMessage {
+	if (opcode > BinaryMessage && opcode < CloseMessage) || opcode > PongMessage {
 		return fmt.Errorf("%w: opcode=%d", ErrReservedMessageType, opcode)
+	}
+	if opcode == FragmentMessage && !expectingFragments {
+		return ErrContinuationWithoutStart
 	}
 	if !fin && (opcode != FragmentMessage && opcode != TextMessage && opcode != BinaryMessage) {
 		return fmt.Errorf("%w: opcode=%d", ErrControlMessageFragmented, opcode)

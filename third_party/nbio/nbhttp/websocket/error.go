@@ -73,6 +73,18 @@ var (
 	// ErrMessageTooLarge.
 	ErrMessageTooLarge = errors.New("message exceeds the configured limit")
 
+	// ErrPayloadLengthMSB: the most significant bit of a 64-bit payload
+	// length must be 0 (RFC 6455 5.2). [parley patch N2]
+	ErrPayloadLengthMSB = errors.New("websocket: 64-bit payload length with the most significant bit set")
+
+	// ErrUnmaskedFrame: a client must mask every frame it sends, a server
+	// none (RFC 6455 5.1). [parley patch N3]
+	ErrUnmaskedFrame = errors.New("websocket: frame masking does not match the peer's role")
+
+	// ErrContinuationWithoutStart: a continuation frame with no message
+	// to continue (RFC 6455 5.4). [parley patch N5]
+	ErrContinuationWithoutStart = errors.New("websocket: continuation frame without a message to continue")
+
 	// ErrMessageSendQuqueIsFull .
 	ErrMessageSendQuqueIsFull = errors.New("message send queue is full")
 )
