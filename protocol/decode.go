@@ -45,7 +45,7 @@ func DecodeClient(data []byte, lim Limits) (*Frame, *Error) {
 	var f Frame
 	if err := json.Unmarshal(trimmed, &f); err != nil {
 		rid := peekRID(trimmed)
-		return &Frame{RID: rid}, Errorf(CodeBadFrame, "frame does not decode: %v", err)
+		return &Frame{RID: rid}, decodeError(trimmed, err)
 	}
 	if e := validate(&f, lim); e != nil {
 		return &f, e
@@ -189,8 +189,8 @@ func validate(f *Frame, lim Limits) *Error {
 		if !ValidID(f.UserID) {
 			return Errorf(CodeInvalidArgument, "user_id is not a valid user id")
 		}
-		if f.Role != RoleMember && f.Role != RoleAdmin {
-			return Errorf(CodeInvalidArgument, "role must be member or admin")
+		if f.Role != RoleMember && f.Role != RoleAdmin && f.Role != RoleOwner {
+			return Errorf(CodeInvalidArgument, "role must be member, admin or owner")
 		}
 		return nil
 	case TypeMute:

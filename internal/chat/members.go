@@ -102,6 +102,11 @@ func (s *Service) removeMembers(ctx context.Context, c Caller, convID uint64, us
 		return nil, perr
 	}
 	users = uniqueWithout(users, "")
+	if event == "member_left" && m.Role == store.RoleOwner && cv.Members > 1 {
+		// A group always has an owner: the owner hands the group over
+		// (set_role role owner) before leaving it.
+		return nil, protocol.Errorf(protocol.CodeForbidden, "the owner cannot leave a group with other members: transfer ownership first (set_role with role owner)")
+	}
 	if event == "member_removed" {
 		for _, u := range users {
 			if u == c.User {
@@ -143,14 +148,29 @@ func (s *Service) setRole(ctx context.Context, c Caller, convID uint64, user, ro
 		return nil, protocol.Errorf(protocol.CodeForbidden, "only the owner can change roles")
 	}
 	if user == c.User {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "the owner's role cannot change")
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "the owner's role cannot change; transfer ownership with role owner")
+	}
+	// A non-member answers as mute and remove do.
+	target, err := s.store.Member(ctx, convID, user)
+	if err != nil || target.LeaveSeq != 0 {
+		return nil, protocol.Errorf(protocol.CodeNotFound, "%s is not a member", user)
 	}
 	r := store.RoleMember
-	if role == protocol.RoleAdmin {
+	switch role {
+	case protocol.RoleAdmin:
 		r = store.RoleAdmin
+	case protocol.RoleOwner:
+		r = store.RoleOwner
 	}
 	if err := s.store.SetRole(ctx, convID, user, r); err != nil {
 		return nil, s.storeErr("set role", err)
+	}
+	if r == store.RoleOwner {
+		// Ownership moves: the new owner first, so that a failure between
+		// the two writes leaves two owners, never none.
+		if err := s.store.SetRole(ctx, convID, c.User, store.RoleAdmin); err != nil {
+			return nil, s.storeErr("set role", err)
+		}
 	}
 	if perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: "role_changed", Users: []string{user}, Role: role}); perr != nil {
 		return nil, perr

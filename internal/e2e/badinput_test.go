@@ -29,7 +29,9 @@ func TestBadFramesGetCodesAndStoreNothing(t *testing.T) {
 	}{
 		{"malformed JSON", alice, `{"type":"send","rid":"r1",`, protocol.CodeBadFrame},
 		{"not an object", alice, `[1,2,3]`, protocol.CodeBadFrame},
-		{"wrong field type", alice, `{"type":"send","rid":"r2","conv_id":"x1"}`, protocol.CodeBadFrame},
+		{"wrong field type", alice, `{"type":"send","rid":"r2","conv_id":12}`, protocol.CodeBadFrame},
+		{"malformed id", alice, `{"type":"send","rid":"r2","conv_id":"x1"}`, protocol.CodeInvalidArgument},
+		{"negative seq", alice, `{"type":"history","rid":"r2","conv_id":"1","after_seq":-1}`, protocol.CodeInvalidArgument},
 		{"unknown type", alice, `{"type":"teleport","rid":"r3"}`, protocol.CodeUnknownType},
 		{"missing type", alice, `{"rid":"r4"}`, protocol.CodeBadFrame},
 		{"send without client_msg_id", alice, `{"type":"send","rid":"r5","conv_id":"` + u64(conv) + `","body":"x"}`, protocol.CodeInvalidArgument},

@@ -43,6 +43,7 @@ import (
 	"github.com/parley-im/parley/internal/ledger"
 	"github.com/parley-im/parley/internal/metrics"
 	"github.com/parley-im/parley/internal/presence"
+	"github.com/parley-im/parley/internal/privatefs"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/registry/memory"
 	rredis "github.com/parley-im/parley/internal/registry/redis"
@@ -219,14 +220,14 @@ func (s *Server) openEngines(ctx context.Context) error {
 	var rows fanout.RowLister
 	if o.Cluster == nil {
 		st, err := pstore.Open(ctx, pstore.Config{
-			Dir: filepath.Join(o.DataDir, "store"), FS: o.StoreFS, BucketWidth: o.BucketWidth, Logger: o.Logger,
+			Dir: filepath.Join(o.DataDir, "store"), FS: privatefs.Wrap(o.StoreFS), BucketWidth: o.BucketWidth, Logger: o.Logger,
 		})
 		if err != nil {
 			return fmt.Errorf("server: open store: %w", err)
 		}
 		s.store = st
 		s.onClose(st.Close)
-		led, err := ledger.Open(ledger.Config{Dir: filepath.Join(o.DataDir, "ledger"), FS: o.StoreFS, Logger: o.Logger})
+		led, err := ledger.Open(ledger.Config{Dir: filepath.Join(o.DataDir, "ledger"), FS: privatefs.Wrap(o.StoreFS), Logger: o.Logger})
 		if err != nil {
 			return fmt.Errorf("server: open ledger: %w", err)
 		}
