@@ -90,7 +90,7 @@ client={
  "add_members":cf("add_members",{"conv_id":ref("ConvID"),"members":arr(ID)},["conv_id","members"],"add members"),
  "remove_members":cf("remove_members",{"conv_id":ref("ConvID"),"members":arr(ID)},["conv_id","members"],"remove members"),
  "leave":cf("leave",{"conv_id":ref("ConvID")},["conv_id"],"leave a group"),
- "set_role":cf("set_role",{"conv_id":ref("ConvID"),"user_id":ID,"role":{"enum":["member","admin"]}},["conv_id","user_id","role"],"set a member's role"),
+ "set_role":cf("set_role",{"conv_id":ref("ConvID"),"user_id":ID,"role":{"enum":["member","admin","owner"]}},["conv_id","user_id","role"],"set a member's role"),
  "mute":cf("mute",{"conv_id":ref("ConvID"),"user_id":ID,"muted":BOOL},["conv_id","user_id"],"mute or unmute a member"),
  "presence_sub":cf("presence_sub",{"users":arr(ID)},[],"replace the presence watch list"),
  "typing":cf("typing",{"conv_id":ref("ConvID")},["conv_id"],"tell the other members you are typing"),
