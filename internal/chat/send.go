@@ -82,7 +82,7 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	// process dies first. A duplicate is fanned out again: the first
 	// fan-out's pushes may have been lost with the connection that made
 	// the client retry. Rows are idempotent and devices drop repeated seqs.
-	s.outbox.Enqueue(fanout.Job{Msg: stored, RowsWritten: res.RowsWritten})
+	s.outbox.Enqueue(fanout.Job{Msg: stored, RowsWritten: res.RowsWritten, Conv: &cv})
 	return nil
 }
 
@@ -94,9 +94,14 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 // retries the message.
 func (s *Service) FanOut(ctx context.Context, j fanout.Job) error {
 	m := j.Msg
-	cv, err := s.store.Conversation(ctx, m.ConvID)
-	if err != nil {
-		return fmt.Errorf("conversation: %w", err)
+	var cv store.Conversation
+	if j.Conv != nil && j.Conv.ID == m.ConvID {
+		cv = *j.Conv
+	} else {
+		var err error
+		if cv, err = s.store.Conversation(ctx, m.ConvID); err != nil {
+			return fmt.Errorf("conversation: %w", err)
+		}
 	}
 	tier := s.tier(ctx, cv)
 	recipients, err := s.recipients(ctx, cv.ID, tier, m.Seq)

@@ -38,6 +38,10 @@ type Job struct {
 	// RowsWritten: the append wrote every member's row already
 	// (store.Append.Rows); false for messages read back from the outbox.
 	RowsWritten bool
+	// Conv is the conversation as the request read it just before the
+	// append (kind, members, tier), so the fan-out need not read it
+	// again; nil: the handler reads it.
+	Conv *store.Conversation
 }
 
 // Handler fans out one message. An error means the work was neither done
@@ -113,6 +117,9 @@ type Outbox struct {
 	held   map[store.Pending]struct{} // queued or being fanned out
 	queued int                        // items in convs
 	wake   chan struct{}
+	// cleared collects the entries cleared while a scan reads the store
+	// (nil otherwise): its snapshot may still hold them.
+	cleared map[store.Pending]struct{}
 
 	deferred atomic.Int64 // messages left to the scan because the queue was full
 	done     atomic.Int64 // messages fanned out
@@ -291,7 +298,11 @@ func (o *Outbox) turn(ctx context.Context, conv uint64, q *convQ, batch []item) 
 	defer o.mu.Unlock()
 	q.busy = false
 	for _, s := range done {
-		delete(o.held, store.Pending{ConvID: conv, Seq: s})
+		p := store.Pending{ConvID: conv, Seq: s}
+		delete(o.held, p)
+		if o.cleared != nil {
+			o.cleared[p] = struct{}{}
+		}
 	}
 	if err != nil && ctx.Err() == nil {
 		o.failed.Add(1)
@@ -376,7 +387,14 @@ func (o *Outbox) scanLoop(ctx context.Context) {
 // scan queues the entries not held now that were in prev (all of them when
 // prev is nil) and returns the entries it saw not held.
 func (o *Outbox) scan(ctx context.Context, prev map[store.Pending]bool) map[store.Pending]bool {
+	o.mu.Lock()
+	o.cleared = make(map[store.Pending]struct{})
+	o.mu.Unlock()
 	ps, err := o.st.Pending(ctx, o.cfg.ScanLimit)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	cleared := o.cleared
+	o.cleared = nil
 	if err != nil {
 		if ctx.Err() == nil {
 			o.cfg.Logger.Warn("fan-out: reading the outbox failed; retrying at the next scan", "err", err)
@@ -384,11 +402,12 @@ func (o *Outbox) scan(ctx context.Context, prev map[store.Pending]bool) map[stor
 		return prev
 	}
 	seen := make(map[store.Pending]bool, len(ps))
-	o.mu.Lock()
-	defer o.mu.Unlock()
 	for _, p := range ps {
 		if _, ok := o.held[p]; ok {
 			continue
+		}
+		if _, ok := cleared[p]; ok {
+			continue // done while the store was read
 		}
 		if prev != nil && !prev[p] {
 			seen[p] = true

@@ -131,6 +131,7 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	// applied. After a failed fsync they stay: the store is broken and the
 	// batch may or may not survive a restart.
 	locked, applied, overlaid, keyed, rowsLocked := true, false, false, false, false
+	var inline map[string]store.ConvRow
 	defer func() {
 		if rowsLocked {
 			st.rowsMu.Unlock()
@@ -182,11 +183,12 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 		// is applied so a concurrent UpdateRows cannot lower what it sets.
 		st.rowsMu.Lock()
 		rowsLocked = true
-		rkvs, err := s.memberRows(conv, m)
+		rkvs, next, err := s.memberRows(st, m)
 		if err != nil {
 			return res, err
 		}
 		kvs = append(kvs, rkvs...)
+		inline = next
 	}
 	if m.CoalesceKey != "" {
 		// Every K write of the conversation runs under st.mu, so prev is
@@ -221,6 +223,7 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	applied = true
 	st.row = row
 	if rowsLocked {
+		st.inline = inline
 		st.rowsMu.Unlock()
 		rowsLocked = false
 	}
@@ -248,42 +251,58 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 }
 
 // memberRows returns the U rows of conv's current members raised to m's
-// seq (and mention seq), for Append.Rows. It runs under mu and rowsMu.
-func (s *Store) memberRows(conv uint64, m store.Message) ([][2][]byte, error) {
-	var users []string
+// seq (and mention seq), for Append.Rows, and the rows as they will be. It
+// runs under mu and rowsMu.
+func (s *Store) memberRows(st *convState, m store.Message) ([][2][]byte, map[string]store.ConvRow, error) {
+	rows := st.inline
+	if rows == nil {
+		members, err := s.currentMembers(st.id)
+		if err != nil {
+			return nil, nil, err
+		}
+		st.members.Store(&members)
+		rows = make(map[string]store.ConvRow, len(members))
+		for _, mb := range members {
+			r, found, err := s.convRow(mb.UserID, st.id)
+			if err != nil {
+				return nil, nil, err
+			}
+			if found && r.LeaveSeq == 0 {
+				rows[mb.UserID] = r
+			}
+		}
+	}
+	var out [][2][]byte
+	next := make(map[string]store.ConvRow, len(rows))
+	for u, r := range rows {
+		n := r
+		n.LastSeq = max(r.LastSeq, m.Seq)
+		if m.MentionAll || slices.Contains(m.Mentions, u) {
+			n.MentionSeq = max(r.MentionSeq, m.Seq)
+		}
+		next[u] = n
+		if n != r {
+			out = append(out, [2][]byte{userConvKey(u, st.id), encodeConvRow(n)})
+		}
+	}
+	return out, next, nil
+}
+
+// currentMembers scans conv's B rows for the current members.
+func (s *Store) currentMembers(conv uint64) ([]store.Member, error) {
+	var out []store.Member
 	err := s.scan(memberPrefix(conv), func(k, v []byte) error {
 		user, ok := userOfMemberKey(k)
 		if !ok {
 			return fmt.Errorf("member key %x: %w", k, errCorrupt)
 		}
-		mb, err := decodeMember(conv, user, v)
-		if err == nil && mb.LeaveSeq == 0 {
-			users = append(users, user)
+		m, err := decodeMember(conv, user, v)
+		if err == nil && m.LeaveSeq == 0 {
+			out = append(out, m)
 		}
 		return err
 	})
-	if err != nil {
-		return nil, err
-	}
-	var out [][2][]byte
-	for _, u := range users {
-		r, found, err := s.convRow(u, conv)
-		if err != nil {
-			return nil, err
-		}
-		if !found || r.LeaveSeq != 0 {
-			continue
-		}
-		next := r
-		next.LastSeq = max(r.LastSeq, m.Seq)
-		if m.MentionAll || slices.Contains(m.Mentions, u) {
-			next.MentionSeq = max(r.MentionSeq, m.Seq)
-		}
-		if next != r {
-			out = append(out, [2][]byte{userConvKey(u, conv), encodeConvRow(next)})
-		}
-	}
-	return out, nil
+	return out, err
 }
 
 // rewriteTarget adds the target of an edit or recall, as check rewrites it,

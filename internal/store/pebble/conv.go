@@ -39,6 +39,15 @@ type convState struct {
 	// UpdateRows takes it alone, so write fan-out never waits for seq
 	// allocation; AddMembers and RemoveMembers take it under mu.
 	rowsMu sync.Mutex
+	// inline caches the current members' U rows as Append.Rows last wrote
+	// them (nil: unknown), so an append to a direct conversation reads
+	// neither the B nor the U rows. Guarded by rowsMu and filled under mu
+	// too; every other writer of the conversation's B or U rows drops it.
+	inline map[string]store.ConvRow
+	// members caches the current memberships (nil: unknown): filled under
+	// mu by Append.Rows, dropped under mu by every membership change, read
+	// by Members without a lock.
+	members atomic.Pointer[[]store.Member]
 
 	// ov holds what readers must see instead of what is applied but not
 	// yet durable: pre-edit images of targets rewritten by edits and

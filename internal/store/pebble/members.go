@@ -3,6 +3,7 @@ package pebble
 import (
 	"context"
 	"errors"
+	"slices"
 	"fmt"
 
 	cpebble "github.com/cockroachdb/pebble/v2"
@@ -57,17 +58,12 @@ func (s *Store) Members(ctx context.Context, convID uint64) ([]store.Member, err
 	}
 	var out []store.Member
 	if err == nil {
-		err = s.scan(memberPrefix(convID), func(k, v []byte) error {
-			user, ok := userOfMemberKey(k)
-			if !ok {
-				return fmt.Errorf("member key %x: %w", k, errCorrupt)
+		if st := s.peek(convID); st != nil {
+			if p := st.members.Load(); p != nil {
+				return slices.Clone(*p), nil
 			}
-			m, err := decodeMember(convID, user, v)
-			if err == nil && m.LeaveSeq == 0 {
-				out = append(out, m)
-			}
-			return err
-		})
+		}
+		out, err = s.currentMembers(convID)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("pebble: %s %d: %w", op, convID, err)
@@ -106,6 +102,7 @@ func (s *Store) addMembers(conv uint64, users []string, role store.Role) ([]stor
 	defer st.mu.Unlock()
 	st.rowsMu.Lock()
 	defer st.rowsMu.Unlock()
+	st.dropMembers()
 	last := st.row.LastSeq
 	out := make([]store.Member, 0, len(users))
 	added := make(map[string]store.Member)
@@ -180,6 +177,7 @@ func (s *Store) removeMembers(conv uint64, users []string) ([]store.Member, erro
 	defer st.mu.Unlock()
 	st.rowsMu.Lock()
 	defer st.rowsMu.Unlock()
+	st.dropMembers()
 	last := st.row.LastSeq
 	var out []store.Member
 	removed := make(map[string]bool)
@@ -223,6 +221,12 @@ func (s *Store) removeMembers(conv uint64, users []string) ([]store.Member, erro
 		return nil, err
 	}
 	return out, nil
+}
+
+// dropMembers forgets the cached memberships and rows; mu and rowsMu held.
+func (st *convState) dropMembers() {
+	st.members.Store(nil)
+	st.inline = nil
 }
 
 // rowOf returns user's U row of st's conversation, or a new one. Callers
@@ -303,6 +307,7 @@ func (s *Store) changeMember(conv uint64, user string, change func(*store.Member
 	if next == m {
 		return nil
 	}
+	st.members.Store(nil)
 	if err := s.db.Set(memberKey(conv, user), encodeMember(next), syncWrite); err != nil {
 		return err
 	}

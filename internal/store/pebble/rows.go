@@ -46,6 +46,7 @@ func (s *Store) updateRows(conv, seq uint64, users []string, mention bool) error
 	b := s.db.NewBatch()
 	defer b.Close()
 	st.rowsMu.Lock()
+	st.inline = nil // rows change under it
 	seen := make(map[string]bool, len(users))
 	current := false
 	for _, u := range users {

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# send-cpu.sh SERVER_BINARY CLIENT_BINARY [bench send flags...]
+#
+# Runs `parley bench send` (from CLIENT_BINARY) against a fresh embedded
+# node started from SERVER_BINARY, and reports the server process's CPU
+# time (user+system, from /proc/PID/stat) per ACKed message over the run.
+# With PROFILE=FILE and a server that serves PARLEY_PPROF, a CPU profile
+# of the server during the run is saved to FILE.
+#
+#   scripts/bench/send-cpu.sh ./parley-old ./parley -pairs 16 -messages 500 -inflight 1
+set -euo pipefail
+server=$1 client=$2
+shift 2
+dir=$(mktemp -d)
+trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+pport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+PARLEY_PPROF=127.0.0.1:$pport "$server" serve --listen 127.0.0.1:$port --data-dir "$dir/data" 2>"$dir/server.log" &
+pid=$!
+for _ in $(seq 100); do
+	if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then break; fi
+	sleep 0.1
+done
+ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
+hz=$(getconf CLK_TCK)
+before=$(ticks)
+if [[ -n "${PROFILE:-}" ]]; then
+	curl -s -o "$PROFILE" "http://127.0.0.1:$pport/debug/pprof/profile?seconds=${PROFILE_SECONDS:-3}" &
+	prof=$!
+fi
+"$client" bench send -addr 127.0.0.1:$port -data-dir "$dir/data" "$@" | tee "$dir/out"
+after=$(ticks)
+[[ -n "${PROFILE:-}" ]] && wait "$prof"
+acked=$(awk '/ACKed/ {for (i=1;i<=NF;i++) if ($i ~ /^[0-9,]+$/) {gsub(",","",$i); print $i; exit}}' "$dir/out")
+echo "server CPU: $(( (after - before) * 1000 / hz )) ms for ${acked:-?} messages: $(awk -v t=$((after-before)) -v hz=$hz -v n="${acked:-0}" 'BEGIN{ if (n>0) printf "%.1f", t*1e6/hz/n; else print "?"}') µs per message"
