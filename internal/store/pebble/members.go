@@ -3,8 +3,8 @@ package pebble
 import (
 	"context"
 	"errors"
-	"slices"
 	"fmt"
+	"slices"
 
 	cpebble "github.com/cockroachdb/pebble/v2"
 
