@@ -159,6 +159,9 @@ type Service struct {
 // whose handler is Service.FanOut).
 type Outbox interface {
 	Enqueue(j fanout.Job)
+	// Wait returns once the fan-out of conv up to seq has run (or ctx
+	// ends).
+	Wait(ctx context.Context, conv, seq uint64)
 }
 
 // Limiter allows one event per key per interval (@everyone per group,
@@ -223,6 +226,8 @@ func (i inline) Enqueue(j fanout.Job) {
 		i.s.log.Warn("fan-out: clearing the outbox entry failed", "err", err)
 	}
 }
+
+func (inline) Wait(context.Context, uint64, uint64) {}
 
 // storeErr turns a store failure into the client-facing error. Conditions
 // the client can act on keep their meaning; anything else means the engine

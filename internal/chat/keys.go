@@ -217,7 +217,7 @@ func (s *Service) announceKeys(ctx context.Context, c Caller, event string) {
 		if err != nil || !cv.E2E {
 			continue
 		}
-		if perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: event, Users: []string{c.User}, Device: c.Device}); perr != nil {
+		if _, perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: event, Users: []string{c.User}, Device: c.Device}); perr != nil {
 			s.log.Warn("announce keys", "conv", cv.ID, "err", perr)
 		}
 	}

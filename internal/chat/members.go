@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
+	"time"
 
 	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/store"
@@ -44,13 +45,17 @@ func (s *Service) group(ctx context.Context, user string, convID uint64) (store.
 	return cv, m, nil
 }
 
+// leaveFanoutWait bounds how long a removal waits for the conversation's
+// fan-out to reach its event.
+const leaveFanoutWait = 5 * time.Second
+
 // systemEvent stores a membership change as a message of its own (it takes
 // a seq, M17) and fans it out like any message.
-func (s *Service) systemEvent(ctx context.Context, c Caller, cv store.Conversation, ev protocol.SystemEvent) *protocol.Error {
+func (s *Service) systemEvent(ctx context.Context, c Caller, cv store.Conversation, ev protocol.SystemEvent) (uint64, *protocol.Error) {
 	ev.Actor = c.User
 	body, err := json.Marshal(ev)
 	if err != nil {
-		return protocol.Errorf(protocol.CodeInternal, "encode event")
+		return 0, protocol.Errorf(protocol.CodeInternal, "encode event")
 	}
 	res, err := s.store.Append(ctx, store.Append{Msg: store.Message{
 		ConvID: cv.ID, MsgID: s.ids.Next(), Sender: c.User, SenderDevice: c.Device,
@@ -58,10 +63,10 @@ func (s *Service) systemEvent(ctx context.Context, c Caller, cv store.Conversati
 		Body: string(body), ServerTime: s.now().UnixMilli(),
 	}})
 	if err != nil {
-		return s.storeErr("append", err)
+		return 0, s.storeErr("append", err)
 	}
 	s.outbox.Enqueue(fanout.Job{Msg: res.Msg, RowsWritten: res.RowsWritten})
-	return nil
+	return res.Msg.Seq, nil
 }
 
 // addMembers: owner or admin only. New members join at last_seq + 1 and
@@ -87,7 +92,7 @@ func (s *Service) addMembers(ctx context.Context, c Caller, convID uint64, users
 		ids[i] = a.UserID
 	}
 	s.online.Joined(convID, added)
-	if perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: "member_added", Users: ids}); perr != nil {
+	if _, perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: "member_added", Users: ids}); perr != nil {
 		return nil, perr
 	}
 	return s.convAfterChange(ctx, convID, c.User)
@@ -121,10 +126,16 @@ func (s *Service) removeMembers(ctx context.Context, c Caller, convID uint64, us
 			}
 		}
 	}
-	// The event goes first so that the leavers still receive it.
-	if perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: event, Users: users}); perr != nil {
+	// The event goes first so that the leavers still receive it: the
+	// conversation's fan-out runs up to it before they leave (bounded:
+	// past it, what they miss they get by sync).
+	seq, perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: event, Users: users})
+	if perr != nil {
 		return nil, perr
 	}
+	wctx, cancel := context.WithTimeout(ctx, leaveFanoutWait)
+	s.outbox.Wait(wctx, convID, seq)
+	cancel()
 	// The online index forgets them first: from here on no push reaches
 	// them, and what is stored until their leave_seq they get by sync.
 	s.online.Left(convID, users)
@@ -172,7 +183,7 @@ func (s *Service) setRole(ctx context.Context, c Caller, convID uint64, user, ro
 			return nil, s.storeErr("set role", err)
 		}
 	}
-	if perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: "role_changed", Users: []string{user}, Role: role}); perr != nil {
+	if _, perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: "role_changed", Users: []string{user}, Role: role}); perr != nil {
 		return nil, perr
 	}
 	return s.convAfterChange(ctx, convID, c.User)
@@ -197,7 +208,7 @@ func (s *Service) mute(ctx context.Context, c Caller, convID uint64, user string
 	if !muted {
 		ev = "unmuted"
 	}
-	if perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: ev, Users: []string{user}}); perr != nil {
+	if _, perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: ev, Users: []string{user}}); perr != nil {
 		return nil, perr
 	}
 	return s.convAfterChange(ctx, convID, c.User)

@@ -106,14 +106,15 @@ func visibleLast(r store.ConvRow, cv store.Conversation) uint64 {
 }
 
 // mentioned reports whether a message above read mentions r's member: an
-// explicit mention (its row's mention_seq) or an @everyone the member was
-// there for (the conversation's everyone_seq, within its membership).
+// explicit mention (its row's mention_seq) or, for a current member, the
+// conversation's last @everyone since it joined (a leaver's row took the
+// last one it was there for when it left).
 func mentioned(r store.ConvRow, cv store.Conversation, read uint64) bool {
 	if r.MentionSeq > read {
 		return true
 	}
 	e := cv.EveryoneSeq
-	return e > read && e >= r.JoinSeq && (r.LeaveSeq == 0 || e <= r.LeaveSeq)
+	return r.LeaveSeq == 0 && e > read && e >= r.JoinSeq
 }
 
 func (s *Service) snapshotOne(ctx context.Context, r store.ConvRow, from, read uint64) (*protocol.ConvSnapshot, *protocol.Error) {

@@ -187,6 +187,28 @@ func (o *Outbox) readyLocked(conv uint64, q *convQ) {
 	}
 }
 
+// Wait returns once no message of conv with seq ≤ seq is queued or being
+// fanned out in this process, or when ctx ends. Membership changes use it
+// so that members who leave still get the pushes of what was sent before.
+func (o *Outbox) Wait(ctx context.Context, conv, seq uint64) {
+	for {
+		o.mu.Lock()
+		busy := false
+		if q := o.convs[conv]; q != nil {
+			busy = q.busy || (len(q.items) > 0 && q.items[0].seq <= seq)
+		}
+		o.mu.Unlock()
+		if !busy {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
 // Backlog is the number of messages queued in memory or being fanned out.
 func (o *Outbox) Backlog() int {
 	o.mu.Lock()

@@ -77,7 +77,11 @@ type Options struct {
 	// WrapStore, if set, wraps the store the chat service uses (tests
 	// inject faults with it).
 	WrapStore func(store.Store) store.Store
-	Logger    *slog.Logger
+	// WrapRegistry and WrapBus, if set, wrap the registry and bus the
+	// chat service pushes through (fault tests).
+	WrapRegistry func(registry.Registry) registry.Registry
+	WrapBus      func(bus.Bus) bus.Bus
+	Logger       *slog.Logger
 }
 
 // Web configures the browser-facing side of a gateway node.
@@ -324,8 +328,15 @@ func (s *Server) startChat() error {
 	fcfg := o.Fanout
 	fcfg.Logger = o.Logger
 	outbox := fanout.New(fcfg, chatStore, func(ctx context.Context, j fanout.Job) error { return svc.FanOut(ctx, j) })
+	chatReg, chatBus := s.registry, s.bus
+	if o.WrapRegistry != nil {
+		chatReg = o.WrapRegistry(chatReg)
+	}
+	if o.WrapBus != nil {
+		chatBus = o.WrapBus(chatBus)
+	}
 	svc, err := chat.New(o.Chat, chat.Deps{
-		Store: chatStore, Registry: s.registry, Bus: s.bus, IDs: snowflake.New(snowflake.NodeNumber(o.Node), nil),
+		Store: chatStore, Registry: chatReg, Bus: chatBus, IDs: snowflake.New(snowflake.NodeNumber(o.Node), nil),
 		Logger: o.Logger, Online: online, Ledger: s.ledger, Limiter: lim, Outbox: outbox,
 		Observer: chat.Observer{
 			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },

@@ -220,7 +220,10 @@ type Store interface {
 	// UpdateRows is write fan-out: for each user that is a current member,
 	// raise its conversation row's LastSeq to seq and, with mention, its
 	// MentionSeq. It is idempotent (max semantics), so a compensation task
-	// may repeat it. Users who are not current members are skipped.
+	// may repeat it. Users whose membership does not hold seq are skipped:
+	// those never members, and former members for seqs above their
+	// leave_seq (a former member's row still takes the seqs it could see,
+	// since fan-out may run after the leave).
 	UpdateRows(ctx context.Context, convID, seq uint64, users []string, mention bool) error
 	// UserConversations lists the conversation rows of a user, former
 	// memberships included (LeaveSeq set).

@@ -29,6 +29,9 @@ type convState struct {
 	// mu orders this process's seq claims, edits and membership changes
 	// of the conversation.
 	mu sync.Mutex
+	// everyone is the @everyone seq a removal under mu marks on the
+	// leavers' rows; guarded by mu.
+	everyone uint64
 
 	// inflight maps sender 0x00 client_msg_id to this process's append in
 	// progress; a local duplicate waits for it instead of racing it.

@@ -193,6 +193,9 @@ func (s *Store) join(ctx context.Context, st *convState, user string, role store
 		if err == nil {
 			err = s.raiseRow(ctx, st.id, user, last, false)
 		}
+		if e := st.everyone; err == nil && e != 0 && e >= cur.JoinSeq {
+			err = s.raiseRow(ctx, st.id, user, e, true)
+		}
 		return want, true, err
 	}
 }
@@ -255,6 +258,14 @@ func (s *Store) removeMembers(ctx context.Context, conv uint64, users []string) 
 	if err != nil {
 		return nil, err
 	}
+	// The leavers' rows keep the conversation's last @everyone they were
+	// there for, as a mention (the conversation's mark moves on without
+	// them).
+	row, err := s.convRow(ctx, conv)
+	if err != nil {
+		return nil, err
+	}
+	st.everyone = min(row.EveryoneSeq, last)
 	var out []store.Member
 	seen := make(map[string]bool, len(users))
 	for _, u := range users {
@@ -310,6 +321,9 @@ func (s *Store) leave(ctx context.Context, st *convState, user string, last uint
 			int8(st.kind), i64(cur.JoinSeq), i64(last), user, i64(st.id)).Exec()
 		if err == nil {
 			err = s.raiseRow(ctx, st.id, user, last, false)
+		}
+		if e := st.everyone; err == nil && e != 0 && e >= cur.JoinSeq {
+			err = s.raiseRow(ctx, st.id, user, e, true)
 		}
 		return want, true, err
 	}

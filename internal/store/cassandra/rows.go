@@ -43,7 +43,7 @@ func (s *Store) updateRows(ctx context.Context, conv, seq uint64, users []string
 			valid = append(valid, u)
 		}
 	}
-	current, err := s.currentAmong(ctx, conv, valid)
+	current, err := s.membersAt(ctx, conv, valid, seq)
 	if err != nil {
 		return err
 	}
@@ -52,19 +52,20 @@ func (s *Store) updateRows(ctx context.Context, conv, seq uint64, users []string
 	})
 }
 
-// currentAmong returns the users that are current members of conv.
-func (s *Store) currentAmong(ctx context.Context, conv uint64, users []string) ([]string, error) {
+// membersAt returns the users whose membership of conv holds seq: current
+// members, and former ones whose leave_seq is at or above it.
+func (s *Store) membersAt(ctx context.Context, conv uint64, users []string, seq uint64) ([]string, error) {
 	const maxIn = 100
 	var out []string
 	for len(users) > 0 {
 		n := min(len(users), maxIn)
-		iter := s.q(ctx, `SELECT user_id, leave_seq FROM members WHERE conv_id = ? AND user_id IN ?`, i64(conv), users[:n]).Iter()
+		iter := s.q(ctx, `SELECT user_id, join_seq, leave_seq FROM members WHERE conv_id = ? AND user_id IN ?`, i64(conv), users[:n]).Iter()
 		var (
-			user  string
-			leave int64
+			user        string
+			join, leave int64
 		)
-		for iter.Scan(&user, &leave) {
-			if leave == 0 {
+		for iter.Scan(&user, &join, &leave) {
+			if seq >= u64(join) && (leave == 0 || seq <= u64(leave)) {
 				out = append(out, user)
 			}
 		}

@@ -206,6 +206,11 @@ func (s *Store) removeMembers(conv uint64, users []string) ([]store.Member, erro
 			return nil, err
 		}
 		r.JoinSeq, r.LeaveSeq, r.LastSeq = m.JoinSeq, last, last
+		if e := st.row.EveryoneSeq; e != 0 && e >= m.JoinSeq {
+			// The conversation's @everyone mark moves on without the
+			// leaver: its row keeps the last one it was there for.
+			r.MentionSeq = max(r.MentionSeq, e)
+		}
 		if err := b.Set(userConvKey(u, conv), encodeConvRow(r), nil); err != nil {
 			return nil, err
 		}

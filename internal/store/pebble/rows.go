@@ -59,7 +59,9 @@ func (s *Store) updateRows(conv, seq uint64, users []string, mention bool) error
 			st.rowsMu.Unlock()
 			return err
 		}
-		if !found || r.LeaveSeq != 0 {
+		if !found || (r.LeaveSeq != 0 && seq > r.LeaveSeq) || seq < r.JoinSeq {
+			// Not a member at seq; a former member's row still takes
+			// seqs up to its leave_seq (fan-out may run after the leave).
 			continue
 		}
 		current = true

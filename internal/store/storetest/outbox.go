@@ -164,4 +164,16 @@ func testAppendRows(t *testing.T, e *env) {
 			t.Errorf("row of %s after @everyone with rows = %+v, want last 5 mention 5", user, r)
 		}
 	}
+	// A leaver's row keeps the last @everyone it was there for.
+	all3 := e.msg(1, "alice", "r-4", "@everyone")
+	all3.MentionAll = true
+	if _, err = e.s.Append(ctx, store.Append{Msg: all3}); err != nil {
+		t.Fatalf("Append(@everyone): %v", err)
+	}
+	if _, err := e.s.RemoveMembers(ctx, 1, []string{"bob"}); err != nil {
+		t.Fatalf("RemoveMembers: %v", err)
+	}
+	if r := e.row(t, "bob", 1); r.LeaveSeq != 6 || r.MentionSeq != 6 {
+		t.Errorf("leaver's row = %+v, want leave 6 mention 6", r)
+	}
 }

@@ -78,6 +78,15 @@ func testUpdateRows(t *testing.T, e *env) {
 	if r := e.row(t, "carol", 1); r != wantCarol {
 		t.Errorf("former member's row after UpdateRows = %+v, want %+v", r, wantCarol)
 	}
+	// A fan-out that runs after the leave still marks what the former
+	// member could see (a mention at its leave_seq).
+	if err := e.s.UpdateRows(ctx, 1, 3, []string{"carol"}, true); err != nil {
+		t.Fatalf("UpdateRows: %v", err)
+	}
+	wantCarol.MentionSeq = 3
+	if r := e.row(t, "carol", 1); r != wantCarol {
+		t.Errorf("former member's row after a late mention at its leave_seq = %+v, want %+v", r, wantCarol)
+	}
 	wantAlice := store.ConvRow{ConvID: 1, UserID: "alice", Kind: store.Group, JoinSeq: 1, LastSeq: 4, MentionSeq: 4}
 	if r := e.row(t, "alice", 1); r != wantAlice {
 		t.Errorf("alice's row = %+v, want %+v", r, wantAlice)
