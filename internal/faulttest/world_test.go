@@ -123,8 +123,8 @@ type device struct {
 	// since is the driver step at which the current connection was
 	// established, inc the server incarnation it was made to.
 	since, inc int
-	rid       int
-	waiting   map[string]chan *protocol.Frame
+	rid        int
+	waiting    map[string]chan *protocol.Frame
 	// got: conv → seq → pushes received on the current connection.
 	got map[uint64]map[uint64]int
 	// bad collects pushes to non-members; seen every pushed seq, across
