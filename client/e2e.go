@@ -71,3 +71,9 @@ func (c *Client) SendFrame(ctx context.Context, f protocol.Frame) (Ack, error) {
 func (c *Client) RemoveMembers(ctx context.Context, convID uint64, members []string) (protocol.ConvInfo, error) {
 	return c.conv(ctx, protocol.Frame{Type: protocol.TypeRemove, ConvID: convID, Members: slices.Clone(members)}, idempotent)
 }
+
+// ConvInfo reads conversation convID (members included, up to 1,000)
+// without changing it.
+func (c *Client) ConvInfo(ctx context.Context, convID uint64) (protocol.ConvInfo, error) {
+	return c.conv(ctx, protocol.Frame{Type: protocol.TypeConvInfo, ConvID: convID}, idempotent)
+}

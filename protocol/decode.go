@@ -180,7 +180,7 @@ func validate(f *Frame, lim Limits) *Error {
 			return Errorf(CodeInvalidArgument, "members is required")
 		}
 		return needMembers(f, lim)
-	case TypeLeave, TypeTyping:
+	case TypeLeave, TypeTyping, TypeConvInfo:
 		return needConv(f)
 	case TypeSetRole:
 		if e := needConv(f); e != nil {

@@ -14,6 +14,10 @@ const (
 	TypeKeysBundle  = "keys_bundle"  // fetch a bundle of one device or of every device of a user
 	TypeKeysDevices = "keys_devices" // list a user's devices with keys
 	TypeKeysRemove  = "keys_remove"  // drop this device's keys
+	// TypeConvInfo reads a conversation's conv frame (members included)
+	// without changing it: what an E2E sender needs to know whom to
+	// encrypt to.
+	TypeConvInfo = "conv_info"
 )
 
 // Server frames of the key directory.

@@ -620,3 +620,29 @@ func (m *Messenger) SafetyNumber(ctx context.Context, peer e2ee.Address) (string
 	}
 	return e2ee.SafetyNumber(m.self.User, m.d.IdentityKey(), peer.User, key), nil
 }
+
+// Send sends text to E2E conversation convID, reading its kind and members
+// from the server (conv_info): SendDirect for a direct conversation,
+// SendGroup for a group (at most 1,000 members are listed; larger groups
+// need SendGroup with the member list).
+func (m *Messenger) Send(ctx context.Context, convID uint64, text string) (client.Ack, error) {
+	info, err := m.c.ConvInfo(ctx, convID)
+	if err != nil {
+		return client.Ack{}, err
+	}
+	if !info.E2E {
+		return client.Ack{}, fmt.Errorf("e2eechat: conversation %d is not end-to-end encrypted", convID)
+	}
+	if info.Kind == protocol.ConvDirect {
+		for _, u := range info.Members {
+			if u != m.self.User {
+				return m.SendDirect(ctx, convID, u, text)
+			}
+		}
+		return client.Ack{}, fmt.Errorf("e2eechat: direct conversation %d has no peer", convID)
+	}
+	if info.MemberCount > len(info.Members) {
+		return client.Ack{}, fmt.Errorf("e2eechat: group %d has %d members, more than conv_info lists: use SendGroup", convID, info.MemberCount)
+	}
+	return m.SendGroup(ctx, convID, info.Members, text)
+}

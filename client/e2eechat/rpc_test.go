@@ -43,6 +43,10 @@ func TestKeyFramesOverHTTPRPC(t *testing.T) {
 	if f.Type != protocol.TypeError || f.Code != protocol.CodeForbidden {
 		t.Fatalf("stranger over rpc: %+v", f)
 	}
+	f = rpc("alice", `{"type":"conv_info","rid":"5","conv_id":"12345"}`)
+	if f.Type != protocol.TypeError || f.Code != protocol.CodeNotMember {
+		t.Fatalf("conv_info of a stranger's conversation: %+v", f)
+	}
 	f = rpc("alice", `{"type":"keys_upload","rid":"4","keys":{"identity_key":"AAAA"}}`)
 	if f.Type != protocol.TypeError || f.Code != protocol.CodeBadKey {
 		t.Fatalf("bad key over rpc: %+v", f)

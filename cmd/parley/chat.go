@@ -42,7 +42,7 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	url := fs.String("url", "ws://127.0.0.1:7480", "server WebSocket URL")
 	token := fs.String("token", "", "bearer token (default $PARLEY_TOKEN)")
 	device := fs.String("device", "cli", "device id of this client")
-	keys := fs.String("keys", defaultKeysDir(), "directory of this device's end-to-end encryption keys")
+	keys := fs.String("keys", defaultKeysDir(), `directory of this device's end-to-end encryption keys ("" disables E2E)`)
 	fs.Usage = func() {
 		fmt.Fprintln(stdout, "usage: parley chat [-url URL] [-token TOKEN] [-device ID] [-keys DIR]")
 		fs.PrintDefaults()
@@ -197,6 +197,9 @@ func (s *chatSession) event(ev client.Event) {
 		s.me = ev.Hello.UserID
 		s.mu.Unlock()
 		s.printf("* connected to %s as %s/%s", ev.Hello.Node, ev.Hello.UserID, ev.Hello.DeviceID)
+		if s.e2e.dir != "" {
+			go s.publishKeys() // so that E2E contacts can reach this device
+		}
 	case client.EventKeysLow:
 		if ev.KeysLow.DeviceID == s.e2e.device {
 			go s.refillKeys()
@@ -340,8 +343,8 @@ func (s *chatSession) chatList(ctx context.Context) error {
 		}
 		if cv.E2E {
 			what += "  [e2e]"
-			if _, known := s.e2eConv(cv.ConvID); !known && cv.Kind == protocol.ConvDirect {
-				s.setE2EConv(cv.ConvID, e2eConv{peer: cv.Peer})
+			if _, known := s.e2eConv(cv.ConvID); !known {
+				s.setE2EConv(cv.ConvID, e2eConv{})
 			}
 		}
 		s.printf("%s %d  %s  unread %d  last %d", mark, cv.ConvID, what, cv.Unread, cv.LastSeq)

@@ -34,10 +34,10 @@ type e2eState struct {
 	failed error
 }
 
+// e2eConv marks a conversation this session knows to be E2E; sends read
+// its members from the server (conv_info) each time.
 type e2eConv struct {
-	peer    string   // direct
-	members []string // group (known when created here)
-	group   bool
+	group bool
 }
 
 func defaultKeysDir() string {
@@ -55,6 +55,9 @@ func (s *chatSession) messenger(ctx context.Context) (*e2eechat.Messenger, error
 	defer e.mu.Unlock()
 	if e.m != nil {
 		return e.m, nil
+	}
+	if e.dir == "" {
+		return nil, errors.New("e2e: disabled (-keys \"\")")
 	}
 	s.mu.Lock()
 	me := s.me
@@ -116,7 +119,7 @@ func (s *chatSession) chatSDM(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("sdm: %w", err)
 	}
-	s.setE2EConv(info.ConvID, e2eConv{peer: args[0]})
+	s.setE2EConv(info.ConvID, e2eConv{})
 	s.current = info.ConvID
 	s.printf("* conv %d: end-to-end encrypted direct with %s", info.ConvID, args[0])
 	return nil
@@ -133,7 +136,7 @@ func (s *chatSession) chatSGroup(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("sgroup: %w", err)
 	}
-	s.setE2EConv(info.ConvID, e2eConv{group: true, members: info.Members})
+	s.setE2EConv(info.ConvID, e2eConv{group: true})
 	s.current = info.ConvID
 	s.printf("* conv %d: end-to-end encrypted group %s with %s", info.ConvID, args[0], strings.Join(info.Members, ", "))
 	return nil
@@ -167,19 +170,19 @@ func (s *chatSession) chatSafety(ctx context.Context, args []string) error {
 // sendE2E sends body in E2E conversation c; it reports false when the
 // conversation is not one this session knows as E2E.
 func (s *chatSession) sendE2E(ctx context.Context, conv uint64, body string) (uint64, bool, error) {
-	c, ok := s.e2eConv(conv)
-	if !ok {
-		return 0, false, nil
+	if _, ok := s.e2eConv(conv); !ok {
+		info, err := s.c.ConvInfo(ctx, conv)
+		if err != nil || !info.E2E {
+			return 0, false, nil // the plaintext path reports the error, if any
+		}
+		s.setE2EConv(conv, e2eConv{group: info.Kind == protocol.ConvGroup})
 	}
 	m, err := s.messenger(ctx)
 	if err != nil {
 		return 0, true, err
 	}
-	if c.group {
-		ack, err := m.SendGroup(ctx, conv, c.members, body)
-		return ack.Seq, true, err
-	}
-	ack, err := m.SendDirect(ctx, conv, c.peer, body)
+	// Members are read at each send: they change.
+	ack, err := m.Send(ctx, conv, body)
 	return ack.Seq, true, err
 }
 
@@ -211,6 +214,16 @@ func (s *chatSession) openE2E(msg *protocol.Message) (*protocol.Message, bool) {
 		out.Body = o.Text
 	}
 	return &out, true
+}
+
+// publishKeys opens the device's E2E state after connecting: the first
+// time it publishes the device's keys, later it refills them if low.
+func (s *chatSession) publishKeys() {
+	ctx, cancel := context.WithTimeout(context.Background(), chatCommandTimeout)
+	defer cancel()
+	if _, err := s.messenger(ctx); err != nil {
+		s.printf("! %v", err)
+	}
 }
 
 // refillKeys uploads more one-time prekeys after a keys_low push.

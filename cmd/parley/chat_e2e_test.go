@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -115,4 +116,90 @@ func mustIdentity(t *testing.T, bm *e2eechat.Messenger, ctx context.Context) e2e
 		t.Fatalf("alice's identity unknown to bob: %v", err)
 	}
 	return k
+}
+
+// TestChatCLIE2EGroup: a CLI member of an E2E group someone else created
+// reads its messages and answers with /use (members from conv_info).
+func TestChatCLIE2EGroup(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	alice, err := client.New(client.Config{URL: srv.URL, Token: srv.Token("alice"), Device: "phone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = alice.Run(ctx) }()
+	defer alice.Close()
+	go func() {
+		for range alice.Events() {
+		}
+	}()
+	st := e2ee.NewMemoryStore()
+	ad, _ := e2ee.OpenDevice(st, e2ee.Address{User: "alice", Device: "phone"})
+	am := e2eechat.New(alice, ad, st)
+	if _, err := am.PublishKeys(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+
+	in, feed := io.Pipe()
+	out := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- runChat(ctx, []string{"-url", srv.URL, "-token", srv.Token("bob"), "-device", "cli", "-keys", t.TempDir()}, in, out)
+	}()
+	write := func(line string) {
+		if _, err := io.WriteString(feed, line+"\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitOutput(t, out, "connected")
+	g, err := alice.CreateGroupE2E(ctx, "crew", []string{"bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The CLI publishes its keys once connected.
+	for {
+		devs, err := am.Devices(ctx, "bob", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(devs) == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("bob's CLI never published keys")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := am.Send(ctx, g.ConvID, "hello crew"); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, out, "alice: hello crew")
+	write("/use " + strconv.FormatUint(g.ConvID, 10))
+	write("hello alice")
+	waitOutput(t, out, "bob: hello alice")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		msgs, _, err := alice.History(ctx, g.ConvID, client.HistoryQuery{Forward: true, Limit: 50})
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, m := range msgs {
+			if o, err := am.Open(m); err == nil && o.Text == "hello alice" && m.Sender == "bob" {
+				found = true
+			}
+		}
+		if found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("alice never read bob's answer\n%s", out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	write("/quit")
+	if err := <-done; err != nil {
+		t.Fatalf("chat ended with %v\n%s", err, out.String())
+	}
 }

@@ -61,7 +61,7 @@ func TestChatCLI(t *testing.T) {
 	out := &syncBuffer{}
 	done := make(chan error, 1)
 	go func() {
-		done <- runChat(ctx, []string{"-url", srv.URL, "-token", srv.Token("alice"), "-device", "cli"}, in, out)
+		done <- runChat(ctx, []string{"-url", srv.URL, "-token", srv.Token("alice"), "-device", "cli", "-keys", t.TempDir()}, in, out)
 	}()
 
 	write := func(line string) {

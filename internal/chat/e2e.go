@@ -1,6 +1,8 @@
 package chat
 
 import (
+	"context"
+
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 )
@@ -30,4 +32,17 @@ func checkE2E(cv store.Conversation, f *protocol.Frame) *protocol.Error {
 		return protocol.Errorf(protocol.CodeE2ERequired, "this conversation is end-to-end encrypted: %v", err)
 	}
 	return nil
+}
+
+// convInfoFrame answers conv_info: the conv frame of a conversation the caller
+// is a current member of.
+func (s *Service) convInfoFrame(ctx context.Context, c Caller, convID uint64) (*protocol.Frame, *protocol.Error) {
+	m, perr := s.member(ctx, c.User, convID)
+	if perr != nil {
+		return nil, perr
+	}
+	if m.LeaveSeq != 0 {
+		return nil, protocol.Errorf(protocol.CodeNotMember, "no longer a member of this conversation")
+	}
+	return s.convAfterChange(ctx, convID, c.User)
 }

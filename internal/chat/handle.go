@@ -73,6 +73,8 @@ func (s *Service) handle(ctx context.Context, c Caller, f *protocol.Frame, reply
 		return s.okIfAsked(f, s.typing(ctx, c, f.ConvID))
 	case protocol.TypeKeysUpload, protocol.TypeKeysBundle, protocol.TypeKeysDevices, protocol.TypeKeysRemove:
 		return s.keys(ctx, c, f)
+	case protocol.TypeConvInfo:
+		return s.convInfoFrame(ctx, c, f.ConvID)
 	}
 	return nil, protocol.Errorf(protocol.CodeUnknownType, "unknown frame type %q", f.Type)
 }

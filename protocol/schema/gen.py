@@ -98,6 +98,7 @@ client={
  "keys_bundle":cf("keys_bundle",{"user_id":ID,"device_id":ID},["user_id"],"fetch prekey bundles"),
  "keys_devices":cf("keys_devices",{"user_id":ID},["user_id"],"list a user's devices with keys"),
  "keys_remove":cf("keys_remove",{},[],"drop this device's keys"),
+ "conv_info":cf("conv_info",{"conv_id":ref("ConvID")},["conv_id"],"read a conversation's conv frame"),
 }
 def name(prefix,t): return prefix+"".join(w.capitalize() for w in t.split("_"))
 for t,s in server.items(): defs[name("S",t)]=s
