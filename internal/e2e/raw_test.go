@@ -52,8 +52,21 @@ func dialRawErr(base, token, device string) (*websocket.Conn, *http.Response, er
 
 func startRaw(t testing.TB, ws *websocket.Conn) *rawConn {
 	c := &rawConn{t: t, ws: ws, in: make(chan *protocol.Frame, 4096), done: make(chan struct{}), stop: make(chan struct{})}
+	// Every frame is checked against the schema on a goroutine of its own,
+	// so that checking (slow under -race for large bodies) never makes this
+	// client a slow consumer the server would drop.
+	check, checked := make(chan []byte, 1<<14), make(chan struct{})
+	go func() {
+		defer close(checked)
+		for data := range check {
+			if err := schema.ServerFrame(data); err != nil {
+				t.Errorf("server frame %s does not match protocol/schema/frames.json: %v", data, err)
+			}
+		}
+	}()
 	go func() {
 		defer close(c.done)
+		defer close(check)
 		for {
 			select {
 			case <-c.stop:
@@ -68,9 +81,7 @@ func startRaw(t testing.TB, ws *websocket.Conn) *rawConn {
 				close(c.in)
 				return
 			}
-			if err := schema.ServerFrame(data); err != nil {
-				t.Errorf("server frame %s does not match protocol/schema/frames.json: %v", data, err)
-			}
+			check <- data
 			var f protocol.Frame
 			if err := json.Unmarshal(data, &f); err != nil {
 				t.Errorf("server sent undecodable frame %q: %v", data, err)
@@ -81,7 +92,7 @@ func startRaw(t testing.TB, ws *websocket.Conn) *rawConn {
 	}()
 	f := c.next(protocol.TypeHello)
 	c.hello = *f.Hello
-	t.Cleanup(func() { _ = ws.Close(); <-c.done })
+	t.Cleanup(func() { _ = ws.Close(); <-c.done; <-checked })
 	return c
 }
 
