@@ -9,8 +9,9 @@
 // order on a shared worker pool; writes never block (bytes waiting for a slow
 // reader are buffered up to a bound, past which the connection is dropped).
 //
-// One sweeper goroutine, owned by the Gateway and stopped by Shutdown,
-// enforces the idle timeout and re-sends unacknowledged pushes.
+// Two goroutines, owned by the Gateway and stopped by Shutdown: the
+// sweeper enforces the idle timeout and re-sends unacknowledged pushes; the
+// dispatcher writes the pushes the bus brings, in batches (push.go).
 package gateway
 
 import (
@@ -18,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -175,7 +175,8 @@ type Gateway struct {
 	syncs    *bucket // admission of sync requests (offline pulls)
 	// sessionPrefix starts session ids (Config.SessionPrefix or Node).
 	sessionPrefix string
-	polls         sync.Map // poll session id → *mailbox
+	polls         sync.Map    // poll session id → *mailbox
+	pushes        chan queued // deliveries waiting for the dispatcher (push.go)
 	shards        [64]shard
 	edge          edgeCounters
 }
@@ -233,8 +234,10 @@ func New(cfg Config, d Deps) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: subscribe: %w", err)
 	}
 	g.unsub = unsub
-	g.sweeper.Add(1)
+	g.pushes = make(chan queued, pushQueueLen)
+	g.sweeper.Add(2)
 	go g.sweep()
+	go g.dispatch()
 	return g, nil
 }
 
@@ -317,45 +320,9 @@ func (g *Gateway) deliver(d bus.Delivery) {
 		return
 	}
 	m := &message{frame: newWireFrame(d.Frame), conv: d.ConvID, seq: d.Seq, key: d.CoalesceKey}
-	nowMS := g.now().UnixMilli()
-	users := d.Users
-	parts := min(runtime.GOMAXPROCS(0), len(users)/deliverChunk)
-	if parts <= 1 {
-		g.pushTo(users, m, nowMS)
-		return
-	}
-	// A large delivery is split over the cores: each connection still
-	// gets the frame from one goroutine, and deliver returns only when
-	// all are written, so successive deliveries keep their order.
-	var wg sync.WaitGroup
-	per := (len(users) + parts - 1) / parts
-	for len(users) > per {
-		wg.Add(1)
-		go func(us []string) {
-			defer wg.Done()
-			g.pushTo(us, m, nowMS)
-		}(users[:per])
-		users = users[per:]
-	}
-	g.pushTo(users, m, nowMS)
-	wg.Wait()
-}
-
-// deliverChunk is the fewest recipients worth a goroutine of their own.
-const deliverChunk = 1024
-
-// pushTo writes m to every local session of users.
-func (g *Gateway) pushTo(users []string, m *message, nowMS int64) {
-	var buf [4]*session
-	for _, u := range users {
-		sh := g.shardOf(u)
-		sh.mu.Lock()
-		list := append(buf[:0], sh.users[u]...)
-		sh.mu.Unlock()
-		for i, s := range list {
-			s.push(m, nowMS)
-			list[i] = nil
-		}
+	select {
+	case g.pushes <- queued{m: m, users: d.Users}:
+	case <-g.ctx.Done():
 	}
 }
 

@@ -55,6 +55,15 @@ func (m *mailbox) write(f *wireFrame) error {
 	return nil
 }
 
+func (m *mailbox) writeMany(ms []*message, buf []byte) ([]byte, error) {
+	for _, msg := range ms {
+		if err := m.write(msg.frame); err != nil {
+			return buf, err
+		}
+	}
+	return buf, nil
+}
+
 func (m *mailbox) signal() {
 	select {
 	case m.ready <- struct{}{}:
@@ -167,8 +176,9 @@ func writeFrames(w http.ResponseWriter, frames [][]byte) {
 // discard is the transport of a one-off RPC caller without a poll session.
 type discard struct{}
 
-func (discard) write(*wireFrame) error { return nil }
-func (discard) close(int, string)      {}
+func (discard) write(*wireFrame) error                             { return nil }
+func (discard) writeMany(_ []*message, buf []byte) ([]byte, error) { return buf, nil }
+func (discard) close(int, string)                                  {}
 
 // ServeRPC serves POST /v1/rpc?device=D[&session=S]: the body is one client
 // frame, the answer its response frame (an ok frame when the request needs

@@ -56,14 +56,19 @@ type pending struct {
 // a steady stream would otherwise reallocate it after every ack.
 const keepInflight = 8
 
-// push writes a delivery frame and, for messages (seq ≠ 0), tracks it until
-// acked. nowMS is the delivery's time, read once per delivery.
-func (s *session) push(m *message, nowMS int64) {
+// push writes the frames of ms (one write when the transport can take
+// them together) and, for messages (seq ≠ 0), tracks each until acked.
+// nowMS is the delivery's time, read once per batch; buf is scratch space
+// for concatenating frames, returned for reuse.
+func (s *session) push(ms []*message, nowMS int64, buf []byte) []byte {
 	if s.closed.Load() || !s.greeted.Load() {
-		return
+		return buf
 	}
-	if m.seq != 0 {
-		s.mu.Lock()
+	s.mu.Lock()
+	for _, m := range ms {
+		if m.seq == 0 {
+			continue
+		}
 		if m.key != "" {
 			s.supersedeLocked(m.conv, m.seq, m.key)
 		}
@@ -81,9 +86,15 @@ func (s *session) push(m *message, nowMS int64) {
 			s.mu.inflight = make([]pending, 0, keepInflight)
 		}
 		s.mu.inflight = append(s.mu.inflight, pending{m: m, sentMS: nowMS})
-		s.mu.Unlock()
 	}
-	s.write(m.frame)
+	s.mu.Unlock()
+	if len(ms) == 1 {
+		s.write(ms[0].frame)
+		return buf
+	}
+	buf, err := s.tr.writeMany(ms, buf)
+	s.failed(err)
+	return buf
 }
 
 // supersedeLocked drops unacked older states of (conv, key): a lagging
@@ -183,6 +194,9 @@ type transport interface {
 	// write queues one frame; an error means the session is unusable.
 	// The frame is shared: the transport must not modify it.
 	write(f *wireFrame) error
+	// writeMany queues the frames of ms in order, with one write when it
+	// can; buf is scratch space it may use and returns.
+	writeMany(ms []*message, buf []byte) ([]byte, error)
 	// close ends the transport with a close code (WebSocket) or marks
 	// the mailbox gone (poll).
 	close(code int, reason string)
@@ -190,8 +204,10 @@ type transport interface {
 
 // write never blocks (see transport); a failed write drops the session,
 // which is the slow-consumer policy when the queue is full.
-func (s *session) write(f *wireFrame) {
-	if err := s.tr.write(f); err != nil && !s.closed.Load() {
+func (s *session) write(f *wireFrame) { s.failed(s.tr.write(f)) }
+
+func (s *session) failed(err error) {
+	if err != nil && !s.closed.Load() {
 		s.g.log.Debug("write failed; dropping session", "session", s.id, "err", err)
 		if s.g.obs.Drop != nil {
 			s.g.obs.Drop("slow_consumer")

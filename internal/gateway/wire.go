@@ -101,6 +101,26 @@ func (w wsTransport) write(f *wireFrame) error {
 	return w.c.WriteMessage(websocket.TextMessage, f.payload())
 }
 
+// writeMany concatenates the frames into buf and writes them with one call
+// on the event loop (nbio copies what the socket does not take, so buf can
+// be reused at once); in blocking mode it queues them one by one.
+func (w wsTransport) writeMany(ms []*message, buf []byte) ([]byte, error) {
+	if w.raw == nil {
+		for _, m := range ms {
+			if err := w.c.WriteMessage(websocket.TextMessage, m.frame.payload()); err != nil {
+				return buf, err
+			}
+		}
+		return buf, nil
+	}
+	buf = buf[:0]
+	for _, m := range ms {
+		buf = append(buf, m.frame.b...)
+	}
+	_, err := w.raw.Write(buf)
+	return buf, err
+}
+
 func (w wsTransport) close(code int, reason string) {
 	if code != 0 {
 		_ = w.c.WriteClose(code, reason)
