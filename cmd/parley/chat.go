@@ -64,7 +64,7 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := &chatSession{c: c, out: stdout, printed: make(map[[2]uint64]bool),
-		e2e: &e2eState{dir: *keys, device: *device, convs: map[uint64]e2eConv{}}}
+		e2e: &e2eState{dir: *keys, device: *device, convs: map[uint64]e2eConv{}, ctx: ctx}}
 
 	runErr := make(chan error, 1)
 	go func() { runErr <- c.Run(ctx) }()
@@ -86,6 +86,8 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	// here, and says why when it stopped on its own (e.g. a refused token).
 	c.Close()
 	printer.Wait()
+	cancel()        // ends the E2E key uploads still running
+	s.e2e.bg.Wait() // they write to -keys DIR: done before returning
 	if err := <-runErr; err != nil {
 		return fmt.Errorf("chat: %w", err)
 	}
@@ -198,11 +200,11 @@ func (s *chatSession) event(ev client.Event) {
 		s.mu.Unlock()
 		s.printf("* connected to %s as %s/%s", ev.Hello.Node, ev.Hello.UserID, ev.Hello.DeviceID)
 		if s.e2e.dir != "" {
-			go s.publishKeys() // so that E2E contacts can reach this device
+			s.e2e.bg.Go(s.publishKeys) // so that E2E contacts can reach this device
 		}
 	case client.EventKeysLow:
 		if ev.KeysLow.DeviceID == s.e2e.device {
-			go s.refillKeys()
+			s.e2e.bg.Go(s.refillKeys)
 		}
 	case client.EventDisconnected:
 		if ev.Err != nil {

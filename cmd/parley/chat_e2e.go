@@ -28,6 +28,10 @@ type e2eState struct {
 	dir    string // -keys
 	device string
 
+	// ctx is runChat's; bg tracks the key uploads started from events.
+	ctx context.Context
+	bg  sync.WaitGroup
+
 	mu     sync.Mutex
 	m      *e2eechat.Messenger
 	convs  map[uint64]e2eConv
@@ -219,7 +223,7 @@ func (s *chatSession) openE2E(msg *protocol.Message) (*protocol.Message, bool) {
 // publishKeys opens the device's E2E state after connecting: the first
 // time it publishes the device's keys, later it refills them if low.
 func (s *chatSession) publishKeys() {
-	ctx, cancel := context.WithTimeout(context.Background(), chatCommandTimeout)
+	ctx, cancel := context.WithTimeout(s.e2e.ctx, chatCommandTimeout)
 	defer cancel()
 	if _, err := s.messenger(ctx); err != nil {
 		s.printf("! %v", err)
@@ -228,7 +232,7 @@ func (s *chatSession) publishKeys() {
 
 // refillKeys uploads more one-time prekeys after a keys_low push.
 func (s *chatSession) refillKeys() {
-	ctx, cancel := context.WithTimeout(context.Background(), chatCommandTimeout)
+	ctx, cancel := context.WithTimeout(s.e2e.ctx, chatCommandTimeout)
 	defer cancel()
 	m, err := s.messenger(ctx)
 	if err == nil {
