@@ -27,6 +27,6 @@
 // other devices. State lives behind the Store interface; FileStore (files
 // 0600 in a 0700 directory) is the default.
 //
-// Messenger (messenger.go) connects a Device to a Parley server: key
-// upload, bundle fetches, the per-device envelope of E2E conversations.
+// Package client/e2eechat connects a Device to a Parley server: key
+// upload, bundle fetches, the per-device envelopes of E2E conversations.
 package e2ee

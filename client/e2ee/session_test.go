@@ -433,3 +433,58 @@ func advanceSending(t testing.TB, d *testDev, peer Address, n int) {
 		t.Fatal(err)
 	}
 }
+
+func TestTrustStrictRefusesChangedIdentity(t *testing.T) {
+	alice, bob := newTestDev(t, "alice", "a"), newTestDev(t, "bob", "b")
+	alice.SetTrustPolicy(TrustStrict)
+	start(t, alice, bob, true, true)
+	// Bob reinstalls: same address, new identity.
+	bob2 := newTestDev(t, "bob", "b")
+	if err := alice.ProcessBundle(bob2.bundle(true, true)); !errors.Is(err, ErrUntrusted) {
+		t.Fatalf("changed identity under TrustStrict: %v", err)
+	}
+	// After comparing safety numbers, the user accepts the new key.
+	if err := alice.TrustIdentity(bob2.Address(), bob2.IdentityKey()); err != nil {
+		t.Fatal(err)
+	}
+	start(t, alice, bob2, true, true)
+	typ, ct := mustEncrypt(t, alice, bob2, "hello again")
+	mustDecrypt(t, bob2, alice, typ, ct, "hello again")
+	// The default (trust on first use) accepts the change and reports the new key.
+	carol := newTestDev(t, "carol", "c")
+	start(t, carol, bob, true, false)
+	start(t, carol, bob2, true, false)
+	if k, ok, _ := carol.PeerIdentity(bob.Address()); !ok || k != bob2.IdentityKey() {
+		t.Fatal("TOFU did not record the new identity")
+	}
+}
+
+func TestSignedPreKeyRotation(t *testing.T) {
+	alice, bob := newTestDev(t, "alice", "a"), newTestDev(t, "bob", "b")
+	start(t, alice, bob, true, true) // on signed prekey 1
+	typ, ct := mustEncrypt(t, alice, bob, "on the old signed prekey")
+	spk, err := bob.RotateSignedPreKey()
+	if err != nil || spk.ID != 2 || !bob.IdentityKey().Verify(spk.Key.Bytes(), spk.Sig) {
+		t.Fatalf("rotation: %+v %v", spk, err)
+	}
+	// A session started on the old key still opens after the rotation.
+	mustDecrypt(t, bob, alice, typ, ct, "on the old signed prekey")
+	carol := newTestDev(t, "carol", "c")
+	b := bob.bundle(true, true)
+	b.SignedPreKey = spk
+	if err := carol.ProcessBundle(b); err != nil {
+		t.Fatal(err)
+	}
+	typ, ct = mustEncrypt(t, carol, bob, "on the new one")
+	mustDecrypt(t, bob, carol, typ, ct, "on the new one")
+	// Pruning keeps the newest: a new session on the old key then fails.
+	if err := bob.PruneSignedPreKeys(1); err != nil {
+		t.Fatal(err)
+	}
+	dave := newTestDev(t, "dave", "d")
+	start(t, dave, bob, true, true) // the old bundle (signed prekey 1)
+	typ, ct = mustEncrypt(t, dave, bob, "too late")
+	if _, err := bob.Decrypt(dave.Address(), typ, ct); !errors.Is(err, ErrInvalidPreKey) {
+		t.Fatalf("session on a pruned signed prekey: %v", err)
+	}
+}
