@@ -28,8 +28,6 @@ import (
 
 	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/bus"
-	"github.com/parley-im/parley/internal/chat"
-	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
@@ -165,6 +163,8 @@ type inproc struct {
 	key []byte
 	f   *faults
 	srv *servertest.Server
+	// cluster, if set, runs the node on the cluster engines.
+	cluster *server.Cluster
 }
 
 func newInproc(t *testing.T, sd uint64) *inproc {
@@ -183,18 +183,7 @@ func (n *inproc) faults(on bool) { n.f.on.set(on) }
 
 func (n *inproc) crash() { n.srv.Close() }
 
-func (n *inproc) restart() {
-	n.srv = servertest.Start(n.t, servertest.WithDataDir(n.dir), servertest.WithKey(n.key),
-		servertest.WithChat(func(c *chat.Config) {
-			c.SmallBelow, c.LargeAbove, c.InlineRows, c.EveryoneInterval = smallBelow, largeAbove, 3, 0
-		}),
-		func(o *server.Options) {
-			o.WrapStore = func(s store.Store) store.Store { return flakyStore{s, n.f} }
-			o.WrapRegistry = func(r registry.Registry) registry.Registry { return flakyRegistry{r, n.f} }
-			o.WrapBus = func(b bus.Bus) bus.Bus { return flakyBus{b, n.f} }
-			o.Fanout = fanout.Config{MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Scan: 200 * time.Millisecond}
-		})
-}
+func (n *inproc) restart() { n.srv = servertest.Start(n.t, n.options()...) }
 
 // binTarget is the real binary, killed with SIGKILL.
 type binTarget struct {

@@ -1,0 +1,66 @@
+package faulttest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/parley-im/parley/internal/bus"
+	"github.com/parley-im/parley/internal/chat"
+	"github.com/parley-im/parley/internal/fanout"
+	"github.com/parley-im/parley/internal/registry"
+	"github.com/parley-im/parley/internal/server"
+	"github.com/parley-im/parley/internal/servertest"
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/internal/store/cassandra"
+)
+
+// TestRandomFaultsCluster is the in-process run on the cluster engines
+// (Redis registry, NATS bus and task ledger, Cassandra store with its
+// outbox table): the same operations, faults and checks; a restart is a
+// new process on the same keyspace, so the Cassandra outbox carries the
+// fan-out over.
+func TestRandomFaultsCluster(t *testing.T) {
+	redis, nats, cass := os.Getenv("PARLEY_TEST_REDIS"), os.Getenv("PARLEY_TEST_NATS"), os.Getenv("PARLEY_TEST_CASSANDRA")
+	if redis == "" || nats == "" || cass == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI requires PARLEY_TEST_REDIS, PARLEY_TEST_NATS and PARLEY_TEST_CASSANDRA (scripts/engines/up.sh)")
+		}
+		t.Skip("cluster engines not configured; run scripts/engines/up.sh and source its env")
+	}
+	sd := seed(t)
+	ks := fmt.Sprintf("parley_ft_%d", time.Now().UnixNano()%1_000_000_000)
+	cc := cassandra.Config{Hosts: []string{cass}, Keyspace: ks}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := cassandra.Migrate(ctx, cc); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	n := newInproc(t, sd)
+	n.srv.Close() // the embedded first start; from here on, the cluster engines
+	n.cluster = &server.Cluster{Redis: redis, NATS: nats, Cassandra: cc, Namespace: "ft" + ks[len("parley_ft_"):]}
+	n.restart()
+	ops := 200
+	if testing.Short() {
+		ops = 80
+	}
+	run(t, n, sd, ops, 2)
+}
+
+// options are the in-process node's: tiers, fault wrappers, fast retries
+// and, when set, the cluster engines.
+func (n *inproc) options() []servertest.Option {
+	return []servertest.Option{servertest.WithDataDir(n.dir), servertest.WithKey(n.key),
+		servertest.WithChat(func(c *chat.Config) {
+			c.SmallBelow, c.LargeAbove, c.InlineRows, c.EveryoneInterval = smallBelow, largeAbove, 3, 0
+		}),
+		func(o *server.Options) {
+			o.Cluster = n.cluster
+			o.WrapStore = func(s store.Store) store.Store { return flakyStore{s, n.f} }
+			o.WrapRegistry = func(r registry.Registry) registry.Registry { return flakyRegistry{r, n.f} }
+			o.WrapBus = func(b bus.Bus) bus.Bus { return flakyBus{b, n.f} }
+			o.Fanout = fanout.Config{MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Scan: 200 * time.Millisecond}
+		}}
+}
