@@ -213,7 +213,7 @@ func wireMessage(m store.Message) protocol.Message {
 		ConvID: m.ConvID, Seq: m.Seq, MsgID: m.MsgID, Sender: m.Sender, SenderDevice: m.SenderDevice,
 		ClientMsgID: m.ClientMsgID, Kind: m.Kind, Body: m.Body, TargetSeq: m.TargetSeq,
 		ServerTime: m.ServerTime, Edited: m.Edited, Recalled: m.Recalled,
-		Mentions: m.Mentions, MentionAll: m.MentionAll, CoalesceKey: m.CoalesceKey, Superseded: m.Superseded,
+		Mentions: m.Mentions, MentionAll: m.MentionAll, CoalesceKey: clientKey(m.CoalesceKey), Superseded: m.Superseded,
 	}
 }
 

@@ -55,7 +55,7 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 		Msg: store.Message{
 			ConvID: f.ConvID, MsgID: s.ids.Next(), Sender: c.User, SenderDevice: c.Device,
 			ClientMsgID: f.ClientMsgID, Kind: f.Kind, Body: f.Body, TargetSeq: f.TargetSeq,
-			ServerTime: start.UnixMilli(), Mentions: f.Mentions, MentionAll: f.MentionAll, CoalesceKey: f.CoalesceKey,
+			ServerTime: start.UnixMilli(), Mentions: f.Mentions, MentionAll: f.MentionAll, CoalesceKey: scopedKey(c.User, f.CoalesceKey),
 		},
 	}
 	if f.TargetSeq != 0 {
