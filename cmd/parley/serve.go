@@ -78,6 +78,12 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 	gw.HeaderTimeout = g.HeaderTimeout
 	gw.BodyTimeout = g.BodyTimeout
 	gw.MaxPendingConnections = g.MaxPendingConnections
+	gw.UserSendRate = g.UserSendRate
+	gw.UserSendBurst = g.UserSendBurst
+	gw.ConnRequestRate = g.ConnRequestRate
+	gw.ConnRequestBurst = g.ConnRequestBurst
+	gw.MaxSessionsPerUser = g.MaxSessionsPerUser
+	gw.MaxPollSessionsPerUser = g.MaxPollSessionsPerUser
 	roles := cfg.RoleSet()
 	o := server.Options{
 		Listen: cfg.Listen, DataDir: cfg.DataDir, Node: cfg.NodeID, Auth: authCfg,

@@ -92,7 +92,8 @@ type ServerConfig struct {
 }
 
 // StartServer starts `parley serve` on a free loopback port and waits until
-// it answers /readyz. On error nothing is left running.
+// it answers /readyz. On error nothing is left running. The fair-sharing
+// limits are lifted (Unthrottled) unless cfg.Args set them again.
 func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	if cfg.Ready == 0 {
 		cfg.Ready = 30 * time.Second
@@ -102,7 +103,8 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("start server: %w", err)
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	args := append([]string{"serve", "--listen", addr, "--data-dir", cfg.DataDir}, cfg.Args...)
+	args := append([]string{"serve", "--listen", addr, "--data-dir", cfg.DataDir}, Unthrottled...)
+	args = append(args, cfg.Args...)
 	cmd := exec.Command(cfg.Binary, args...)
 	cmd.Stdout = cfg.Stderr
 	cmd.Stderr = cfg.Stderr
@@ -221,4 +223,13 @@ func reportCommand(report func() any) func(string) (string, error) {
 		}
 		return respReport + " " + string(b), nil
 	}
+}
+
+// Unthrottled lifts the per-user and per-connection fair-sharing limits:
+// the benchmarks drive one user far beyond what a person sends, to measure
+// the node, not its limiter.
+var Unthrottled = []string{
+	"--gateway.user-send-rate", "1e9", "--gateway.user-send-burst", "1000000000",
+	"--gateway.conn-request-rate", "1e9", "--gateway.conn-request-burst", "1000000000",
+	"--gateway.max-sessions-per-user", "1000000", "--gateway.max-poll-sessions-per-user", "1000000",
 }

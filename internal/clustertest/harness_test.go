@@ -90,6 +90,11 @@ func Start(t *testing.T, o Options) *Cluster {
 	c.common = append([]string{
 		"--cluster.redis", redis, "--cluster.nats", nats, "--cluster.cassandra-hosts", cass,
 		"--cluster.keyspace", ks, "--cluster.namespace", ks, "--auth.hs256-key", hex.EncodeToString(key), "--log.level", "warn",
+		// Storms and floods drive single users hard; the limits have their
+		// own tests (internal/e2e).
+		"--gateway.user-send-rate", "1e9", "--gateway.user-send-burst", "1000000000",
+		"--gateway.conn-request-rate", "1e9", "--gateway.conn-request-burst", "1000000000",
+		"--gateway.max-sessions-per-user", "1000000", "--gateway.max-poll-sessions-per-user", "1000000",
 	}, o.Extra...)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -150,6 +150,16 @@ type Gateway struct {
 	HeaderTimeout         time.Duration `yaml:"header_timeout"`
 	BodyTimeout           time.Duration `yaml:"body_timeout"`
 	MaxPendingConnections int           `yaml:"max_pending_connections"`
+	// Fair sharing between users: sends (send, edit, recall) per second
+	// and burst per user on this node; requests (all but ping and
+	// delivered) per second and burst per connection; sessions per user on
+	// this node, and long-poll sessions among them.
+	UserSendRate           float64 `yaml:"user_send_rate"`
+	UserSendBurst          int     `yaml:"user_send_burst"`
+	ConnRequestRate        float64 `yaml:"conn_request_rate"`
+	ConnRequestBurst       int     `yaml:"conn_request_burst"`
+	MaxSessionsPerUser     int     `yaml:"max_sessions_per_user"`
+	MaxPollSessionsPerUser int     `yaml:"max_poll_sessions_per_user"`
 }
 
 // Limits mirrors protocol.Limits with YAML keys.
@@ -238,6 +248,13 @@ func defaults() Config {
 			HeaderTimeout:         10 * time.Second,
 			BodyTimeout:           10 * time.Second,
 			MaxPendingConnections: 10000,
+
+			UserSendRate:           50,
+			UserSendBurst:          100,
+			ConnRequestRate:        100,
+			ConnRequestBurst:       200,
+			MaxSessionsPerUser:     16,
+			MaxPollSessionsPerUser: 4,
 		},
 		Limits: Limits(protocol.DefaultLimits),
 		Chat: Chat{
@@ -456,6 +473,10 @@ func (c Config) validateGateway(p *problems) {
 	p.check(g.HeaderTimeout > 0, "gateway.header_timeout", "must be positive, got %v", g.HeaderTimeout)
 	p.check(g.BodyTimeout > 0, "gateway.body_timeout", "must be positive, got %v", g.BodyTimeout)
 	p.check(g.MaxPendingConnections > 0, "gateway.max_pending_connections", "must be positive, got %d", g.MaxPendingConnections)
+	p.check(g.UserSendRate > 0 && g.UserSendBurst > 0, "gateway.user_send_rate", "rate and burst must be positive, got %v and %d", g.UserSendRate, g.UserSendBurst)
+	p.check(g.ConnRequestRate > 0 && g.ConnRequestBurst > 0, "gateway.conn_request_rate", "rate and burst must be positive, got %v and %d", g.ConnRequestRate, g.ConnRequestBurst)
+	p.check(g.MaxSessionsPerUser > 0, "gateway.max_sessions_per_user", "must be positive, got %d", g.MaxSessionsPerUser)
+	p.check(g.MaxPollSessionsPerUser > 0, "gateway.max_poll_sessions_per_user", "must be positive, got %d", g.MaxPollSessionsPerUser)
 }
 
 func (c Config) validateLimits(p *problems) {

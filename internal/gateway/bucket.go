@@ -21,6 +21,13 @@ func newBucket(rate float64, burst int, now time.Time) *bucket {
 	return &bucket{rate: rate, burst: float64(burst), tokens: float64(burst), last: now}
 }
 
+// full reports whether the bucket has refilled to its burst by now.
+func (b *bucket) full(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.tokens+now.Sub(b.last).Seconds()*b.rate >= b.burst
+}
+
 func (b *bucket) take(now time.Time) (bool, time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -89,7 +89,7 @@ func Authenticate(v Verifier, w http.ResponseWriter, r *http.Request, now time.T
 // ServeHTTP upgrades GET /v1/ws?device=ID to a WebSocket after admission
 // control and authentication.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	id, device, ok := g.admitRequest(w, r)
+	id, device, ok := g.admitRequest(w, r, false)
 	if !ok {
 		return
 	}
@@ -109,7 +109,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // device, then runs admission control; on refusal it has written the
 // answer. Authentication comes first so that requests with bad tokens
 // never spend the handshake budget of valid ones: they get 401, not 503.
-func (g *Gateway) admitRequest(w http.ResponseWriter, r *http.Request) (auth.Identity, string, bool) {
+func (g *Gateway) admitRequest(w http.ResponseWriter, r *http.Request, poll bool) (auth.Identity, string, bool) {
 	now := g.now()
 	id, ok := Authenticate(g.verifier, w, r, now)
 	if !ok {
@@ -126,6 +126,9 @@ func (g *Gateway) admitRequest(w http.ResponseWriter, r *http.Request) (auth.Ide
 		g.observeHandshake("bad_request")
 		httpError(w, http.StatusBadRequest, protocol.CodeInvalidArgument, "device does not match the token", 0)
 		return id, "", false
+	}
+	if !g.sessionCap(w, id.User, device, poll) {
+		return auth.Identity{}, "", false
 	}
 	if g.draining.Load() {
 		g.refuse(w, "draining", protocol.CodeOverloaded, "node is draining; connect to another node", time.Second+rand.N(4*time.Second))
@@ -290,6 +293,13 @@ func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Fram
 	}
 	if f.Type == protocol.TypeDelivered {
 		s.ack(f.ConvID, f.Seq)
+	}
+	if perr := g.admitFrame(s, f); perr != nil {
+		if g.obs.Error != nil {
+			g.obs.Error(perr.Code)
+		}
+		reply(protocol.ErrorFrame(f.RID, perr))
+		return
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.RequestTimeout)
 	defer cancel()

@@ -89,6 +89,17 @@ type Config struct {
 	HeaderTimeout         time.Duration
 	BodyTimeout           time.Duration
 	MaxPendingConnections int
+
+	// Fair sharing (fair.go): sends (send, edit, recall) per second and
+	// burst per user on this node; requests (all but ping and delivered)
+	// per second and burst per connection; sessions per user on this node,
+	// and long-poll sessions among them.
+	UserSendRate           float64
+	UserSendBurst          int
+	ConnRequestRate        float64
+	ConnRequestBurst       int
+	MaxSessionsPerUser     int
+	MaxPollSessionsPerUser int
 }
 
 // DefaultConfig returns the defaults documented in docs/protocol.md.
@@ -114,6 +125,13 @@ func DefaultConfig() Config {
 		HeaderTimeout:         10 * time.Second,
 		BodyTimeout:           10 * time.Second,
 		MaxPendingConnections: 10000,
+
+		UserSendRate:           50,
+		UserSendBurst:          100,
+		ConnRequestRate:        100,
+		ConnRequestBurst:       200,
+		MaxSessionsPerUser:     16,
+		MaxPollSessionsPerUser: 4,
 	}
 }
 
@@ -134,6 +152,8 @@ func (c Config) Validate() error {
 		return errors.New("gateway: outbound queue must hold at least one maximal frame")
 	case c.MaxHeaderBytes < 1024 || c.HeaderTimeout <= 0 || c.BodyTimeout <= 0 || c.MaxPendingConnections <= 0:
 		return errors.New("gateway: header bound (at least 1 KiB), header and body timeouts and pending connections must be positive")
+	case c.UserSendRate <= 0 || c.UserSendBurst <= 0 || c.ConnRequestRate <= 0 || c.ConnRequestBurst <= 0 || c.MaxSessionsPerUser <= 0 || c.MaxPollSessionsPerUser <= 0:
+		return errors.New("gateway: fair-sharing rates, bursts and per-user session caps must be positive")
 	}
 	return nil
 }
@@ -179,6 +199,7 @@ type Gateway struct {
 	pushes        chan queued // deliveries waiting for the dispatcher (push.go)
 	shards        [64]shard
 	edge          edgeCounters
+	sends         userBuckets // per-user send budgets (fair.go)
 }
 
 // shard indexes the local sessions of the users that hash to it.
@@ -248,12 +269,16 @@ func (g *Gateway) Connections() int { return int(g.conns.Load()) }
 func (g *Gateway) Draining() bool { return g.draining.Load() }
 
 func (g *Gateway) shardOf(user string) *shard {
+	return &g.shards[g.shardIndex(user)]
+}
+
+func (g *Gateway) shardIndex(user string) uint32 {
 	h := uint32(2166136261)
 	for i := 0; i < len(user); i++ {
 		h ^= uint32(user[i])
 		h *= 16777619
 	}
-	return &g.shards[h%uint32(len(g.shards))]
+	return h % uint32(len(g.shards))
 }
 
 func (g *Gateway) add(s *session) {
@@ -331,6 +356,7 @@ func (g *Gateway) sweep() {
 	defer g.sweeper.Done()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	ticks := 0
 	for {
 		select {
 		case <-g.ctx.Done():
@@ -338,6 +364,9 @@ func (g *Gateway) sweep() {
 		case <-tick.C:
 		}
 		now := g.now()
+		if ticks++; ticks%60 == 0 {
+			g.sends.sweep(now)
+		}
 		idleBefore := now.Add(-g.cfg.IdleTimeout).UnixMilli()
 		resendBefore := now.Add(-g.cfg.RetransmitAfter).UnixMilli()
 		g.each(func(s *session) {

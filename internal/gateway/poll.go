@@ -118,7 +118,7 @@ func (g *Gateway) pollSession(id auth.Identity, r *http.Request) (*session, *mai
 // ServePoll serves GET /v1/poll?device=D[&session=S][&wait_ms=N].
 func (g *Gateway) ServePoll(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Get("session") == "" {
-		id, device, ok := g.admitRequest(w, r)
+		id, device, ok := g.admitRequest(w, r, true)
 		if !ok {
 			return
 		}

@@ -27,6 +27,9 @@ type session struct {
 	// first frame clears it again (the sweeper owns idle timeouts).
 	deadlineCleared atomic.Bool
 	badFrames       atomic.Int32 // consecutive bad frames
+	// requests is the connection's request budget (fair.go), allocated
+	// on its first counted request.
+	requests atomic.Pointer[bucket]
 
 	mu struct {
 		sync.Mutex

@@ -64,12 +64,18 @@ func Options(t testing.TB) server.Options {
 	if os.Getenv("PARLEY_TEST_LOG") != "" {
 		level = slog.LevelDebug
 	}
+	gw := gateway.DefaultConfig()
+	// Tests drive single users far harder than people do; the fair-sharing
+	// limits have their own tests, which set them (internal/e2e).
+	gw.UserSendRate, gw.UserSendBurst = 1e9, 1e9
+	gw.ConnRequestRate, gw.ConnRequestBurst = 1e9, 1e9
+	gw.MaxSessionsPerUser, gw.MaxPollSessionsPerUser = 1e6, 1e6
 	return server.Options{
 		Listen:      "127.0.0.1:0",
 		DataDir:     t.TempDir(),
 		Node:        "test1",
 		Auth:        auth.Config{HS256Key: key, Leeway: 30 * time.Second},
-		Gateway:     gateway.DefaultConfig(),
+		Gateway:     gw,
 		Chat:        chat.DefaultConfig(),
 		BucketWidth: 240 * time.Hour,
 		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
