@@ -80,17 +80,28 @@ func (m *mailbox) close(int, string) {
 	m.g.gone(m.s)
 }
 
-// take waits up to wait for frames and returns all that are queued.
-func (m *mailbox) take(wait time.Duration) ([][]byte, bool) {
+// take waits up to wait for frames and returns those queued, oldest first,
+// up to budget bytes (at least one frame); the rest wait for the next poll.
+func (m *mailbox) take(wait time.Duration, budget int) ([][]byte, bool) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	for {
 		m.mu.Lock()
 		if len(m.mu.frames) > 0 || m.mu.closed {
-			out, closed := m.mu.frames, m.mu.closed
-			m.mu.frames, m.mu.size = nil, 0
+			n, size := 0, 0
+			for n < len(m.mu.frames) && (n == 0 || size+len(m.mu.frames[n]) <= budget) {
+				size += len(m.mu.frames[n])
+				n++
+			}
+			out, closed := m.mu.frames[:n:n], m.mu.closed
+			if n == len(m.mu.frames) {
+				m.mu.frames, m.mu.size = nil, 0
+			} else {
+				m.mu.frames, m.mu.size = m.mu.frames[n:], m.mu.size-size
+				m.signal() // more is ready for the next poll
+			}
 			m.mu.Unlock()
-			return out, closed
+			return out, closed && n == 0
 		}
 		m.mu.Unlock()
 		select {
@@ -127,7 +138,7 @@ func (g *Gateway) ServePoll(w http.ResponseWriter, r *http.Request) {
 		s.tr = m
 		g.polls.Store(s.id, m)
 		g.open(s)
-		frames, _ := m.take(0)
+		frames, _ := m.take(0, g.MaxHTTPAnswer())
 		writeFrames(w, frames)
 		return
 	}
@@ -150,7 +161,7 @@ func (g *Gateway) ServePoll(w http.ResponseWriter, r *http.Request) {
 		wait = min(time.Duration(ms)*time.Millisecond, wait)
 	}
 	s.lastSeen.Store(g.now().UnixMilli())
-	frames, closed := m.take(wait)
+	frames, closed := m.take(wait, g.MaxHTTPAnswer())
 	s.lastSeen.Store(g.now().UnixMilli())
 	if closed && len(frames) == 0 {
 		httpError(w, http.StatusNotFound, protocol.CodeNotFound, "poll session gone: open a new one and sync", 0)
@@ -216,6 +227,14 @@ func (g *Gateway) ServeRPC(w http.ResponseWriter, r *http.Request) {
 	g.handleFrame(s, body, func(f *protocol.Frame) { resp = f })
 	if resp == nil {
 		resp = &protocol.Frame{Type: protocol.TypeOK}
+	}
+	if resp.Type == protocol.TypeHistory || resp.Type == protocol.TypeSnapshot {
+		// Paged to fit the write buffer (page.go); the request decoded, or
+		// there would be no such answer.
+		if req, perr := protocol.DecodeClient(body, g.cfg.Limits); perr == nil {
+			FitHistory(req, resp, g.MaxHTTPAnswer())
+		}
+		FitSnapshot(resp.Snapshot, g.MaxHTTPAnswer())
 	}
 	data, err := jsonMarshal(resp)
 	if err != nil {

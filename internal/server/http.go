@@ -49,6 +49,7 @@ func (s *Server) handleSnapshot(w http.ResponseWriter, r *http.Request) {
 	if snap == nil {
 		snap = []protocol.ConvSnapshot{}
 	}
+	gateway.FitSnapshot(snap, s.gw.MaxHTTPAnswer())
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(struct {
 		Snapshot []protocol.ConvSnapshot `json:"snapshot"`
