@@ -488,3 +488,40 @@ func TestSignedPreKeyRotation(t *testing.T) {
 		t.Fatalf("session on a pruned signed prekey: %v", err)
 	}
 }
+
+// Sessions live in the Store: a device reopened from its files continues
+// the conversation.
+func TestSessionSurvivesReopen(t *testing.T) {
+	dir := t.TempDir()
+	fs, err := OpenFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenDevice(fs, Address{"alice", "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice := &testDev{Device: d}
+	bob := newTestDev(t, "bob", "b")
+	start(t, alice, bob, true, true)
+	typ, ct := mustEncrypt(t, alice, bob, "before restart")
+	mustDecrypt(t, bob, alice, typ, ct, "before restart")
+	typ, ct = mustEncrypt(t, bob, alice, "while away")
+
+	fs2, err := OpenFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d2, err := OpenDevice(fs2, Address{"alice", "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice2 := &testDev{Device: d2}
+	mustDecrypt(t, alice2, bob, typ, ct, "while away")
+	typ, ct = mustEncrypt(t, alice2, bob, "after restart")
+	if typ != TypeSignal {
+		t.Fatalf("type %d after the answer", typ)
+	}
+	mustDecrypt(t, bob, alice2, typ, ct, "after restart")
+	checkModes(t, dir)
+}
