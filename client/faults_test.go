@@ -358,8 +358,15 @@ func TestSlowApplicationLosesNothing(t *testing.T) {
 func TestOverloadedHonoursRetryAfter(t *testing.T) {
 	srv := servertest.Start(t, servertest.WithGateway(func(g *gateway.Config) { g.HandshakeRate, g.HandshakeBurst = 2, 1 }))
 	px := newProxy(t, srv.URL)
-	// Take the only token: the client's first handshake is refused.
-	resp, err := http.Get(srv.HTTPURL + "/v1/ws?device=x")
+	// Take the only token with an authenticated (non-upgrade) request:
+	// the budget is charged after authentication, so the client's first
+	// handshake is refused.
+	req, err := http.NewRequest(http.MethodGet, srv.HTTPURL+"/v1/ws?device=x", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+srv.Token("mallory"))
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
