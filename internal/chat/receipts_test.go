@@ -30,6 +30,7 @@ type receiptRig struct {
 	b    bus.Bus
 	mu   sync.Mutex
 	seen []protocol.Frame // receipts pushed, in order
+	node uint16           // Snowflake node of the last service started
 }
 
 func newReceiptRig(t *testing.T) *receiptRig {
@@ -73,7 +74,11 @@ func newReceiptRig(t *testing.T) *receiptRig {
 // service starts a service on the rig's store: a second call stands for
 // a restarted process, with nothing in memory.
 func (r *receiptRig) service() *Service {
-	svc, err := New(DefaultConfig(), Deps{Store: r.st, Registry: r.reg, Bus: r.b, IDs: snowflake.New(1, nil),
+	// Each service is a process of its own, with its own Snowflake node:
+	// a restarted process reusing the node within the same millisecond
+	// could mint an id the first one already used.
+	r.node++
+	svc, err := New(DefaultConfig(), Deps{Store: r.st, Registry: r.reg, Bus: r.b, IDs: snowflake.New(r.node, nil),
 		Online: fanout.NewOnline(r.st), Ledger: r.led})
 	if err != nil {
 		r.t.Fatal(err)
