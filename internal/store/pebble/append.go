@@ -221,7 +221,7 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 		return res, err
 	}
 	applied = true
-	st.row = row
+	st.setRow(row)
 	if rowsLocked {
 		st.inline = inline
 		st.rowsMu.Unlock()

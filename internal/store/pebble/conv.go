@@ -29,8 +29,10 @@ type convState struct {
 	// membership changes, tier.
 	mu sync.Mutex
 	// row is the C row as last applied (LastSeq may be ahead of durable);
-	// guarded by mu.
-	row store.Conversation
+	// guarded by mu. snap is a copy of it for readers without mu (set
+	// with it by setRow).
+	row  store.Conversation
+	snap atomic.Pointer[store.Conversation]
 	// inflight maps sender 0x00 client_msg_id to an append that is applied
 	// but not yet durable; a duplicate waits for it. Guarded by mu.
 	inflight map[string]*pendingAppend
@@ -301,12 +303,18 @@ func (s *Store) load(st *convState) error {
 		if err != nil {
 			return err
 		}
-		st.row = row
+		st.setRow(row)
 		st.durable.Store(row.LastSeq)
 		st.exists.Store(true)
 	}
 	st.loaded.Store(true)
 	return nil
+}
+
+// setRow records row as the applied C row; mu held.
+func (st *convState) setRow(row store.Conversation) {
+	st.row = row
+	st.snap.Store(&row)
 }
 
 // capLastSeq hides a last_seq that is applied but not yet durable.
@@ -384,7 +392,7 @@ func (s *Store) create(c store.Conversation, members []store.Member, extra func(
 	if err := s.db.Apply(b, syncWrite); err != nil {
 		return err
 	}
-	st.row = row
+	st.setRow(row)
 	st.exists.Store(true)
 	return nil
 }
@@ -460,6 +468,15 @@ func (s *Store) Conversation(ctx context.Context, id uint64) (store.Conversation
 }
 
 func (s *Store) conversation(id uint64) (store.Conversation, error) {
+	// The C row as applied, from memory once loaded; like a read of the
+	// key, it is capped at the durable watermark below.
+	if st := s.peek(id); st != nil && st.exists.Load() {
+		if p := st.snap.Load(); p != nil {
+			c := *p
+			c.LastSeq = min(c.LastSeq, st.durable.Load())
+			return c, nil
+		}
+	}
 	v, found, err := s.get(convKey(id))
 	if err != nil {
 		return store.Conversation{}, err
@@ -502,7 +519,7 @@ func (s *Store) setTier(conv uint64, tier uint8) error {
 	if err := s.db.Set(convKey(conv), encodeConv(row), syncWrite); err != nil {
 		return err
 	}
-	st.row = row
+	st.setRow(row)
 	// The synced write follows every applied append in the WAL.
 	st.raiseDurable(row.LastSeq)
 	return nil

@@ -24,6 +24,16 @@ func (s *Store) Member(ctx context.Context, convID uint64, user string) (store.M
 		return store.Member{}, err
 	}
 	defer s.gate.RUnlock()
+	// A current member is in the cached memberships when they are known.
+	if st := s.peek(convID); st != nil {
+		if p := st.members.Load(); p != nil {
+			for _, m := range *p {
+				if m.UserID == user {
+					return m, nil
+				}
+			}
+		}
+	}
 	m, err := s.member(convID, user)
 	if err != nil {
 		return store.Member{}, fmt.Errorf("pebble: %s %d: %w", op, convID, err)
@@ -253,7 +263,7 @@ func (s *Store) commitMembership(st *convState, b *cpebble.Batch, row store.Conv
 	if err := s.db.Apply(b, syncWrite); err != nil {
 		return err
 	}
-	st.row = row
+	st.setRow(row)
 	// The synced batch follows every applied append in the WAL.
 	st.raiseDurable(row.LastSeq)
 	return nil
