@@ -27,7 +27,8 @@ type Registry interface {
 	// Unregister removes (user, device) only if it is still held by
 	// session, so a late disconnect never removes a newer connection.
 	Unregister(ctx context.Context, user, device, session string) error
-	// Lookup returns the online devices of each user that has any.
+	// Lookup returns the online devices of each user that has any. The
+	// slices may be shared with the registry: callers must not modify them.
 	Lookup(ctx context.Context, users []string) (map[string][]Entry, error)
 	// DropNode removes every entry of node (a gateway that stopped).
 	DropNode(ctx context.Context, node string) error

@@ -5,6 +5,9 @@
 //
 // A user's devices are a small slice, not a map: users have a handful of
 // devices, and an inner map would cost most of an idle connection's memory.
+// A stored slice is never modified (every change stores a new one), so
+// Lookup hands out the stored slices themselves: a fan-out to 10,000 users
+// copies no entries.
 package memory
 
 import (
@@ -38,14 +41,16 @@ func (r *Registry) Register(_ context.Context, e registry.Entry) (*registry.Entr
 	devs := r.mu.users[e.User]
 	for i, old := range devs {
 		if old.Device == e.Device {
+			devs = slices.Clone(devs)
 			devs[i] = e
+			r.mu.users[e.User] = devs
 			if old.Session != e.Session || old.Node != e.Node {
 				return &old, nil
 			}
 			return nil, nil
 		}
 	}
-	r.mu.users[e.User] = append(devs, e)
+	r.mu.users[e.User] = append(devs[:len(devs):len(devs)], e)
 	return nil, nil
 }
 
@@ -55,7 +60,7 @@ func (r *Registry) Unregister(_ context.Context, user, device, session string) e
 	devs := r.mu.users[user]
 	for i, e := range devs {
 		if e.Device == device && e.Session == session {
-			r.set(user, slices.Delete(devs, i, i+1))
+			r.set(user, slices.Delete(slices.Clone(devs), i, i+1))
 			return nil
 		}
 	}
@@ -71,13 +76,15 @@ func (r *Registry) set(user string, devs []registry.Entry) {
 	r.mu.users[user] = devs
 }
 
+// Lookup returns the stored slices, which are never modified: callers must
+// not modify them either.
 func (r *Registry) Lookup(_ context.Context, users []string) (map[string][]registry.Entry, error) {
-	out := make(map[string][]registry.Entry)
+	out := make(map[string][]registry.Entry, len(users))
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	for _, u := range users {
 		if devs := r.mu.users[u]; len(devs) > 0 {
-			out[u] = slices.Clone(devs)
+			out[u] = devs
 		}
 	}
 	return out, nil
@@ -87,7 +94,9 @@ func (r *Registry) DropNode(_ context.Context, node string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for u, devs := range r.mu.users {
-		r.set(u, slices.DeleteFunc(devs, func(e registry.Entry) bool { return e.Node == node }))
+		if slices.ContainsFunc(devs, func(e registry.Entry) bool { return e.Node == node }) {
+			r.set(u, slices.DeleteFunc(slices.Clone(devs), func(e registry.Entry) bool { return e.Node == node }))
+		}
 	}
 	return nil
 }
