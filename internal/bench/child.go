@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -103,14 +104,14 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("start server: %w", err)
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	args := append([]string{"serve", "--listen", addr, "--data-dir", cfg.DataDir}, Unthrottled...)
-	args = append(args, cfg.Args...)
+	args := append([]string{"serve", "--listen", addr, "--data-dir", cfg.DataDir}, cfg.Args...)
 	cmd := exec.Command(cfg.Binary, args...)
 	cmd.Stdout = cfg.Stderr
 	cmd.Stderr = cfg.Stderr
-	if len(cfg.Env) > 0 {
-		cmd.Env = append(os.Environ(), cfg.Env...)
-	}
+	// The limits are lifted through the environment, not flags: a build
+	// that predates a setting ignores an unknown PARLEY_* variable where it
+	// would refuse an unknown flag, so -server-binary can start older builds.
+	cmd.Env = append(append(os.Environ(), flagsAsEnv(Unthrottled)...), cfg.Env...)
 	// SIGTERM on the benchmark's death lets the server close its store
 	// cleanly instead of leaving a half-written WAL behind.
 	c, err := startChild("server", cmd, syscall.SIGTERM)
@@ -223,6 +224,18 @@ func reportCommand(report func() any) func(string) (string, error) {
 		}
 		return respReport + " " + string(b), nil
 	}
+}
+
+// flagsAsEnv turns "--a.b-c", "v" pairs into PARLEY_A_B_C=v, the
+// variables `parley serve` reads for the same settings.
+func flagsAsEnv(flags []string) []string {
+	var out []string
+	for i := 0; i+1 < len(flags); i += 2 {
+		name := strings.TrimLeft(flags[i], "-")
+		name = strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(name))
+		out = append(out, "PARLEY_"+name+"="+flags[i+1])
+	}
+	return out
 }
 
 // Unthrottled lifts the per-user and per-connection fair-sharing limits:
