@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -503,4 +504,45 @@ func TestWebReadClearsOtherTab(t *testing.T) {
 	bob1.waitBodies("one", "two")
 	bob2.waitBadge("alice", "")
 	bob2.shot("cleared by the other tab")
+}
+
+// TestWebHistoryScroll: a long conversation opens with its latest page;
+// scrolling to the top loads the older messages, each once.
+func TestWebHistoryScroll(t *testing.T) {
+	n := startNode(t)
+	b := newBrowser(t)
+	bob := b.user("bob")
+	bob.login(n, "bob")
+	// alice writes 45 messages through the HTTP fallback.
+	tok := n.srv.Token("alice")
+	rpc := func(frame string) map[string]any {
+		req, _ := http.NewRequest(http.MethodPost, n.srv.HTTPURL+"/v1/rpc?device=script", strings.NewReader(frame))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("rpc %s: %d %v", frame, resp.StatusCode, err)
+		}
+		return out
+	}
+	conv := rpc(`{"type":"open_direct","peer":"bob"}`)["conv"].(map[string]any)["conv_id"].(string)
+	var want []string
+	for i := 1; i <= 45; i++ {
+		body := fmt.Sprintf("message %d", i)
+		want = append(want, body)
+		if r := rpc(fmt.Sprintf(`{"type":"send","conv_id":%q,"client_msg_id":"c%d","body":%q}`, conv, i, body)); r["type"] != "ack" {
+			t.Fatalf("send: %v", r)
+		}
+	}
+	bob.openConv("alice")
+	bob.until("latest page", `document.querySelectorAll("#messages li[data-seq]").length === 30`)
+	bob.shot("latest page")
+	bob.eval(`document.getElementById("messages").scrollTop = 0, true`, new(bool))
+	bob.waitBodies(want...)
+	bob.seqsOnce()
+	bob.shot("older loaded")
 }

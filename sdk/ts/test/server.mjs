@@ -78,6 +78,7 @@ export class Server {
   }
 
   async close() {
+    for (const c of this.clients ?? []) c.close(); // no timers left behind, even after a failed test
     await this.stop();
     rmSync(this.dataDir, { recursive: true, force: true });
   }
@@ -93,6 +94,7 @@ export class Server {
     const token = await this.token(user);
     const c = new Client({ url: this.url, token, device, WebSocket, minBackoffMs: 50, maxBackoffMs: 1000, ...opts });
     c.log = new Recorder(c);
+    (this.clients ??= []).push(c);
     c.start();
     return c;
   }
