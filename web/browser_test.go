@@ -472,9 +472,9 @@ func TestWebServerRestart(t *testing.T) {
 	n.start()
 	alice.connected()
 	bob.connected()
-	b.mu.Lock()
-	b.allowNetErrors = false
-	b.mu.Unlock()
+	// Network messages stay tolerated to the end: the browser reports the
+	// old connections' ends and ended fallback sessions (404) late.
+	// Exceptions and console.error calls still fail the test.
 	bob.send("after")
 	for _, tb := range []*tab{alice, bob} {
 		tb.waitBodies("before", "while down", "after")

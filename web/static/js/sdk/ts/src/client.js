@@ -170,8 +170,13 @@ export class Client {
         }
         catch (e) {
             const he = e instanceof HandshakeError ? e : new HandshakeError(0, "unreachable", String(e), 0, true);
+            // Fall back to HTTP only while HTTP reaches the server and the
+            // WebSocket does not: when neither does, the server is down, and the
+            // next attempt tries the WebSocket again.
             if (!useHTTP && he.unreachable)
                 this.wsFailures++;
+            if (useHTTP && he.unreachable && this.o.transport === "auto")
+                this.wsFailures = 0;
             if (he.code === "unauthorized" || he.code === "token_expired") {
                 if (typeof this.o.token !== "function") {
                     this.stop(`handshake refused: ${he.code}`, new ParleyError(he.code, he.message));
