@@ -210,3 +210,28 @@ func TestDevToken(t *testing.T) {
 		}
 	}
 }
+
+// TestPage: the page and its assets are served with their security headers
+// when web.page is on, and not at all when it is off.
+func TestPage(t *testing.T) {
+	on := servertest.Start(t, withWeb(server.Web{Page: true}))
+	resp, body := do(t, http.MethodGet, on.HTTPURL+"/", nil, "")
+	if resp.StatusCode != 200 || !strings.Contains(body, `<script type="module"`) || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
+		t.Fatalf("GET /: %d %s", resp.StatusCode, resp.Header)
+	}
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'self'") {
+		t.Fatalf("CSP %q", csp)
+	}
+	for _, asset := range []string{"/web/app.css", "/web/js/web/src/app.js", "/web/js/sdk/ts/src/client.js"} {
+		if resp, _ := do(t, http.MethodGet, on.HTTPURL+asset, nil, ""); resp.StatusCode != 200 {
+			t.Fatalf("GET %s: %d", asset, resp.StatusCode)
+		}
+	}
+	if resp, _ := do(t, http.MethodGet, on.HTTPURL+"/web/nope.js", nil, ""); resp.StatusCode != 404 {
+		t.Fatalf("missing asset: %d", resp.StatusCode)
+	}
+	off := servertest.Start(t)
+	if resp, _ := do(t, http.MethodGet, off.HTTPURL+"/", nil, ""); resp.StatusCode != 404 {
+		t.Fatalf("GET / with web.page off: %d, want 404", resp.StatusCode)
+	}
+}
