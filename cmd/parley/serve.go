@@ -84,6 +84,8 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 	gw.ConnRequestBurst = g.ConnRequestBurst
 	gw.MaxSessionsPerUser = g.MaxSessionsPerUser
 	gw.MaxPollSessionsPerUser = g.MaxPollSessionsPerUser
+	gw.UserHandshakeRate = g.UserHandshakeRate
+	gw.UserHandshakeBurst = g.UserHandshakeBurst
 	roles := cfg.RoleSet()
 	o := server.Options{
 		Listen: cfg.Listen, DataDir: cfg.DataDir, Node: cfg.NodeID, Auth: authCfg,

@@ -245,4 +245,5 @@ var Unthrottled = []string{
 	"--gateway.user-send-rate", "1e9", "--gateway.user-send-burst", "1000000000",
 	"--gateway.conn-request-rate", "1e9", "--gateway.conn-request-burst", "1000000000",
 	"--gateway.max-sessions-per-user", "1000000", "--gateway.max-poll-sessions-per-user", "1000000",
+	"--gateway.user-handshake-rate", "1e9", "--gateway.user-handshake-burst", "1000000000",
 }

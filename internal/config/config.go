@@ -160,6 +160,10 @@ type Gateway struct {
 	ConnRequestBurst       int     `yaml:"conn_request_burst"`
 	MaxSessionsPerUser     int     `yaml:"max_sessions_per_user"`
 	MaxPollSessionsPerUser int     `yaml:"max_poll_sessions_per_user"`
+	// UserHandshakeRate and UserHandshakeBurst bound one user's new
+	// sessions per second on this node.
+	UserHandshakeRate  float64 `yaml:"user_handshake_rate"`
+	UserHandshakeBurst int     `yaml:"user_handshake_burst"`
 }
 
 // Limits mirrors protocol.Limits with YAML keys.
@@ -255,6 +259,8 @@ func defaults() Config {
 			ConnRequestBurst:       200,
 			MaxSessionsPerUser:     16,
 			MaxPollSessionsPerUser: 4,
+			UserHandshakeRate:      5,
+			UserHandshakeBurst:     20,
 		},
 		Limits: Limits(protocol.DefaultLimits),
 		Chat: Chat{
@@ -477,6 +483,7 @@ func (c Config) validateGateway(p *problems) {
 	p.check(g.ConnRequestRate > 0 && g.ConnRequestBurst > 0, "gateway.conn_request_rate", "rate and burst must be positive, got %v and %d", g.ConnRequestRate, g.ConnRequestBurst)
 	p.check(g.MaxSessionsPerUser > 0, "gateway.max_sessions_per_user", "must be positive, got %d", g.MaxSessionsPerUser)
 	p.check(g.MaxPollSessionsPerUser > 0, "gateway.max_poll_sessions_per_user", "must be positive, got %d", g.MaxPollSessionsPerUser)
+	p.check(g.UserHandshakeRate > 0 && g.UserHandshakeBurst > 0, "gateway.user_handshake_rate", "rate and burst must be positive, got %v and %d", g.UserHandshakeRate, g.UserHandshakeBurst)
 }
 
 func (c Config) validateLimits(p *problems) {

@@ -191,6 +191,8 @@ func fields(c *Config) []field {
 		{"gateway.conn_request_burst", "requests one connection may send at once above the rate", intVal{&g.ConnRequestBurst}},
 		{"gateway.max_sessions_per_user", "sessions (devices) one user may hold on this node", intVal{&g.MaxSessionsPerUser}},
 		{"gateway.max_poll_sessions_per_user", "long-poll sessions one user may hold on this node", intVal{&g.MaxPollSessionsPerUser}},
+		{"gateway.user_handshake_rate", "new sessions per second per user on this node", floatVal{&g.UserHandshakeRate}},
+		{"gateway.user_handshake_burst", "new sessions one user may open at once above the rate", intVal{&g.UserHandshakeBurst}},
 		{"limits.max_frame_bytes", "largest client frame", intVal{&l.MaxFrameBytes}},
 		{"limits.max_body_bytes", "largest message body", intVal{&l.MaxBodyBytes}},
 		{"limits.max_client_msg_id", "longest client_msg_id", intVal{&l.MaxClientMsgID}},

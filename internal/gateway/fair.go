@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -41,7 +42,7 @@ type userBuckets struct {
 	}
 }
 
-func (u *userBuckets) take(g *Gateway, user string, now time.Time) (bool, time.Duration) {
+func (u *userBuckets) take(g *Gateway, user string, rate float64, burst int, now time.Time) (bool, time.Duration) {
 	sh := &u.shards[g.shardIndex(user)]
 	sh.mu.Lock()
 	b := sh.m[user]
@@ -49,7 +50,7 @@ func (u *userBuckets) take(g *Gateway, user string, now time.Time) (bool, time.D
 		if sh.m == nil {
 			sh.m = make(map[string]*bucket)
 		}
-		b = newBucket(g.cfg.UserSendRate, g.cfg.UserSendBurst, now)
+		b = newBucket(rate, burst, now)
 		sh.m[user] = b
 	}
 	sh.mu.Unlock()
@@ -70,8 +71,29 @@ func (u *userBuckets) sweep(now time.Time) {
 	}
 }
 
+// maxLimitedRun consecutive rate_limited answers close the connection with
+// CloseRateLimited: a client that ignores retry_after_ms would otherwise
+// keep the node decoding and refusing its requests as fast as it sends
+// them; it has to reconnect, which the handshake budget and the session
+// caps bound.
+const maxLimitedRun = 100
+
 // admitFrame applies the fair-sharing limits to one decoded request of s.
 func (g *Gateway) admitFrame(s *session, f *protocol.Frame) *protocol.Error {
+	perr := g.fairShare(s, f)
+	if perr == nil {
+		if limited(f.Type) {
+			s.limitedRun.Store(0)
+		}
+		return nil
+	}
+	if s.limitedRun.Add(1) >= maxLimitedRun {
+		s.close(protocol.CloseRateLimited, "requests keep exceeding the rate limits; reconnect after a pause")
+	}
+	return perr
+}
+
+func (g *Gateway) fairShare(s *session, f *protocol.Frame) *protocol.Error {
 	now := g.now()
 	if limited(f.Type) {
 		b := s.requests.Load()
@@ -86,7 +108,7 @@ func (g *Gateway) admitFrame(s *session, f *protocol.Frame) *protocol.Error {
 		}
 	}
 	if isSend(f.Type) {
-		if ok, wait := g.sends.take(g, s.user, now); !ok {
+		if ok, wait := g.sends.take(g, s.user, g.cfg.UserSendRate, g.cfg.UserSendBurst, now); !ok {
 			return rateLimited("too many messages from this user (gateway.user_send_rate)", wait)
 		}
 	}
@@ -114,6 +136,13 @@ func (g *Gateway) sessionCap(w http.ResponseWriter, user, device string, poll bo
 			polls++
 		}
 	}
+	if ok, wait := g.handshakes.take(g, user, g.cfg.UserHandshakeRate, g.cfg.UserHandshakeBurst, g.now()); !ok {
+		// Per user, so that one user reconnecting in a loop (a client
+		// closed for ignoring rate limits) cannot spend the node's budget.
+		g.observeHandshake("user_rate")
+		httpError(w, http.StatusTooManyRequests, protocol.CodeRateLimited, "too many handshakes from this user (gateway.user_handshake_rate)", wait+rand.N(time.Second))
+		return false
+	}
 	switch {
 	case devices >= g.cfg.MaxSessionsPerUser:
 		g.observeHandshake("user_cap")
@@ -125,4 +154,14 @@ func (g *Gateway) sessionCap(w http.ResponseWriter, user, device string, poll bo
 		return false
 	}
 	return true
+}
+
+// expiresMS is the session expiry a token gives: its exp. A connection
+// outlives its token by at most the sweeper's period (1 s); it is then
+// closed with CloseTokenExpired and the client reconnects with a new one.
+func expiresMS(id auth.Identity) int64 {
+	if id.Expires.IsZero() {
+		return 0
+	}
+	return id.Expires.UnixMilli()
 }

@@ -100,6 +100,10 @@ type Config struct {
 	ConnRequestBurst       int
 	MaxSessionsPerUser     int
 	MaxPollSessionsPerUser int
+	// UserHandshakeRate and UserHandshakeBurst bound one user's new
+	// sessions per second on this node.
+	UserHandshakeRate  float64
+	UserHandshakeBurst int
 }
 
 // DefaultConfig returns the defaults documented in docs/protocol.md.
@@ -132,6 +136,8 @@ func DefaultConfig() Config {
 		ConnRequestBurst:       200,
 		MaxSessionsPerUser:     16,
 		MaxPollSessionsPerUser: 4,
+		UserHandshakeRate:      5,
+		UserHandshakeBurst:     20,
 	}
 }
 
@@ -152,7 +158,7 @@ func (c Config) Validate() error {
 		return errors.New("gateway: outbound queue must hold at least one maximal frame")
 	case c.MaxHeaderBytes < 1024 || c.HeaderTimeout <= 0 || c.BodyTimeout <= 0 || c.MaxPendingConnections <= 0:
 		return errors.New("gateway: header bound (at least 1 KiB), header and body timeouts and pending connections must be positive")
-	case c.UserSendRate <= 0 || c.UserSendBurst <= 0 || c.ConnRequestRate <= 0 || c.ConnRequestBurst <= 0 || c.MaxSessionsPerUser <= 0 || c.MaxPollSessionsPerUser <= 0:
+	case c.UserSendRate <= 0 || c.UserSendBurst <= 0 || c.ConnRequestRate <= 0 || c.ConnRequestBurst <= 0 || c.MaxSessionsPerUser <= 0 || c.MaxPollSessionsPerUser <= 0 || c.UserHandshakeRate <= 0 || c.UserHandshakeBurst <= 0:
 		return errors.New("gateway: fair-sharing rates, bursts and per-user session caps must be positive")
 	}
 	return nil
@@ -200,6 +206,7 @@ type Gateway struct {
 	shards        [64]shard
 	edge          edgeCounters
 	sends         userBuckets // per-user send budgets (fair.go)
+	handshakes    userBuckets // per-user handshake budgets (fair.go)
 }
 
 // shard indexes the local sessions of the users that hash to it.
@@ -366,12 +373,17 @@ func (g *Gateway) sweep() {
 		now := g.now()
 		if ticks++; ticks%60 == 0 {
 			g.sends.sweep(now)
+			g.handshakes.sweep(now)
 		}
 		idleBefore := now.Add(-g.cfg.IdleTimeout).UnixMilli()
 		resendBefore := now.Add(-g.cfg.RetransmitAfter).UnixMilli()
 		g.each(func(s *session) {
 			if s.lastSeen.Load() < idleBefore {
 				s.close(protocol.CloseIdleTimeout, "idle timeout")
+				return
+			}
+			if s.expiresMS != 0 && s.expiresMS <= now.UnixMilli() {
+				s.close(protocol.CloseTokenExpired, "token expired: reconnect with a new token")
 				return
 			}
 			s.retransmit(resendBefore, now.UnixMilli())

@@ -134,6 +134,7 @@ func (g *Gateway) ServePoll(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s := g.newSession(id.User, device, nil)
+		s.expiresMS = expiresMS(id)
 		m := &mailbox{g: g, s: s, ready: make(chan struct{}, 1)}
 		s.tr = m
 		g.polls.Store(s.id, m)

@@ -19,14 +19,18 @@ type session struct {
 	tr     transport
 
 	lastSeen atomic.Int64 // unix ms of the last frame received
-	closed   atomic.Bool
-	present  atomic.Bool // counted by the presence tracker
-	greeted  atomic.Bool // the hello is out; pushes may follow
+	// expiresMS is the token's exp (unix ms, 0: none), set before the
+	// session is indexed; the sweeper closes the session once it passes.
+	expiresMS int64
+	closed    atomic.Bool
+	present   atomic.Bool // counted by the presence tracker
+	greeted   atomic.Bool // the hello is out; pushes may follow
 	// deadlineCleared: nbio arms its HTTP read deadline after registering
 	// the connection, which can land after the upgrade cleared it; the
 	// first frame clears it again (the sweeper owns idle timeouts).
 	deadlineCleared atomic.Bool
 	badFrames       atomic.Int32 // consecutive bad frames
+	limitedRun      atomic.Int32 // consecutive requests refused rate_limited
 	// requests is the connection's request budget (fair.go), allocated
 	// on its first counted request.
 	requests atomic.Pointer[bucket]

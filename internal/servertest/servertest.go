@@ -70,6 +70,7 @@ func Options(t testing.TB) server.Options {
 	gw.UserSendRate, gw.UserSendBurst = 1e9, 1e9
 	gw.ConnRequestRate, gw.ConnRequestBurst = 1e9, 1e9
 	gw.MaxSessionsPerUser, gw.MaxPollSessionsPerUser = 1e6, 1e6
+	gw.UserHandshakeRate, gw.UserHandshakeBurst = 1e9, 1e9
 	return server.Options{
 		Listen:      "127.0.0.1:0",
 		DataDir:     t.TempDir(),
