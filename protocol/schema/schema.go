@@ -11,6 +11,7 @@ package schema
 import (
 	"bytes"
 	_ "embed"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -96,10 +97,59 @@ func validate(loc string, data []byte) error {
 }
 
 // ServerFrame validates one frame the server sent.
-func ServerFrame(data []byte) error { return validate(framesURL+"#/$defs/ServerFrame", data) }
+func ServerFrame(data []byte) error { return validateFrame("ServerFrame", data) }
 
 // ClientFrame validates one frame a client sends.
-func ClientFrame(data []byte) error { return validate(framesURL+"#/$defs/ClientFrame", data) }
+func ClientFrame(data []byte) error { return validateFrame("ClientFrame", data) }
+
+var (
+	branchOnce sync.Once
+	branches   map[string]map[string]string // union → frame type → its $defs entry
+)
+
+// validateFrame validates data against the union's branch for its type
+// (the same verdict as the oneOf, without evaluating every branch: the
+// e2e tests validate every frame, so this is on their read path). A frame
+// whose type names no branch is validated against the whole union, which
+// fails with every branch's complaint.
+func validateFrame(union string, data []byte) error {
+	branchOnce.Do(func() {
+		var doc struct {
+			Defs map[string]struct {
+				OneOf []struct {
+					Ref string `json:"$ref"`
+				} `json:"oneOf"`
+				Properties struct {
+					Type struct {
+						Const string `json:"const"`
+					} `json:"type"`
+				} `json:"properties"`
+			} `json:"$defs"`
+		}
+		branches = map[string]map[string]string{}
+		if json.Unmarshal(FramesJSON, &doc) != nil {
+			return
+		}
+		for _, u := range []string{"ServerFrame", "ClientFrame"} {
+			branches[u] = map[string]string{}
+			for _, r := range doc.Defs[u].OneOf {
+				name := strings.TrimPrefix(r.Ref, "#/$defs/")
+				if t := doc.Defs[name].Properties.Type.Const; t != "" {
+					branches[u][t] = name
+				}
+			}
+		}
+	})
+	var head struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(data, &head) == nil {
+		if name, ok := branches[union][head.Type]; ok {
+			return validate(framesURL+"#/$defs/"+name, data)
+		}
+	}
+	return validate(framesURL+"#/$defs/"+union, data)
+}
 
 // Def validates data against frames.json's $defs/name.
 func Def(name string, data []byte) error { return validate(framesURL+"#/$defs/"+name, data) }

@@ -72,3 +72,13 @@ func TestHTTPAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func BenchmarkServerFrame(b *testing.B) {
+	f := &protocol.Frame{Type: protocol.TypeMsg, Message: &protocol.Message{ConvID: 7, Seq: 1, MsgID: 9, Sender: "a", Kind: "text", Body: "hi", ServerTime: 1}}
+	data, _ := json.Marshal(f)
+	for b.Loop() {
+		if err := ServerFrame(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
