@@ -546,3 +546,26 @@ func TestWebHistoryScroll(t *testing.T) {
 	bob.seqsOnce()
 	bob.shot("older loaded")
 }
+
+// TestWebKeyboardOnly: signing in, opening a chat and sending work with the
+// keyboard alone (Enter submits each form), and every control has a label.
+func TestWebKeyboardOnly(t *testing.T) {
+	n := startNode(t)
+	b := newBrowser(t)
+	alice := b.user("alice")
+	alice.run(chromedp.Navigate(n.url()), chromedp.WaitVisible(chromedp.ID("login-name")))
+	alice.until("name field focused", `document.activeElement && document.activeElement.id === "login-name"`)
+	alice.run(chromedp.SendKeys(chromedp.ID("login-name"), "alice\n"))
+	alice.connected()
+	alice.run(chromedp.SendKeys(chromedp.ID("peer"), "bob\n"))
+	alice.until("chat open, composer focused", `document.getElementById("title").textContent === "bob" && document.activeElement.id === "text"`)
+	alice.run(chromedp.SendKeys(chromedp.ID("text"), "typed only\n"))
+	alice.waitBodies("typed only")
+	var unlabelled []string
+	alice.eval(`[...document.querySelectorAll("input, textarea, button")].filter(e => !e.closest("[hidden]") &&
+		!(e.labels && e.labels.length) && !e.getAttribute("aria-label") && !e.textContent.trim()).map(e => e.outerHTML)`, &unlabelled)
+	if len(unlabelled) > 0 {
+		t.Fatalf("controls without a label: %v", unlabelled)
+	}
+	alice.shot("keyboard only")
+}
