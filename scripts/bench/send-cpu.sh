@@ -15,12 +15,22 @@ dir=$(mktemp -d)
 trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 pport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-PARLEY_PPROF=127.0.0.1:$pport "$server" serve --listen 127.0.0.1:$port --data-dir "$dir/data" 2>"$dir/server.log" &
-pid=$!
-for _ in $(seq 100); do
-	if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then break; fi
-	sleep 0.1
-done
+# The fair-sharing limits are lifted as `parley bench` does (bench.Unthrottled),
+# on builds that have them; older builds refuse the flags and start without.
+unthrottled=(--gateway.user-send-rate 1e9 --gateway.user-send-burst 1000000000
+	--gateway.conn-request-rate 1e9 --gateway.conn-request-burst 1000000000
+	--gateway.max-sessions-per-user 1000000 --gateway.max-poll-sessions-per-user 1000000
+	--gateway.user-handshake-rate 1e9 --gateway.user-handshake-burst 1000000000)
+start() {
+	PARLEY_PPROF=127.0.0.1:$pport "$server" serve --listen 127.0.0.1:$port --data-dir "$dir/data" "$@" 2>"$dir/server.log" &
+	pid=$!
+	for _ in $(seq 100); do
+		if ! kill -0 "$pid" 2>/dev/null; then return 1; fi
+		if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then return 0; fi
+		sleep 0.1
+	done
+}
+start "${unthrottled[@]}" || start
 ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
 hz=$(getconf CLK_TCK)
 before=$(ticks)
