@@ -52,9 +52,10 @@ func dialRawErr(base, token, device string) (*websocket.Conn, *http.Response, er
 
 func startRaw(t testing.TB, ws *websocket.Conn) *rawConn {
 	c := &rawConn{t: t, ws: ws, in: make(chan *protocol.Frame, 4096), done: make(chan struct{}), stop: make(chan struct{})}
-	// Every frame is checked against the schema on a goroutine of its own,
-	// so that checking (slow under -race for large bodies) never makes this
-	// client a slow consumer the server would drop.
+	// Every frame is checked against the schema, and decoded, on
+	// goroutines of their own: the reader only takes frames off the
+	// socket, so that checking and decoding (slow under -race for large
+	// bodies) never make this client a slow consumer the server would drop.
 	check, checked := make(chan []byte, 1<<14), make(chan struct{})
 	go func() {
 		defer close(checked)
@@ -64,12 +65,32 @@ func startRaw(t testing.TB, ws *websocket.Conn) *rawConn {
 			}
 		}
 	}()
+	raw := make(chan []byte, 1<<14)
+	paused := false // set by the reader before it closes raw
 	go func() {
 		defer close(c.done)
 		defer close(check)
+		defer func() {
+			if !paused { // a paused client's channel stays open, empty
+				close(c.in)
+			}
+		}()
+		for data := range raw {
+			check <- data
+			var f protocol.Frame
+			if err := json.Unmarshal(data, &f); err != nil {
+				t.Errorf("server sent undecodable frame %q: %v", data, err)
+				continue
+			}
+			c.in <- &f
+		}
+	}()
+	go func() {
+		defer close(raw)
 		for {
 			select {
 			case <-c.stop:
+				paused = true
 				return
 			default:
 			}
@@ -78,16 +99,9 @@ func startRaw(t testing.TB, ws *websocket.Conn) *rawConn {
 				if ce, ok := err.(*websocket.CloseError); ok {
 					c.close = ce
 				}
-				close(c.in)
 				return
 			}
-			check <- data
-			var f protocol.Frame
-			if err := json.Unmarshal(data, &f); err != nil {
-				t.Errorf("server sent undecodable frame %q: %v", data, err)
-				continue
-			}
-			c.in <- &f
+			raw <- data
 		}
 	}()
 	f := c.next(protocol.TypeHello)

@@ -101,7 +101,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.edge.ws.Add(1)
 	s := g.newSession(id.User, device, nil)
 	s.expiresMS = expiresMS(id)
-	s.tr = newWSTransport(conn)
+	s.tr = newWSTransport(conn, g.cfg.OutboundQueueBytes)
 	conn.SetSession(s)
 	g.open(s)
 }

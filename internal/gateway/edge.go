@@ -80,18 +80,17 @@ func edgeErrorBody(status int, _ error) (string, []byte) {
 
 // configureUpgrader applies the gateway's transport settings to u: the
 // message bound, no per-connection timers, payload buffers released after
-// each message, and the bounded write queue of blocking mode.
+// each message, and no write queue of nbio's in blocking mode.
 func configureUpgrader(u *websocket.Upgrader, cfg Config) {
 	// The sweeper owns the idle timeout, so no per-connection timers.
 	u.KeepaliveTime = 0
 	u.MessageLengthLimit = cfg.Limits.MaxFrameBytes
 	u.ReleasePayload = true
-	// Only used when the engine runs in blocking mode (race-detector
-	// builds): writes go through a bounded queue instead of blocking the
-	// pusher, and a full queue drops the connection as MaxWriteBufferSize
-	// does on the event loop. nbio counts this queue in frames.
-	u.BlockingModAsyncWrite = true
-	u.BlockingModSendQueueMaxSize = uint16(min(65535, max(16, cfg.OutboundQueueBytes/1024)))
+	// Blocking mode (race-detector builds): the session's frames go
+	// through the gateway's own byte-bounded queue (blockingWriter), so
+	// nbio's frame-counted queue is off and nbio writes its few control
+	// frames synchronously on the connection's read goroutine.
+	u.BlockingModAsyncWrite = false
 }
 
 // edgeCounters count the node's connections by phase. pending is what

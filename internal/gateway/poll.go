@@ -64,6 +64,13 @@ func (m *mailbox) writeMany(ms []*message, buf []byte) ([]byte, error) {
 	return buf, nil
 }
 
+// backlog is the size of the frames waiting for the next poll.
+func (m *mailbox) backlog() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.mu.size
+}
+
 func (m *mailbox) signal() {
 	select {
 	case m.ready <- struct{}{}:

@@ -149,12 +149,24 @@ func (s *session) ack(conv, seq uint64) {
 
 // retransmit re-sends pushes sent before resendBefore and gives up on those
 // re-sent RetransmitMax times (the device then catches up by sync).
+//
+// One sweep re-sends, oldest first, at most half of OutboundQueueBytes less
+// what already waits in the transport (at least one frame when nothing
+// waits); the others keep their time and tries and are due at the next
+// sweep. Re-sending every unacked push at once (up to MaxInflight frames
+// of up to max_body_bytes) would by itself pass the slow-consumer bound of
+// a device that reads but has not acked yet, and drop it.
 func (s *session) retransmit(resendBefore, nowMS int64) {
 	s.mu.Lock()
 	if len(s.mu.inflight) == 0 {
 		s.mu.Unlock()
 		return
 	}
+	waiting := 0
+	if q, ok := s.tr.(interface{ backlog() int }); ok {
+		waiting = q.backlog()
+	}
+	budget := s.g.cfg.OutboundQueueBytes/2 - waiting
 	var resend []*wireFrame
 	kept := s.mu.inflight[:0]
 	for _, p := range s.mu.inflight {
@@ -168,6 +180,12 @@ func (s *session) retransmit(resendBefore, nowMS int64) {
 			}
 			continue
 		}
+		n := len(p.m.frame.b)
+		if n > budget && (len(resend) > 0 || waiting > 0) {
+			kept = append(kept, p) // due at the next sweep
+			continue
+		}
+		budget -= n
 		p.tries++
 		p.sentMS = nowMS
 		resend = append(resend, p.m.frame)

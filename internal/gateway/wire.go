@@ -67,16 +67,22 @@ func newWireFrame(payload []byte) *wireFrame {
 // backlog is coalesced into few writes.
 //
 // In blocking mode (race-detector builds serve with net/http) the
-// underlying connection is a net.Conn that would block the pusher, so
-// frames go through nbio's WriteMessage and its bounded asynchronous send
-// queue instead, framed per connection.
+// underlying connection is a net.Conn whose Write would block the pusher,
+// so the same shared frames go through a blockingWriter instead: a queue
+// bounded by maxBytes (gateway.outbound_queue_bytes) and written by a
+// goroutine of the connection.
 type wsTransport struct {
 	c   *websocket.Conn
 	raw *nbio.Conn
+	bw  *blockingWriter // blocking mode: raw == nil
 }
 
-func newWSTransport(c *websocket.Conn) wsTransport {
-	return wsTransport{c: c, raw: eventLoopConn(c.UnderlayerConn())}
+func newWSTransport(c *websocket.Conn, maxBytes int) wsTransport {
+	w := wsTransport{c: c, raw: eventLoopConn(c.UnderlayerConn())}
+	if w.raw == nil {
+		w.bw = newBlockingWriter(c.UnderlayerConn(), maxBytes)
+	}
+	return w
 }
 
 // eventLoopConn returns the event loop's connection under a WebSocket's
@@ -98,20 +104,24 @@ func (w wsTransport) write(f *wireFrame) error {
 		_, err := w.raw.Write(f.b)
 		return err
 	}
-	return w.c.WriteMessage(websocket.TextMessage, f.payload())
+	return w.bw.write(f)
+}
+
+// backlog is what waits to be written in blocking mode; on the event loop
+// the gateway does not see nbio's pending buffer and reports 0.
+func (w wsTransport) backlog() int {
+	if w.bw == nil {
+		return 0
+	}
+	return w.bw.backlog()
 }
 
 // writeMany concatenates the frames into buf and writes them with one call
 // on the event loop (nbio copies what the socket does not take, so buf can
-// be reused at once); in blocking mode it queues them one by one.
+// be reused at once); in blocking mode it queues the shared frames.
 func (w wsTransport) writeMany(ms []*message, buf []byte) ([]byte, error) {
 	if w.raw == nil {
-		for _, m := range ms {
-			if err := w.c.WriteMessage(websocket.TextMessage, m.frame.payload()); err != nil {
-				return buf, err
-			}
-		}
-		return buf, nil
+		return buf, w.bw.writeMany(ms)
 	}
 	buf = buf[:0]
 	for _, m := range ms {
@@ -122,6 +132,12 @@ func (w wsTransport) writeMany(ms []*message, buf []byte) ([]byte, error) {
 }
 
 func (w wsTransport) close(code int, reason string) {
+	if w.bw != nil {
+		// The close frame follows the queued frames; the read side ends
+		// when the connection closes, which runs the gateway's onClose.
+		w.bw.close(code, reason)
+		return
+	}
 	if code != 0 {
 		_ = w.c.WriteClose(code, reason)
 	}

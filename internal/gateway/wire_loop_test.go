@@ -33,7 +33,7 @@ func TestEventLoopTransportWritesRawFrames(t *testing.T) {
 			t.Error(err)
 			return
 		}
-		got <- newWSTransport(c)
+		got <- newWSTransport(c, 1<<20)
 	})
 	engine := nbhttp.NewEngine(nbhttp.Config{
 		Network: "tcp", Addrs: []string{ln.Addr().String()},
