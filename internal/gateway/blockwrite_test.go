@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"testing"
+	"time"
 )
 
 // TestBlockingWriterBoundsBytesNotFrames: a reader that stops reading gets
@@ -149,5 +150,55 @@ func TestRetransmitStaysWithinOutboundBudget(t *testing.T) {
 	s.mu.Unlock()
 	if n != 20 {
 		t.Fatalf("%d pushes tracked, want all 20", n)
+	}
+}
+
+// TestDispatcherBatchStaysWithinAQuarterOfTheOutboundQueue: when large
+// deliveries pile up, no single write gives a connection more than a
+// quarter of gateway.outbound_queue_bytes (beyond one frame), so the
+// node's own backlog never lands on a reader's slow-consumer bound at
+// once; every frame still arrives, in order.
+func TestDispatcherBatchStaysWithinAQuarterOfTheOutboundQueue(t *testing.T) {
+	g := testGateway(t)
+	g.cfg.OutboundQueueBytes = 1 << 20
+	_, r := g.testSession("a")
+	body := bytes.Repeat([]byte("b"), 16<<10)
+	g.pushes = make(chan queued, pushQueueLen)
+	const n = 200
+	for seq := uint64(1); seq <= n; seq++ { // queued before the dispatcher runs
+		g.pushes <- queued{m: &message{frame: newWireFrame(append(body, byte('0'+seq%10))), conv: 1, seq: seq}, users: []string{"a"}}
+	}
+	g.ctx, g.cancel = contextWithCancel()
+	g.sweeper.Add(1)
+	go g.dispatch()
+	defer func() { g.cancel(); g.sweeper.Wait() }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r.mu.Lock()
+		got, calls := 0, len(r.calls)
+		for _, c := range r.calls {
+			got += len(c)
+			size, frame := 0, 0
+			for _, p := range c {
+				frame = len(p) + wsHeaderLen(len(p))
+				size += frame
+			}
+			// A batch stops at the first frame reaching the quarter.
+			if size-frame >= g.cfg.OutboundQueueBytes/4 {
+				r.mu.Unlock()
+				t.Fatalf("one write of %d frames, %d bytes: over a quarter of the outbound queue", len(c), size)
+			}
+		}
+		r.mu.Unlock()
+		if got == n {
+			if calls < 2 {
+				t.Fatalf("%d frames in %d writes", n, calls)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("got %d of %d frames", got, n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

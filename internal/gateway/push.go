@@ -10,7 +10,7 @@ import (
 // goroutine. deliver frames the message once and queues it (blocking when
 // pushQueueLen deliveries wait: backpressure on the bus, bounded memory);
 // the dispatcher takes every delivery queued at that moment, up to
-// maxBatch, and writes them. With no backlog that is one delivery and one
+// maxBatch deliveries or a quarter of OutboundQueueBytes, and writes them. With no backlog that is one delivery and one
 // write per connection, as before. When deliveries arrive faster than the
 // node writes them, each connection gets all of its queued frames in one
 // write: the cost per delivery falls as the load rises, instead of the
@@ -38,18 +38,25 @@ const deliverChunk = 1024
 func (g *Gateway) dispatch() {
 	defer g.sweeper.Done()
 	var batch []queued
+	// A batch also stops at a quarter of the outbound queue: it lands on
+	// each connection in one write, and a backlog of the node's own (large
+	// frames queued here while it was busy) must not count, all at once,
+	// against a reader's slow-consumer bound.
+	size, maxBytes := 0, g.cfg.OutboundQueueBytes/4
 	for {
 		select {
 		case <-g.ctx.Done():
 			return
 		case q := <-g.pushes:
 			batch = append(batch[:0], q)
+			size = len(q.m.frame.b)
 		}
 	more:
-		for len(batch) < maxBatch {
+		for len(batch) < maxBatch && size < maxBytes {
 			select {
 			case q := <-g.pushes:
 				batch = append(batch, q)
+				size += len(q.m.frame.b)
 			default:
 				break more
 			}
