@@ -5,14 +5,18 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"syscall"
 	"time"
+
+	"github.com/lesismal/nbio/nbhttp/websocket"
 )
 
 // blockingWriter is the write side of a WebSocket served in blocking mode
 // (race-detector builds serve with net/http, a goroutine per connection;
 // see internal/server). It is the counterpart of the event loop's pending
 // buffer: write never blocks the caller (a fan-out worker, a delivery); it
-// queues the shared pre-framed bytes and a goroutine of the connection,
+// writes what the socket takes at once (writeNowLocked), queues the rest of
+// the shared pre-framed bytes, and a goroutine of the connection,
 // started only while there is something to write, writes them to the
 // socket, coalescing a backlog into one writev. The queue is bounded in
 // bytes by gateway.outbound_queue_bytes, counting the batch being written
@@ -31,6 +35,7 @@ import (
 // socket, which the runtime serialises, so frames never interleave.
 type blockingWriter struct {
 	conn net.Conn
+	rc   syscall.RawConn // nil: every write goes through the goroutine
 	max  int
 
 	mu struct {
@@ -53,7 +58,62 @@ var errSlowConsumer = errors.New("gateway: outbound queue over gateway.outbound_
 const closeFlushTimeout = time.Second
 
 func newBlockingWriter(conn net.Conn, maxBytes int) *blockingWriter {
-	return &blockingWriter{conn: conn, max: maxBytes}
+	w := &blockingWriter{conn: conn, max: maxBytes}
+	if sc, ok := conn.(syscall.Conn); ok {
+		w.rc, _ = sc.SyscallConn()
+	}
+	return w
+}
+
+// writeNowLocked writes what the socket takes of frames at once, without
+// waiting, when nothing is queued or being written (as nbio.Conn.Write does
+// on the event loop), and returns how many frames went whole and how many
+// bytes of the next one. So only what the socket refuses counts toward the
+// bound, not what merely waits for the writer goroutine to be scheduled.
+// The remainder of a partly written frame is queued first; every other
+// frame on this socket (pongs included, see control) goes through w.
+func (w *blockingWriter) writeNowLocked(frames []*wireFrame) (whole, part int) {
+	if w.rc == nil || w.mu.writing || len(w.mu.frames) > 0 {
+		return 0, 0
+	}
+	_ = w.rc.Write(func(fd uintptr) bool {
+		for whole < len(frames) {
+			b := frames[whole].b[part:]
+			n, err := syscall.Write(int(fd), b)
+			if n > 0 {
+				part += n
+			}
+			if err != nil || n < len(b) {
+				return true // socket full (EAGAIN) or failed: the goroutine takes over
+			}
+			whole, part = whole+1, 0
+		}
+		return true
+	})
+	return whole, part
+}
+
+// queueLocked queues frames[whole:], the first of them from byte part on.
+func (w *blockingWriter) queueLocked(frames []*wireFrame, whole, part int) {
+	for i := whole; i < len(frames); i++ {
+		f := frames[i]
+		if i == whole && part > 0 {
+			f = &wireFrame{b: f.b[part:]}
+		}
+		w.enqueueLocked(f)
+	}
+}
+
+// control queues a control frame (a pong) behind the data, outside the
+// bound: it is small and answers the client.
+func (w *blockingWriter) control(f *wireFrame) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.mu.closed || w.mu.closing {
+		return
+	}
+	whole, part := w.writeNowLocked([]*wireFrame{f})
+	w.queueLocked([]*wireFrame{f}, whole, part)
 }
 
 func (w *blockingWriter) write(f *wireFrame) error {
@@ -62,30 +122,38 @@ func (w *blockingWriter) write(f *wireFrame) error {
 	if w.mu.closed || w.mu.closing {
 		return net.ErrClosed
 	}
-	if w.mu.bytes+len(f.b) > w.max {
+	one := []*wireFrame{f}
+	whole, part := w.writeNowLocked(one)
+	if whole == 1 {
+		return nil
+	}
+	if w.mu.bytes+len(f.b)-part > w.max {
 		return errSlowConsumer
 	}
-	w.enqueueLocked(f)
+	w.queueLocked(one, whole, part)
 	return nil
 }
 
 // writeMany queues the frames of ms in order, all or none.
 func (w *blockingWriter) writeMany(ms []*message) error {
-	n := 0
-	for _, m := range ms {
-		n += len(m.frame.b)
+	frames := make([]*wireFrame, len(ms))
+	for i, m := range ms {
+		frames[i] = m.frame
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.mu.closed || w.mu.closing {
 		return net.ErrClosed
 	}
-	if w.mu.bytes+n > w.max {
+	whole, part := w.writeNowLocked(frames)
+	n := -part
+	for _, f := range frames[whole:] {
+		n += len(f.b)
+	}
+	if n > 0 && w.mu.bytes+n > w.max {
 		return errSlowConsumer
 	}
-	for _, m := range ms {
-		w.enqueueLocked(m.frame)
-	}
+	w.queueLocked(frames, whole, part)
 	return nil
 }
 
@@ -194,5 +262,16 @@ func newCloseFrame(code int, reason string) *wireFrame {
 	b[1] = byte(2 + len(reason))
 	binary.BigEndian.PutUint16(b[2:], uint16(code))
 	copy(b[4:], reason)
+	return &wireFrame{b: b, hdr: 2}
+}
+
+// newControlFrame frames a control frame (payload at most 125 bytes, as a
+// ping's is).
+func newControlFrame(op websocket.MessageType, payload []byte) *wireFrame {
+	payload = payload[:min(len(payload), 125)]
+	b := make([]byte, 2+len(payload))
+	b[0] = 0x80 | byte(op)
+	b[1] = byte(len(payload))
+	copy(b[2:], payload)
 	return &wireFrame{b: b, hdr: 2}
 }

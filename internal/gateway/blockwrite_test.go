@@ -202,3 +202,86 @@ func TestDispatcherBatchStaysWithinAQuarterOfTheOutboundQueue(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestBlockingWriterWritesInlineAndKeepsFramesWhole: over TCP, what the
+// socket takes at once is written by the caller and does not count toward
+// the bound; once the socket is full the rest queues, the bound drops the
+// reader, and a pong sent meanwhile still lands between whole frames.
+func TestBlockingWriterWritesInlineAndKeepsFramesWhole(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c
+	}()
+	cli, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	srv := <-accepted
+	f := newWireFrame(bytes.Repeat([]byte("p"), 10000))
+	w := newBlockingWriter(srv, 20*len(f.b))
+	if w.rc == nil {
+		t.Fatal("no raw connection under a TCP conn")
+	}
+	if err := w.write(f); err != nil || w.backlog() != 0 {
+		t.Fatalf("first write: %v, backlog %d; want it written inline", err, w.backlog())
+	}
+	sent, ponged := 1, false
+	for ; sent < 100000; sent++ {
+		if !ponged && w.backlog() > 0 {
+			w.control(newControlFrame(10, []byte("hb")))
+			ponged = true
+		}
+		if err := w.write(f); err != nil {
+			if !errors.Is(err, errSlowConsumer) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if sent == 100000 || !ponged {
+		t.Fatalf("the bound never applied (sent %d, ponged %v)", sent, ponged)
+	}
+	if sent <= 20 {
+		t.Fatalf("only %d frames before the bound: the socket's buffer was not used", sent)
+	}
+	w.close(1000, "bye")
+	data, _ := io.ReadAll(cli)
+	frames, pongs := 0, 0
+	for len(data) > 0 {
+		n := wsHeaderLen(0)
+		switch data[1] & 0x7F {
+		case 126:
+			n = 4
+		case 127:
+			n = 10
+		}
+		size := n + int(data[1]&0x7F)
+		if n == 4 {
+			size = n + int(binary.BigEndian.Uint16(data[2:]))
+		}
+		fin, op, _ := parseFrame(t, data[:size])
+		switch {
+		case op == 1 && fin:
+			frames++
+		case op == 10:
+			pongs++
+		case op == 8:
+		default:
+			t.Fatalf("frame %d: opcode %d", frames, op)
+		}
+		data = data[size:]
+	}
+	if frames != sent || pongs != 1 {
+		t.Fatalf("read %d data frames and %d pongs, want %d and 1", frames, pongs, sent)
+	}
+}

@@ -36,6 +36,12 @@ func (g *Gateway) newUpgrader() *websocket.Upgrader {
 			if !s.deadlineCleared.Swap(true) {
 				_ = c.SetReadDeadline(time.Time{})
 			}
+			// In blocking mode the pong goes behind the session's frames, so
+			// it never lands inside one written in part.
+			if tr, ok := s.tr.(wsTransport); ok && tr.bw != nil {
+				tr.bw.control(newControlFrame(websocket.PongMessage, []byte(data)))
+				return
+			}
 		}
 		_ = c.WriteMessage(websocket.PongMessage, []byte(data))
 	})
