@@ -18,7 +18,13 @@ import (
 // the senders and a healthy member are never slowed down or blocked, and
 // the slow device catches up by sync after reconnecting.
 func TestSlowConsumerIsDroppedOthersUnaffected(t *testing.T) {
-	srv := servertest.Start(t, servertest.WithGateway(func(g *gateway.Config) { g.OutboundQueueBytes = 1 << 20 }))
+	// These raw clients send no heartbeats, and a loaded -race run can take
+	// longer than the default idle timeout: only the queue bound may close
+	// a connection here.
+	srv := servertest.Start(t, servertest.WithGateway(func(g *gateway.Config) {
+		g.OutboundQueueBytes = 1 << 20
+		g.IdleTimeout = 10 * time.Minute
+	}))
 	senders := []string{"s1", "s2", "s3"}
 	owner := dialRaw(t, srv, "s1", "d")
 	conv := mustOK(t, owner.call(protocol.Frame{Type: protocol.TypeCreateGroup, Name: "flood", Members: []string{"s2", "s3", "slow", "healthy"}}), protocol.TypeConv).Conv.ConvID
