@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -496,5 +497,29 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 10s")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRemovedMemberIsPushedItsRemoval: the removal event is the last thing
+// a removed member sees, pushed to its online devices like any message.
+func TestRemovedMemberIsPushedItsRemoval(t *testing.T) {
+	srv := servertest.Start(t)
+	owner := dialRaw(t, srv, "owner", "d")
+	conv := owner.createGroup("g", "stays", "goes")
+	goes := dialRaw(t, srv, "goes", "d")
+	owner.sendText(conv, "m1", "before")
+	mustOK(t, owner.call(protocol.Frame{Type: protocol.TypeRemove, ConvID: conv, Members: []string{"goes"}}), protocol.TypeConv)
+	left := mustOK(t, goes.call(protocol.Frame{Type: protocol.TypeConvList}), protocol.TypeConvList).List[0]
+	for {
+		f := goes.nextTimeout(protocol.TypeMsg, 10*time.Second)
+		if f == nil {
+			t.Fatalf("the removed member was never pushed its removal (leave_seq %d)", left.LeaveSeq)
+		}
+		if f.Message.Seq == left.LeaveSeq {
+			if f.Message.Kind != protocol.KindSystem || !strings.Contains(f.Message.Body, "member_removed") {
+				t.Fatalf("push at leave_seq is %+v, want the member_removed event", f.Message)
+			}
+			return
+		}
 	}
 }
