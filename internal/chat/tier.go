@@ -5,56 +5,24 @@ import (
 	"sync"
 	"time"
 
+	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/store"
 )
 
-// Fan-out tiers (M16). Direct conversations are always small.
+// Fan-out tiers (M16), decided by the fanout package. Direct
+// conversations are always small.
 const (
-	TierSmall  uint8 = 1 // write fan-out to every member's row
-	TierMedium uint8 = 2 // rows only for members online at send time
-	TierLarge  uint8 = 3 // no rows; push to online members only
+	TierSmall  = fanout.TierSmall
+	TierMedium = fanout.TierMedium
+	TierLarge  = fanout.TierLarge
 )
 
 // TierName names a tier for metrics and the conv frame.
-func TierName(t uint8) string {
-	switch t {
-	case TierSmall:
-		return "small"
-	case TierMedium:
-		return "medium"
-	case TierLarge:
-		return "large"
-	}
-	return "unknown"
-}
+func TierName(t uint8) string { return fanout.TierName(t) }
 
-// tierFor decides the tier of a group of n members that is in tier cur
-// (0: undecided). Moving up happens at the thresholds; moving down only
-// once n is a Hysteresis fraction below them.
+// tierFor decides the tier of a group of n members that is in tier cur.
 func (c Config) tierFor(cur uint8, n int) uint8 {
-	up := func(n int) uint8 {
-		switch {
-		case n > c.LargeAbove:
-			return TierLarge
-		case n >= c.SmallBelow:
-			return TierMedium
-		}
-		return TierSmall
-	}
-	target := up(n)
-	if cur == 0 || target >= cur {
-		return target
-	}
-	// Going down: only past the threshold minus the hysteresis band.
-	smallDown := int(float64(c.SmallBelow) * (1 - c.Hysteresis))
-	largeDown := int(float64(c.LargeAbove) * (1 - c.Hysteresis))
-	switch {
-	case n < smallDown:
-		return TierSmall
-	case n < largeDown:
-		return min(cur, TierMedium)
-	}
-	return cur
+	return fanout.Tiers{SmallBelow: c.SmallBelow, LargeAbove: c.LargeAbove, Hysteresis: c.Hysteresis}.For(cur, n)
 }
 
 // tier returns cv's tier, recording a change and keeping the online index
