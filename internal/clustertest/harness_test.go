@@ -147,18 +147,9 @@ func (c *Cluster) run(p *Proc) {
 	if err := p.cmd.Start(); err != nil {
 		c.t.Fatalf("start %s: %v", p.Name, err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get("http://" + p.Addr + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testbin.Ready(p.Addr, 60*time.Second) {
+		c.t.Fatalf("%s not ready within 60s; log:\n%s", p.Name, c.Log(p))
 	}
-	c.t.Fatalf("%s not ready within 60s; log:\n%s", p.Name, c.Log(p))
 }
 
 // Log returns a process's output so far.

@@ -18,7 +18,6 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"sync"
@@ -214,18 +213,9 @@ func (n *binTarget) start() {
 	if err := n.cmd.Start(); err != nil {
 		n.t.Fatalf("start parley: %v", err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get("http://" + n.addr + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testbin.Ready(n.addr, 30*time.Second) {
+		n.t.Fatal("parley did not become ready within 30s")
 	}
-	n.t.Fatal("parley did not become ready within 30s")
 }
 
 func (n *binTarget) crash() {
