@@ -1,4 +1,4 @@
-package auth
+package token
 
 import (
 	"crypto/ed25519"

@@ -1,0 +1,114 @@
+package token
+
+import (
+	"crypto/ed25519"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// ParseHS256Key decodes a hex-encoded HS256 key, ignoring surrounding
+// whitespace so that files ending in a newline work.
+func ParseHS256Key(s string) ([]byte, error) {
+	key, err := hex.DecodeString(strings.TrimSpace(s))
+	if err != nil {
+		return nil, fmt.Errorf("parse hs256 key: not hex: %w", err)
+	}
+	if len(key) < MinHS256KeyBytes {
+		return nil, fmt.Errorf("parse hs256 key: %d bytes, need at least %d", len(key), MinHS256KeyBytes)
+	}
+	return key, nil
+}
+
+// LoadHS256KeyFile reads a hex-encoded HS256 key from path.
+func LoadHS256KeyFile(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load hs256 key: %w", err)
+	}
+	key, err := ParseHS256Key(string(b))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return key, nil
+}
+
+// LoadEd25519PublicKeyFile reads an Ed25519 public key from path, either as
+// PEM "PUBLIC KEY" (PKIX, what `openssl pkey -pubout` writes) or as 64 hex
+// characters.
+func LoadEd25519PublicKeyFile(path string) (ed25519.PublicKey, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load ed25519 public key: %w", err)
+	}
+	key, err := ParseEd25519PublicKey(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return key, nil
+}
+
+// ParseEd25519PublicKey decodes a PEM PKIX or hex Ed25519 public key.
+func ParseEd25519PublicKey(b []byte) (ed25519.PublicKey, error) {
+	if blk, _ := pem.Decode(b); blk != nil {
+		if blk.Type != "PUBLIC KEY" {
+			return nil, fmt.Errorf("parse ed25519 public key: PEM block %q, want PUBLIC KEY", blk.Type)
+		}
+		pub, err := x509.ParsePKIXPublicKey(blk.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("parse ed25519 public key: %w", err)
+		}
+		key, ok := pub.(ed25519.PublicKey)
+		if !ok {
+			return nil, fmt.Errorf("parse ed25519 public key: got %T", pub)
+		}
+		return key, nil
+	}
+	raw, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, errors.New("parse ed25519 public key: neither PEM nor hex")
+	}
+	if len(raw) != ed25519.PublicKeySize {
+		return nil, fmt.Errorf("parse ed25519 public key: %d bytes, want %d", len(raw), ed25519.PublicKeySize)
+	}
+	return ed25519.PublicKey(raw), nil
+}
+
+// ParseEd25519PrivateKey decodes an Ed25519 private key for MintEdDSA: PEM
+// "PRIVATE KEY" (PKCS #8, what `openssl genpkey -algorithm ed25519` writes),
+// or hex of the 32-byte seed or of the 64-byte private key.
+func ParseEd25519PrivateKey(b []byte) (ed25519.PrivateKey, error) {
+	if blk, _ := pem.Decode(b); blk != nil {
+		if blk.Type != "PRIVATE KEY" {
+			return nil, fmt.Errorf("parse ed25519 private key: PEM block %q, want PRIVATE KEY", blk.Type)
+		}
+		k, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("parse ed25519 private key: %w", err)
+		}
+		key, ok := k.(ed25519.PrivateKey)
+		if !ok {
+			return nil, fmt.Errorf("parse ed25519 private key: got %T", k)
+		}
+		return key, nil
+	}
+	raw, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, errors.New("parse ed25519 private key: neither PEM nor hex")
+	}
+	switch len(raw) {
+	case ed25519.SeedSize:
+		return ed25519.NewKeyFromSeed(raw), nil
+	case ed25519.PrivateKeySize:
+		key := ed25519.NewKeyFromSeed(raw[:ed25519.SeedSize])
+		if !key.Public().(ed25519.PublicKey).Equal(ed25519.PublicKey(raw[ed25519.SeedSize:])) {
+			return nil, errors.New("parse ed25519 private key: public half does not match the seed")
+		}
+		return key, nil
+	}
+	return nil, fmt.Errorf("parse ed25519 private key: %d bytes, want %d or %d", len(raw), ed25519.SeedSize, ed25519.PrivateKeySize)
+}
