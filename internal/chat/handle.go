@@ -131,6 +131,9 @@ func (s *Service) history(ctx context.Context, c Caller, f *protocol.Frame) (*pr
 			msgs, more = msgs[1:], true
 		}
 	}
+	if err == nil {
+		err = s.asOfLeave(ctx, f.ConvID, m.LeaveSeq, msgs)
+	}
 	if err != nil {
 		return nil, s.storeErr("history", err)
 	}
@@ -206,6 +209,17 @@ func uniqueWithout(users []string, skip string) []string {
 		out = append(out, u)
 	}
 	return out
+}
+
+// asOfLeave shows msgs to a former member (leave, its leave_seq, not 0) as
+// they were at leave: nothing written after it, so a message edited later
+// keeps the body it had then. A recall hides the message whenever it came
+// (a recall is a deletion, store.Store.AsOf).
+func (s *Service) asOfLeave(ctx context.Context, conv, leave uint64, msgs []store.Message) error {
+	if leave == 0 || len(msgs) == 0 {
+		return nil
+	}
+	return s.store.AsOf(ctx, conv, leave, msgs)
 }
 
 func wireMessage(m store.Message) protocol.Message {

@@ -138,6 +138,9 @@ func (s *Service) snapshotOne(ctx context.Context, r store.ConvRow, from, read u
 		msgs, err = s.store.Latest(ctx, r.ConvID, r.LastSeq+1, from+1, s.cfg.SnapshotLatest)
 		snap.MoreUnread = gap - uint64(len(msgs))
 	}
+	if err == nil {
+		err = s.asOfLeave(ctx, r.ConvID, r.LeaveSeq, msgs)
+	}
 	if err != nil {
 		return nil, s.storeErr("sync", err)
 	}
@@ -171,6 +174,9 @@ func (s *Service) conversations(ctx context.Context, c Caller) ([]protocol.ConvS
 		}
 		if r.LastSeq > floor {
 			last, err := s.store.Latest(ctx, r.ConvID, r.LastSeq+1, floor+1, 1)
+			if err == nil {
+				err = s.asOfLeave(ctx, r.ConvID, r.LeaveSeq, last)
+			}
 			if err != nil {
 				return nil, s.storeErr("conversations", err)
 			}

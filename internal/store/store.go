@@ -216,6 +216,15 @@ type Store interface {
 	// Latest returns up to n messages with seq < before (0: no bound) and
 	// seq ≥ floor, the highest ones, in ascending seq order.
 	Latest(ctx context.Context, convID uint64, before, floor uint64, n int) ([]Message, error)
+	// AsOf turns msgs, messages of convID as Messages or Latest returned
+	// them, into what they were at seq asOf (a former member's leave_seq):
+	// a message edited by events with seqs above asOf gets back the Body
+	// and Edited it had after its last edit at or below asOf (none: as
+	// appended). A recalled message stays recalled whatever the recall's
+	// seq: a recall deletes every earlier body. Messages above asOf and
+	// the other fields are left as they are. Only edits whose Check
+	// rewrote the target count.
+	AsOf(ctx context.Context, convID, asOf uint64, msgs []Message) error
 
 	// UpdateRows is write fan-out: for each user that is a current member,
 	// raise its conversation row's LastSeq to seq and, with mention, its

@@ -147,7 +147,7 @@ func (s *Store) appendNew(ctx context.Context, st *convState, a store.Append, id
 		}
 		m.Seq = seq
 		s.afterClaim(ctx, st, seq, m.CoalesceKey)
-		return s.stored(ctx, st, a, m)
+		return s.stored(ctx, st, a, m, nil)
 	}
 
 	// An edit or recall: Check and the rewrite run under the mutex, before
@@ -170,7 +170,8 @@ func (s *Store) appendNew(ctx context.Context, st *convState, a store.Append, id
 			return s.duplicate(ctx, st, rec)
 		}
 	}
-	if err := s.rewriteTarget(ctx, st, a.Check, m.TargetSeq); err != nil {
+	target, err := s.rewriteTarget(ctx, st, a.Check, m.TargetSeq)
+	if err != nil {
 		return store.AppendResult{}, err
 	}
 	if err := s.writeBody(ctx, m, bucket); err != nil {
@@ -199,7 +200,7 @@ func (s *Store) appendNew(ctx context.Context, st *convState, a store.Append, id
 	locked = false
 	m.Seq = seq
 	s.afterClaim(ctx, st, seq, m.CoalesceKey)
-	return s.stored(ctx, st, a, m)
+	return s.stored(ctx, st, a, m, target)
 }
 
 // stored finishes an append whose seq is claimed: the outbox entry and the
@@ -207,9 +208,20 @@ func (s *Store) appendNew(ctx context.Context, st *convState, a store.Append, id
 // failure is returned (the message is stored; the client's retry finds it
 // as a duplicate, which writes them again). Rows, when asked, are written
 // last; a failure there only leaves them to the caller's fan-out.
-func (s *Store) stored(ctx context.Context, st *convState, a store.Append, m store.Message) (store.AppendResult, error) {
+//
+// target is the edit's or recall's target as rewritten (nil: none). An
+// edit's result is recorded in message_edits under the event's seq, before
+// the ack, for AsOf; a recall deletes the target's records (AsOf never
+// reads a recalled message's). Both are best effort: an edit whose record
+// is lost (a failure here, a crash right after the claim) is missing from
+// what former members read — they see the version before it, never a
+// later one.
+func (s *Store) stored(ctx context.Context, st *convState, a store.Append, m store.Message, target *store.Message) (store.AppendResult, error) {
 	if err := s.outbox(ctx, st, m); err != nil {
 		return store.AppendResult{}, err
+	}
+	if target != nil {
+		s.recordEdit(ctx, st.id, m.Seq, *target)
 	}
 	res := store.AppendResult{Msg: m}
 	if a.Rows {
@@ -534,44 +546,45 @@ func (s *Store) afterClaim(ctx context.Context, st *convState, seq uint64, key s
 
 // rewriteTarget stores the target of an edit or recall as check rewrites
 // it, by compare-and-set on its rev so that a concurrent rewrite in
-// another process is never overwritten unseen. It runs under st.mu.
-func (s *Store) rewriteTarget(ctx context.Context, st *convState, check func(store.Message) (store.Message, error), target uint64) error {
+// another process is never overwritten unseen, and returns it (nil when
+// check is nil: nothing was rewritten). It runs under st.mu.
+func (s *Store) rewriteTarget(ctx context.Context, st *convState, check func(store.Message) (store.Message, error), target uint64) (*store.Message, error) {
 	top, err := s.top(ctx, st)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if target > top {
-		return fmt.Errorf("target %d: %w", target, store.ErrNotFound)
+		return nil, fmt.Errorf("target %d: %w", target, store.ErrNotFound)
 	}
 	ss, err := s.slots(ctx, st.id, target, target, 1)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(ss) == 0 {
-		return fmt.Errorf("target %d: %w", target, store.ErrNotFound)
+		return nil, fmt.Errorf("target %d: %w", target, store.ErrNotFound)
 	}
 	if check == nil {
-		return nil
+		return nil, nil
 	}
 	sl := ss[0]
 	for {
 		r, err := s.readRow(ctx, st.id, sl.bucket, sl.msgID)
 		if err != nil {
-			return fmt.Errorf("target %d: %w", target, err)
+			return nil, fmt.Errorf("target %d: %w", target, err)
 		}
 		old, err := r.message(st.id, target)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		next, err := check(old)
 		if err != nil {
-			return checkError{err}
+			return nil, checkError{err}
 		}
 		// Identity and CoalesceKey (which indexes the message) are kept:
 		// the image holds only what an edit may change.
 		img, err := json.Marshal(imageOf(next))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		rev := 1
 		var cond any // nil binds null: the first rewrite
@@ -590,12 +603,13 @@ func (s *Store) rewriteTarget(ctx context.Context, st *convState, check func(sto
 			rerr := s.serialRead(ctx, `SELECT rev, edit FROM messages WHERE conv_id = ? AND bucket = ? AND message_id = ?`,
 				i64(st.id), sl.bucket, i64(sl.msgID)).Scan(&gotRev, &gotImg)
 			if rerr != nil {
-				return errors.Join(err, rerr)
+				return nil, errors.Join(err, rerr)
 			}
 			applied = gotRev != nil && *gotRev == rev && bytes.Equal(gotImg, img)
 		}
 		if applied {
-			return nil
+			out := imageOf(next).apply(old)
+			return &out, nil
 		}
 		// Another process rewrote the target: Check its new version.
 	}

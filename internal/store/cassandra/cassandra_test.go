@@ -81,14 +81,25 @@ func testConfig(tb testing.TB) Config {
 	return Config{Hosts: []string{a}, Keyspace: suite.keyspace, SeqBlock: 8, BucketWidth: time.Hour}
 }
 
-// tables are the tables fresh truncates: all but schema_migrations.
-var tables = []string{"e2e_devices", "e2e_prekeys", "messages", "message_seq", "coalesce_latest", "conversations", "members",
-	"user_conversations", "direct_pairs", "idempotency", "read_positions", "delivered_positions", "fanout_pending"}
-
-// fresh empties the test keyspace and returns its Config.
+// fresh empties the test keyspace (every table but schema_migrations, read
+// from the schema so that a new table is never left out) and returns its
+// Config.
 func fresh(tb testing.TB) Config {
 	tb.Helper()
 	cfg := testConfig(tb)
+	iter := suite.admin.Query(`SELECT table_name FROM system_schema.tables WHERE keyspace_name = ?`, suite.keyspace).Iter()
+	var (
+		tables []string
+		tbl    string
+	)
+	for iter.Scan(&tbl) {
+		if tbl != "schema_migrations" {
+			tables = append(tables, tbl)
+		}
+	}
+	if err := iter.Close(); err != nil || len(tables) == 0 {
+		tb.Fatalf("tables of %s: %v (%d found)", suite.keyspace, err, len(tables))
+	}
 	for _, tbl := range tables {
 		if err := suite.admin.Query(`TRUNCATE ` + tbl).Exec(); err != nil {
 			tb.Fatalf("truncate %s: %v", tbl, err)

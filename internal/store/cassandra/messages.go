@@ -377,3 +377,81 @@ func (s *Store) latest(ctx context.Context, conv, before, floor uint64, n int) (
 	}
 	return s.read(ctx, conv, ss)
 }
+
+// recordEdit records target as rewritten by the event at seq: an edit's
+// result goes to message_edits; a recall deletes the target's records.
+// Both are best effort (see stored).
+func (s *Store) recordEdit(ctx context.Context, conv, seq uint64, target store.Message) {
+	if target.Recalled {
+		err := s.q(ctx, `DELETE FROM message_edits WHERE conv_id = ? AND target_seq = ?`, i64(conv), i64(target.Seq)).Exec()
+		if err != nil {
+			s.log.Warn("cassandra: recall: edits of the target left behind", logKeyConv, conv, logKeySeq, target.Seq, logKeyErr, err)
+		}
+		return
+	}
+	err := s.q(ctx, `INSERT INTO message_edits (conv_id, target_seq, edit_seq, body, edited) VALUES (?, ?, ?, ?, ?)`,
+		i64(conv), i64(target.Seq), i64(seq), target.Body, target.Edited).Exec()
+	if err != nil {
+		// The event is stored and acknowledged all the same (an error
+		// would tell the client nothing was stored); AsOf then answers
+		// former members with the version before it.
+		s.log.Warn("cassandra: edit: record for former members lost", logKeyConv, conv, logKeySeq, seq, logKeyErr, err)
+	}
+}
+
+// AsOf puts the edited messages of msgs back to what they were at asOf
+// (store.Store): the result of the target's last edit at or below asOf as
+// message_edits recorded it, or, with none, the body it was appended with
+// (the row's body column, which edits never overwrite). Building from
+// what is recorded at or below asOf, rather than undoing what came after,
+// means an edit whose record is missing can only make the answer older,
+// never show what came after asOf.
+func (s *Store) AsOf(ctx context.Context, convID, asOf uint64, msgs []store.Message) error {
+	const op = "as of"
+	if err := s.enter(ctx, op); err != nil {
+		return err
+	}
+	defer s.gate.RUnlock()
+	var todo []int
+	for i, m := range msgs {
+		if m.Edited && !m.Recalled && m.Seq <= asOf && m.ConvID == convID {
+			todo = append(todo, i)
+		}
+	}
+	err := s.each(ctx, len(todo), func(ctx context.Context, j int) error {
+		m := &msgs[todo[j]]
+		var (
+			body   string
+			edited bool
+		)
+		err := s.q(ctx, `SELECT body, edited FROM message_edits WHERE conv_id = ? AND target_seq = ? AND edit_seq <= ? LIMIT 1`,
+			i64(convID), i64(m.Seq), i64(min(asOf, maxSeq))).Scan(&body, &edited)
+		if err == nil {
+			m.Body, m.Edited = body, edited
+			return nil
+		}
+		if !errors.Is(err, gocql.ErrNotFound) {
+			return err
+		}
+		// The slot knows the row's bucket (the width may have changed
+		// since the message was written).
+		ss, err := s.slots(ctx, convID, m.Seq, m.Seq, 1)
+		if err != nil {
+			return err
+		}
+		if len(ss) != 1 || ss[0].msgID != m.MsgID {
+			return fmt.Errorf("message %d of seq %d: %w", m.MsgID, m.Seq, errCorrupt)
+		}
+		err = s.q(ctx, `SELECT body FROM messages WHERE conv_id = ? AND bucket = ? AND message_id = ?`,
+			i64(convID), ss[0].bucket, i64(m.MsgID)).Scan(&body)
+		if err != nil {
+			return fmt.Errorf("message %d: %w", m.Seq, err)
+		}
+		m.Body, m.Edited = body, false
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("cassandra: %s %d: %w", op, convID, err)
+	}
+	return nil
+}

@@ -93,6 +93,13 @@ var migrations = []migration{
 			PRIMARY KEY (shard, conv_id, seq)
 		)`,
 	}},
+	{4, "message edits: a former member reads a body as of its leave_seq", []string{
+		`CREATE TABLE IF NOT EXISTS message_edits (
+			conv_id bigint, target_seq bigint, edit_seq bigint,
+			body text, edited boolean,
+			PRIMARY KEY ((conv_id, target_seq), edit_seq)
+		) WITH CLUSTERING ORDER BY (edit_seq DESC)`,
+	}},
 }
 
 var latestVersion = migrations[len(migrations)-1].version

@@ -158,8 +158,9 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 
 	b := s.db.NewBatch()
 	defer b.Close()
+	recall := false
 	if m.TargetSeq != 0 {
-		if overlaid, err = s.rewriteTarget(st, b, a.Check, m.TargetSeq, seq); err != nil {
+		if overlaid, recall, err = s.rewriteTarget(st, b, a.Check, m.TargetSeq, seq); err != nil {
 			return res, err
 		}
 	}
@@ -247,6 +248,9 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	if serr != nil {
 		return res, fmt.Errorf("wal sync: %w", serr)
 	}
+	if recall {
+		s.dropVersions(conv, m.TargetSeq)
+	}
 	return store.AppendResult{Msg: m, RowsWritten: a.Rows}, nil
 }
 
@@ -306,31 +310,98 @@ func (s *Store) currentMembers(conv uint64) ([]store.Member, error) {
 }
 
 // rewriteTarget adds the target of an edit or recall, as check rewrites it,
-// to b, and records its pre-edit image until event is durable. It reports
-// whether it recorded an image.
-func (s *Store) rewriteTarget(st *convState, b *cpebble.Batch, check func(store.Message) (store.Message, error), target, event uint64) (bool, error) {
+// to b, and records its pre-edit image until event is durable. An edit also
+// keeps that image as the target's version before event (H, read by AsOf);
+// a recall reports itself, and the versions go once it is durable. It
+// reports whether it recorded an image and whether the target is now
+// recalled.
+func (s *Store) rewriteTarget(st *convState, b *cpebble.Batch, check func(store.Message) (store.Message, error), target, event uint64) (overlaid, recall bool, err error) {
 	if target > st.row.LastSeq {
-		return false, fmt.Errorf("target %d: %w", target, store.ErrNotFound)
+		return false, false, fmt.Errorf("target %d: %w", target, store.ErrNotFound)
 	}
 	ref, old, err := s.seqEntry(st.id, target)
 	if err != nil {
-		return false, fmt.Errorf("target %d: %w", target, err)
+		return false, false, fmt.Errorf("target %d: %w", target, err)
 	}
 	if check == nil {
-		return false, nil
+		return false, false, nil
 	}
 	next, err := check(old)
 	if err != nil {
-		return false, checkError{err}
+		return false, false, checkError{err}
 	}
 	next.ConvID, next.Seq, next.MsgID, next.ServerTime = old.ConvID, old.Seq, old.MsgID, old.ServerTime
 	next.CoalesceKey, next.Superseded = old.CoalesceKey, false
 	next.Mentions = cloneMentions(next.Mentions)
 	if err := b.Set(msgKey(st.id, ref.bucket, ref.msgID), encodeMessage(next), nil); err != nil {
-		return false, err
+		return false, false, err
+	}
+	recall = next.Recalled && !old.Recalled
+	if !next.Recalled {
+		if err := b.Set(versionKey(st.id, target, event), encodeMessage(old), nil); err != nil {
+			return false, false, err
+		}
 	}
 	st.addRewrite(target, event, old)
-	return true, nil
+	return true, recall, nil
+}
+
+// dropVersions deletes the versions of a recalled target once the recall is
+// durable (before, a crash could bring the message back and its versions
+// with it). Without sync and best effort: AsOf never reads the versions of
+// a recalled message, so leftovers of a crash only take space.
+func (s *Store) dropVersions(conv, target uint64) {
+	p := versionPrefix(conv, target)
+	if err := s.db.DeleteRange(p, prefixEnd(p), cpebble.NoSync); err != nil {
+		s.log.Warn("pebble: recall: versions of the target left behind", "conv", conv, "target", target, logKeyErr, err)
+	}
+}
+
+// AsOf puts the edited messages of msgs back to what they were at asOf
+// (store.Store): the target's version before its first edit above asOf,
+// which holds what the message was after every edit up to asOf.
+func (s *Store) AsOf(ctx context.Context, convID, asOf uint64, msgs []store.Message) error {
+	const op = "as of"
+	if err := s.enter(ctx, op); err != nil {
+		return err
+	}
+	defer s.gate.RUnlock()
+	for i := range msgs {
+		m := &msgs[i]
+		if !m.Edited || m.Recalled || m.Seq > asOf || m.ConvID != convID {
+			continue
+		}
+		v, found, err := s.firstAbove(versionPrefix(convID, m.Seq), versionKey(convID, m.Seq, asOf+1))
+		if err != nil {
+			return fmt.Errorf("pebble: %s %d: %w", op, convID, err)
+		}
+		if !found {
+			continue // every edit is at or below asOf
+		}
+		old, err := decodeMessage(convID, v)
+		if err != nil {
+			return fmt.Errorf("pebble: %s %d: version of %d: %w", op, convID, m.Seq, err)
+		}
+		m.Body, m.Edited = old.Body, old.Edited
+	}
+	return nil
+}
+
+// firstAbove returns the value of the first key ≥ from with prefix p.
+func (s *Store) firstAbove(p, from []byte) ([]byte, bool, error) {
+	it, err := s.db.NewIter(&cpebble.IterOptions{LowerBound: from, UpperBound: prefixEnd(p)})
+	if err != nil {
+		return nil, false, err
+	}
+	if !it.First() {
+		return nil, false, it.Close()
+	}
+	v, err := it.ValueAndErr()
+	if err != nil {
+		return nil, false, errors.Join(err, it.Close())
+	}
+	v = append([]byte(nil), v...)
+	return v, true, it.Close()
 }
 
 // seqEntry reads the S row and the message of seq.

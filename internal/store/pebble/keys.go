@@ -18,6 +18,7 @@ const (
 	tagDelivered = 'V'
 	tagCoalesce  = 'K'
 	tagOutbox    = 'O'
+	tagVersion   = 'H'
 )
 
 // bucketOf maps a message's server time to its time bucket. Times before the
@@ -126,6 +127,17 @@ func coalesceKey(conv uint64, key string) []byte {
 func outboxKey(conv, seq uint64) []byte {
 	k := binary.BigEndian.AppendUint64(tagged(tagOutbox, 17), conv)
 	return binary.BigEndian.AppendUint64(k, seq)
+}
+
+// versionPrefix is H | conv | target; versionKey appends the seq of the
+// edit that replaced the version the key holds.
+func versionPrefix(conv, target uint64) []byte {
+	k := binary.BigEndian.AppendUint64(tagged(tagVersion, 25), conv)
+	return binary.BigEndian.AppendUint64(k, target)
+}
+
+func versionKey(conv, target, event uint64) []byte {
+	return binary.BigEndian.AppendUint64(versionPrefix(conv, target), event)
 }
 
 // readKey is R | user 0x00 conv [| device]; the per-user position has no

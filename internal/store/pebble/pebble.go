@@ -22,6 +22,7 @@
 //	I      I | conv | sender 0 client_msg_id     seq                                  idempotency
 //	R      R | user 0 | conv [| device]          read seq                             read_positions
 //	V      V | user 0 | conv                     delivered seq                        delivered_positions
+//	H      H | conv | target | edit seq          the target as it was before that edit  message versions (a former member reads the body as of its leave_seq)
 //	E, P   E2E key directory                     see keydir.go                        e2e_devices, e2e_prekeys
 //
 // bucket = ServerTime (unix ms) / BucketWidth: a busy conversation spreads

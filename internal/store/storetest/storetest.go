@@ -46,6 +46,8 @@ func Run(t *testing.T, h Harness) {
 		{"Edit", testEdit},
 		{"Recall", testRecall},
 		{"EditRefused", testEditRefused},
+		{"EditAsOf", testEditAsOf},
+		{"RecallAsOf", testRecallAsOf},
 		{"DirectConcurrent", testDirectConcurrent},
 		{"AddMembers", testAddMembers},
 		{"RemoveMembers", testRemoveMembers},
