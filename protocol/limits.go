@@ -1,17 +1,19 @@
 package protocol
 
 // Limits are the sizes a server enforces; the hello frame announces the ones
-// in force. The defaults below are what `parley serve` uses unless configured.
+// in force. The defaults below are what `parley serve` uses unless configured;
+// the yaml and help tags make each limit a setting of the server under
+// limits. (internal/settings).
 type Limits struct {
-	MaxFrameBytes   int `json:"max_frame_bytes"`   // a larger WebSocket message closes the connection with 1009
-	MaxBodyBytes    int `json:"max_body_bytes"`    // a larger body gets too_large
-	MaxClientMsgID  int `json:"max_client_msg_id"` // bytes of client_msg_id
-	MaxSyncConvs    int `json:"max_sync_convs"`    // entries in one sync request
-	MaxHistory      int `json:"max_history"`       // messages in one history answer
-	MaxGroupMembers int `json:"max_group_members"` // members of one group
-	MaxNameBytes    int `json:"max_name_bytes"`    // bytes of a group name
-	MaxMentions     int `json:"max_mentions"`      // users mentioned by one message
-	MaxPresenceSubs int `json:"max_presence_subs"` // users one connection watches
+	MaxFrameBytes   int `json:"max_frame_bytes" yaml:"max_frame_bytes" help:"largest client frame in bytes (a larger WebSocket message closes the connection with 1009)"`
+	MaxBodyBytes    int `json:"max_body_bytes" yaml:"max_body_bytes" help:"largest message body in bytes (too_large over it)"`
+	MaxClientMsgID  int `json:"max_client_msg_id" yaml:"max_client_msg_id" help:"longest client_msg_id in bytes"`
+	MaxSyncConvs    int `json:"max_sync_convs" yaml:"max_sync_convs" help:"conversations in one sync request"`
+	MaxHistory      int `json:"max_history" yaml:"max_history" help:"messages in one history answer"`
+	MaxGroupMembers int `json:"max_group_members" yaml:"max_group_members" help:"members of one group"`
+	MaxNameBytes    int `json:"max_name_bytes" yaml:"max_name_bytes" help:"longest group name in bytes"`
+	MaxMentions     int `json:"max_mentions" yaml:"max_mentions" help:"users one message may mention"`
+	MaxPresenceSubs int `json:"max_presence_subs" yaml:"max_presence_subs" help:"users one connection may watch for presence"`
 }
 
 // DefaultLimits are the limits of an unconfigured server.

@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/parley-im/parley/internal/buildinfo"
 )
 
 const usage = `parley — instant-messaging backend
@@ -19,17 +21,15 @@ usage: parley <command> [flags]
 
 commands:
   serve    run a node (every role, embedded storage under ./data, by default)
-  token    mint a development token for a user
+  token    mint a token for a user with the server's HS256 key
   chat     terminal chat client
   bench    benchmarks: idle, send, fanout, history (embedded or against a cluster)
   migrate  create or upgrade the Cassandra schema of cluster mode
-  version  print the version
+  version  print the version, commit and Go release of this build
 
-Run 'parley <command> -h' for a command's flags.
+Run 'parley <command> -h' for a command's flags; serve, migrate and token
+also list every setting with its YAML key, environment variable and default.
 `
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -61,7 +61,8 @@ func run(ctx context.Context, args []string) error {
 	case "migrate":
 		return runMigrate(ctx, rest, os.Stdout)
 	case "version":
-		fmt.Println("parley", version)
+		bi := buildinfo.Get()
+		fmt.Printf("parley %s (commit %s, %s)\n", bi.Version, bi.Commit, bi.Go)
 		return nil
 	case "-h", "-help", "--help", "help":
 		fmt.Print(usage)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/store/cassandra"
@@ -15,7 +14,7 @@ import (
 // keyspace and tables of cluster mode. It takes serve's configuration
 // (flags, PARLEY_* variables, --config file) and is safe to run again.
 func runMigrate(ctx context.Context, args []string, out io.Writer) error {
-	cfg, err := config.Load(args, os.Environ())
+	cfg, err := loadConfig(config.NewFlagSet("parley migrate"), "parley migrate [--config FILE] [--<setting> VALUE ...]   (uses the cluster.* settings)", args)
 	if err != nil {
 		return err
 	}

@@ -2,27 +2,29 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/parley-im/parley/internal/auth"
-	"github.com/parley-im/parley/internal/chat"
 	"github.com/parley-im/parley/internal/config"
-	"github.com/parley-im/parley/internal/gateway"
-	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/store/cassandra"
 )
 
+const serveUsage = "parley serve [--config FILE] [--<setting> VALUE ...]"
+
 func runServe(ctx context.Context, args []string) error {
-	cfg, err := config.Load(args, os.Environ())
+	cfg, err := loadConfig(config.NewFlagSet("parley serve"), serveUsage, args)
 	if err != nil {
 		return err
 	}
-	log := newLogger(cfg.Log)
+	log := newLogger(cfg.Log, os.Stderr)
 	if addr := os.Getenv(pprofEnv); addr != "" {
 		servePprof(addr, log)
 	}
@@ -37,7 +39,13 @@ func runServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "parley: serving on ws://%s/v1/ws (node %s, data %s)\n", srv.Addr(), cfg.NodeID, cfg.DataDir)
+	if cfg.RoleSet()[config.RoleGateway] {
+		fmt.Fprintf(os.Stderr, "parley: serving on ws://%s/v1/ws (node %s, data %s)\n", srv.Addr(), cfg.NodeID, cfg.DataDir)
+	} else {
+		// A chat-only node serves no clients: only /healthz, /readyz and
+		// /metrics.
+		fmt.Fprintf(os.Stderr, "parley: chat node %s up; health and metrics on http://%s/healthz, /metrics\n", cfg.NodeID, srv.Addr())
+	}
 	<-ctx.Done()
 	log.Info("stopping: draining connections", "timeout", cfg.Gateway.DrainTimeout)
 	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Gateway.DrainTimeout+5*time.Second)
@@ -46,58 +54,38 @@ func runServe(ctx context.Context, args []string) error {
 	return srv.Shutdown(stopCtx)
 }
 
+// stdout receives help (a variable for tests).
+var stdout io.Writer = os.Stdout
+
+// loadConfig parses a command's flags and the configuration; after -h or
+// --help it prints the command's usage and every setting to stdout and
+// returns flag.ErrHelp (exit status 0).
+func loadConfig(fs *flag.FlagSet, usageLine string, args []string) (config.Config, error) {
+	cfg, err := config.Parse(fs, args, os.Environ())
+	if errors.Is(err, flag.ErrHelp) {
+		config.Usage(stdout, usageLine, fs)
+	}
+	return cfg, err
+}
+
 func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) server.Options {
-	g := cfg.Gateway
-	ch := chat.DefaultConfig()
-	ch.Limits = cfg.Limits.Protocol()
-	ch.SnapshotRangeLimit = cfg.Chat.SnapshotRangeLimit
-	ch.SnapshotLatest = cfg.Chat.SnapshotLatest
-	ch.RecallWindow = cfg.Chat.RecallWindow
-	ch.ReadScope = cfg.Chat.ReadScope
-	ch.SmallBelow = cfg.Chat.SmallBelow
-	ch.LargeAbove = cfg.Chat.LargeAbove
-	ch.Hysteresis = cfg.Chat.Hysteresis
-	ch.EveryoneInterval = cfg.Chat.EveryoneInterval
-	ch.TypingInterval = cfg.Chat.TypingInterval
-	gw := gateway.DefaultConfig()
-	gw.Node = cfg.NodeID
-	gw.Limits = cfg.Limits.Protocol()
-	gw.HeartbeatInterval = g.HeartbeatInterval
-	gw.IdleTimeout = g.IdleTimeout
-	gw.RetransmitAfter = g.RetransmitAfter
-	gw.RetransmitMax = g.RetransmitMax
-	gw.MaxInflight = g.MaxInflight
-	gw.DrainTimeout = g.DrainTimeout
-	gw.MaxConnections = g.MaxConnections
-	gw.HandshakeRate = g.HandshakeRate
-	gw.HandshakeBurst = g.HandshakeBurst
-	gw.SyncRate = g.SyncRate
-	gw.SyncBurst = g.SyncBurst
-	gw.OutboundQueueBytes = g.OutboundQueueBytes
-	gw.MaxHeaderBytes = g.MaxHeaderBytes
-	gw.HeaderTimeout = g.HeaderTimeout
-	gw.BodyTimeout = g.BodyTimeout
-	gw.MaxPendingConnections = g.MaxPendingConnections
-	gw.UserSendRate = g.UserSendRate
-	gw.UserSendBurst = g.UserSendBurst
-	gw.ConnRequestRate = g.ConnRequestRate
-	gw.ConnRequestBurst = g.ConnRequestBurst
-	gw.MaxSessionsPerUser = g.MaxSessionsPerUser
-	gw.MaxPollSessionsPerUser = g.MaxPollSessionsPerUser
-	gw.UserHandshakeRate = g.UserHandshakeRate
-	gw.UserHandshakeBurst = g.UserHandshakeBurst
 	roles := cfg.RoleSet()
 	o := server.Options{
 		Listen: cfg.Listen, DataDir: cfg.DataDir, Node: cfg.NodeID, Auth: authCfg,
 		RunGateway: roles[config.RoleGateway], RunChat: roles[config.RoleChat],
-		Gateway: gw, Chat: ch, BucketWidth: cfg.Chat.BucketWidth,
-		Presence: presence.Config{Flush: cfg.Chat.PresenceFlush, MinGap: cfg.Chat.PresenceMinGap},
-		Logger:   log,
+		Gateway: cfg.GatewayConfig(), Chat: cfg.ChatConfig(), Fanout: cfg.Fanout,
+		BucketWidth: cfg.Store.BucketWidth, Presence: cfg.Presence,
+		Logger:    log,
+		NoMetrics: !cfg.Metrics.Enabled,
 		Web: server.Web{
 			Page:        cfg.Web.Page,
 			CORSOrigins: server.ParseOrigins(cfg.Web.CORSOrigins),
 			WSOrigins:   server.ParseOrigins(cfg.Web.WSOrigins),
 		},
+	}
+	if cfg.NodeNumber >= 0 {
+		n := cfg.SnowflakeNode()
+		o.NodeNumber = &n
 	}
 	if cfg.UsesDevKey() {
 		// Only the development key enables POST /v1/dev/token.
@@ -107,6 +95,7 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 		o.Cluster = &server.Cluster{
 			Redis: cfg.Cluster.Redis, NATS: cfg.Cluster.NATS, Cassandra: cassandraConfig(cfg),
 			Namespace: cfg.Cluster.Namespace, JetStreamReplicas: cfg.Cluster.JetStreamReplicas,
+			PresenceResync: cfg.Cluster.PresenceResync,
 		}
 	}
 	return o
@@ -122,14 +111,22 @@ func cassandraConfig(cfg config.Config) cassandra.Config {
 	return cassandra.Config{
 		Hosts: hosts, Keyspace: cfg.Cluster.Keyspace, Consistency: cfg.Cluster.Consistency,
 		SerialConsistency: cfg.Cluster.SerialConsistency,
-		ReplicationFactor: cfg.Cluster.ReplicationFactor, BucketWidth: cfg.Chat.BucketWidth,
+		ReplicationFactor: cfg.Cluster.ReplicationFactor, BucketWidth: cfg.Store.BucketWidth,
 	}
 }
 
-func newLogger(l config.Log) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: l.SlogLevel()}
+// newLogger builds the server's log. Durations are written as Go duration
+// strings ("1.5s", "250ms") in both formats: slog's JSON handler would
+// otherwise write nanoseconds.
+func newLogger(l config.Log, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: l.SlogLevel(), ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Value.Kind() == slog.KindDuration {
+			a.Value = slog.StringValue(a.Value.Duration().String())
+		}
+		return a
+	}}
 	if l.Format == config.LogJSON {
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+		return slog.New(slog.NewJSONHandler(w, opts))
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	return slog.New(slog.NewTextHandler(w, opts))
 }

@@ -1,38 +1,51 @@
 package main
 
 import (
-	"flag"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"path/filepath"
 	"time"
 
 	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/config"
 )
 
-// runToken mints a development token signed with the node's HS256 key (the
-// development key in the data directory unless one is configured).
+const tokenUsage = "parley token -user ID [-device ID] [-ttl 24h] [--config FILE] [--<setting> VALUE ...]"
+
+// runToken mints a token signed with the HS256 key the server would use,
+// read from the same configuration as `parley serve` (--config,
+// PARLEY_CONFIG, PARLEY_* variables, setting flags): auth.hs256_key,
+// auth.hs256_key_file, or else the development key in data_dir. Unlike the
+// server it never creates the development key: a token signed with a key
+// no server holds would only fail later with unauthorized.
 func runToken(args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("token", flag.ContinueOnError)
-	user := fs.String("user", "", "user id (sub claim), required")
-	device := fs.String("device", "", "bind the token to this device id (optional)")
-	ttl := fs.Duration("ttl", 24*time.Hour, "token lifetime")
-	dataDir := fs.String("data-dir", config.Default().DataDir, "data directory holding the development key")
-	keyFile := fs.String("key-file", "", "HS256 key file (hex) instead of the development key")
-	if err := fs.Parse(args); err != nil {
+	flags := config.NewFlagSet("parley token")
+	user := flags.String("user", "", "user id (sub claim), required")
+	device := flags.String("device", "", "bind the token to this device id (optional)")
+	ttl := flags.Duration("ttl", 24*time.Hour, "token lifetime")
+	cfg, err := loadConfig(flags, tokenUsage, args)
+	if err != nil {
 		return err
 	}
 	if *user == "" {
 		return fmt.Errorf("token: -user is required")
 	}
-	var (
-		key []byte
-		err error
-	)
-	if *keyFile != "" {
-		key, err = auth.LoadHS256KeyFile(*keyFile)
-	} else {
-		key, err = auth.LoadOrCreateDevKey(*dataDir)
+	var key []byte
+	switch {
+	case cfg.Auth.HS256Key != "":
+		key, err = auth.ParseHS256Key(cfg.Auth.HS256Key)
+	case cfg.Auth.HS256KeyFile != "":
+		key, err = auth.LoadHS256KeyFile(cfg.Auth.HS256KeyFile)
+	case cfg.Auth.Ed25519PublicKeyFile != "":
+		return errors.New("token: the server verifies Ed25519 tokens (auth.ed25519_public_key_file); mint them with the private key in your auth service")
+	default:
+		path := filepath.Join(cfg.DataDir, auth.DevKeyFile)
+		key, err = auth.LoadHS256KeyFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("token: no development key at %s: start `parley serve` with this data directory first, or point --data-dir, PARLEY_DATA_DIR or --config at the server's", path)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("token: %w", err)

@@ -11,7 +11,6 @@ package chat
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/ledger"
 	"github.com/parley-im/parley/internal/registry"
+	"github.com/parley-im/parley/internal/settings"
 	"github.com/parley-im/parley/internal/snowflake"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
@@ -30,39 +30,43 @@ const (
 	ReadPerDevice = "device"
 )
 
-// Config tunes the service. Zero fields take the defaults of DefaultConfig.
+// Config tunes the service. Each field with a yaml tag is a server setting
+// under chat. (package settings): its key, help and, from DefaultConfig,
+// its default are declared here and nowhere else.
 type Config struct {
-	Limits             protocol.Limits
-	SnapshotRangeLimit int           // gap ≤ this: the whole range
-	SnapshotLatest     int           // gap > range limit: only this many latest
-	HistoryDefault     int           // history limit when the request gives none
-	RecallWindow       time.Duration // edit and recall allowed this long after sending
-	ReadScope          string        // ReadPerUser or ReadPerDevice
-	// Fan-out tiers (M16): groups with fewer than SmallBelow members get
-	// write fan-out to every member's row; up to LargeAbove, rows only for
+	Limits protocol.Limits `yaml:"-"` // the protocol limits (cmd/parley: limits.*)
+
+	SnapshotRangeLimit int           `yaml:"snapshot_range_limit" help:"a conversation behind by at most this many messages gets the whole range in a sync"`
+	SnapshotLatest     int           `yaml:"snapshot_latest" help:"a conversation further behind gets only this many latest messages in a sync"`
+	HistoryDefault     int           `yaml:"history_default" help:"messages in a history answer when the request gives no limit"`
+	RecallWindow       time.Duration `yaml:"recall_window" help:"how long after sending a message may be recalled or edited"`
+	ReadScope          string        `yaml:"read_scope" help:"read position per user (all devices) or per device: user or device"`
+	// Fan-out tiers: groups with fewer than SmallBelow members get write
+	// fan-out to every member's row; up to LargeAbove, rows only for
 	// members online; beyond, no rows at all. Hysteresis (a fraction) keeps
 	// a group near a threshold from flapping: it moves down a tier only
 	// once it is that fraction below the threshold.
-	SmallBelow int
-	LargeAbove int
-	Hysteresis float64
+	SmallBelow int     `yaml:"small_below" help:"groups with fewer members get write fan-out to every member"`
+	LargeAbove int     `yaml:"large_above" help:"groups with more members get no per-member rows (read fan-out)"`
+	Hysteresis float64 `yaml:"hysteresis" help:"fraction below a threshold a group must fall to move down a tier"`
 	// InlineRows: small groups of at most this many members get their
 	// rows written in the message's own atomic write (store.Append.Rows)
 	// instead of by the fan-out after it; 0: direct conversations only
 	// (which always do).
-	InlineRows int
+	InlineRows int `yaml:"inline_rows" help:"groups of at most this many members get their rows written with the message itself (0: direct conversations only)"`
 	// EveryoneInterval is the least time between two @everyone of a group.
-	EveryoneInterval time.Duration
+	EveryoneInterval time.Duration `yaml:"everyone_interval" help:"least time between two @everyone in one group"`
 	// TypingInterval is the least time between two typing notices of a
 	// user in a conversation; more are dropped.
-	TypingInterval time.Duration
+	TypingInterval time.Duration `yaml:"typing_interval" help:"least time between two typing notices of a user in a conversation"`
 	// PositionFlush is how often delivered positions, kept in memory, are
 	// written to the store (RunPositions); a crash loses at most this much
 	// of them (never a message).
-	PositionFlush time.Duration
+	PositionFlush time.Duration `yaml:"position_flush" help:"how often delivered positions are written to the store (a crash loses at most this much of them)"`
 }
 
-// DefaultConfig holds the seed's numbers: ranges up to 200, else the latest 50.
+// DefaultConfig returns the defaults: a sync sends whole ranges up to 200
+// messages, else the latest 50.
 func DefaultConfig() Config {
 	return Config{
 		Limits:             protocol.DefaultLimits,
@@ -81,31 +85,22 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports a configuration the service cannot run with.
+// Validate reports every setting the service cannot run with, by key (a
+// *settings.Error).
 func (c Config) Validate() error {
-	switch {
-	case c.SnapshotRangeLimit <= 0:
-		return errors.New("chat: snapshot range limit must be positive")
-	case c.SnapshotLatest <= 0 || c.SnapshotLatest > c.SnapshotRangeLimit:
-		return errors.New("chat: snapshot latest must be in 1..snapshot range limit")
-	case c.HistoryDefault <= 0 || c.HistoryDefault > c.Limits.MaxHistory:
-		return errors.New("chat: history default must be in 1..max history")
-	case c.RecallWindow <= 0:
-		return errors.New("chat: recall window must be positive")
-	case c.ReadScope != ReadPerUser && c.ReadScope != ReadPerDevice:
-		return fmt.Errorf("chat: read scope %q is not %q or %q", c.ReadScope, ReadPerUser, ReadPerDevice)
-	case c.SmallBelow < 3 || c.LargeAbove < c.SmallBelow:
-		return errors.New("chat: tiers need 3 ≤ small_below ≤ large_above")
-	case c.InlineRows < 0:
-		return errors.New("chat: inline rows must not be negative")
-	case c.Hysteresis < 0 || c.Hysteresis >= 1:
-		return errors.New("chat: hysteresis must be in [0, 1)")
-	case c.PositionFlush <= 0:
-		return errors.New("chat: position flush interval must be positive")
-	case c.EveryoneInterval < 0 || c.TypingInterval < 0:
-		return errors.New("chat: intervals must not be negative")
-	}
-	return nil
+	var p settings.Problems
+	p.Check(c.SnapshotRangeLimit > 0, "snapshot_range_limit", "must be positive, got %d", c.SnapshotRangeLimit)
+	p.Check(c.SnapshotLatest > 0 && c.SnapshotLatest <= c.SnapshotRangeLimit, "snapshot_latest", "must be in 1..snapshot_range_limit (%d), got %d", c.SnapshotRangeLimit, c.SnapshotLatest)
+	p.Check(c.HistoryDefault > 0 && c.HistoryDefault <= c.Limits.MaxHistory, "history_default", "must be in 1..limits.max_history (%d), got %d", c.Limits.MaxHistory, c.HistoryDefault)
+	p.Check(c.RecallWindow > 0, "recall_window", "must be positive, got %v", c.RecallWindow)
+	p.Check(c.ReadScope == ReadPerUser || c.ReadScope == ReadPerDevice, "read_scope", "%q is not %s or %s", c.ReadScope, ReadPerUser, ReadPerDevice)
+	p.Check(c.SmallBelow >= 3 && c.LargeAbove >= c.SmallBelow, "small_below", "need 3 <= small_below <= large_above, got %d and %d", c.SmallBelow, c.LargeAbove)
+	p.Check(c.Hysteresis >= 0 && c.Hysteresis < 1, "hysteresis", "must be in [0, 1), got %v", c.Hysteresis)
+	p.Check(c.InlineRows >= 0, "inline_rows", "must not be negative, got %d", c.InlineRows)
+	p.Check(c.EveryoneInterval >= 0, "everyone_interval", "must not be negative, got %v", c.EveryoneInterval)
+	p.Check(c.TypingInterval >= 0, "typing_interval", "must not be negative, got %v", c.TypingInterval)
+	p.Check(c.PositionFlush > 0, "position_flush", "must be positive, got %v", c.PositionFlush)
+	return p.Err("chat")
 }
 
 // Observer receives the service's measurements; nil fields are skipped.

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -39,10 +40,10 @@ func TestDefault(t *testing.T) {
 	if c.Gateway.HeartbeatInterval != 25*time.Second || c.Gateway.OutboundQueueBytes != 1<<20 || c.Gateway.HandshakeBurst != 2000 {
 		t.Errorf("gateway defaults = %+v", c.Gateway)
 	}
-	if c.Limits.Protocol() != protocol.DefaultLimits {
+	if c.Limits != protocol.DefaultLimits {
 		t.Errorf("limits = %+v, want protocol.DefaultLimits", c.Limits)
 	}
-	if c.Chat.ReadScope != ReadScopeUser || c.Chat.BucketWidth != 240*time.Hour || !c.Metrics.Enabled {
+	if c.Chat.ReadScope != ReadScopeUser || c.Store.BucketWidth != 240*time.Hour || !c.Metrics.Enabled {
 		t.Errorf("chat/metrics defaults = %+v %+v", c.Chat, c.Metrics)
 	}
 	if !strings.HasSuffix(c.NodeID, "-7480") {
@@ -176,15 +177,44 @@ func TestLoadErrors(t *testing.T) {
 }
 
 func TestLoadHelp(t *testing.T) {
-	if _, err := Load([]string{"-h"}, nil); !errors.Is(err, flag.ErrHelp) {
-		t.Fatalf("Load(-h) err = %v, want flag.ErrHelp", err)
+	for _, arg := range []string{"-h", "--help"} {
+		if _, err := Load([]string{arg}, nil); !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("Load(%s) err = %v, want flag.ErrHelp", arg, err)
+		}
 	}
 	var b bytes.Buffer
-	Usage(&b)
-	for _, want := range []string{"-gateway.idle-timeout duration", "1m15s", "PARLEY_GATEWAY_IDLE_TIMEOUT", "-config"} {
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("usage lacks %q:\n%s", want, b.String())
+	fs := NewFlagSet("x")
+	fs.String("user", "", "the user to act as")
+	Usage(&b, "parley x [flags]", fs)
+	out := b.String()
+	for _, want := range []string{"usage: parley x [flags]", "-user", "the user to act as", "--config FILE", EnvConfigFile,
+		"gateway.idle_timeout (duration, default 1m15s)", "PARLEY_GATEWAY_IDLE_TIMEOUT  --gateway.idle-timeout", `listen (string, default "127.0.0.1:7480")`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("usage lacks %q:\n%s", want, out)
 		}
+	}
+	// Every setting, with its key, variable, flag and default.
+	c := defaults()
+	for _, f := range Fields(&c) {
+		for _, want := range []string{"  " + f.Path + " (" + f.Kind() + ", default ", f.Env() + "  --" + f.Flag(), f.Help} {
+			if !strings.Contains(out, want) {
+				t.Errorf("usage lacks %q", want)
+			}
+		}
+	}
+}
+
+// TestOwnFlagsAndSettings: a command's own flags and the settings parse
+// from one command line.
+func TestOwnFlagsAndSettings(t *testing.T) {
+	fs := NewFlagSet("x")
+	user := fs.String("user", "", "")
+	c, err := Parse(fs, []string{"-user", "alice", "--data-dir", "/tmp/d", "--metrics.enabled=false"}, []string{"PARLEY_DATA_DIR=/env"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *user != "alice" || c.DataDir != "/tmp/d" || c.Metrics.Enabled {
+		t.Fatalf("user %q data_dir %q metrics %v", *user, c.DataDir, c.Metrics.Enabled)
 	}
 }
 
@@ -223,7 +253,7 @@ func TestValidate(t *testing.T) {
 			c.Auth.HS256KeyFile = "/k"
 		}, "not both"},
 		{"leeway", func(c *Config) { c.Auth.Leeway = time.Hour }, "auth.leeway:"},
-		{"idle below heartbeat", func(c *Config) { c.Gateway.IdleTimeout = 10 * time.Second }, "gateway.idle_timeout: must exceed gateway.heartbeat_interval (25s), got 10s"},
+		{"idle below heartbeat", func(c *Config) { c.Gateway.IdleTimeout = 10 * time.Second }, "gateway.idle_timeout: must exceed heartbeat_interval (25s), got 10s"},
 		{"queue below frame", func(c *Config) { c.Gateway.OutboundQueueBytes = 1024 }, "gateway.outbound_queue_bytes:"},
 		{"zero inflight", func(c *Config) { c.Gateway.MaxInflight = 0 }, "gateway.max_inflight:"},
 		{"negative retransmit", func(c *Config) { c.Gateway.RetransmitMax = -1 }, "gateway.retransmit_max:"},
@@ -232,7 +262,16 @@ func TestValidate(t *testing.T) {
 		{"zero limit", func(c *Config) { c.Limits.MaxSyncConvs = 0 }, "limits.max_sync_convs:"},
 		{"body over frame", func(c *Config) { c.Limits.MaxBodyBytes = c.Limits.MaxFrameBytes }, "limits.max_body_bytes:"},
 		{"read scope", func(c *Config) { c.Chat.ReadScope = "team" }, "chat.read_scope:"},
-		{"bucket width", func(c *Config) { c.Chat.BucketWidth = 0 }, "chat.bucket_width:"},
+		{"bucket width", func(c *Config) { c.Store.BucketWidth = 0 }, "store.bucket_width:"},
+		{"snapshot latest over range", func(c *Config) { c.Chat.SnapshotLatest = c.Chat.SnapshotRangeLimit + 1 }, "chat.snapshot_latest:"},
+		{"history default over max", func(c *Config) { c.Chat.HistoryDefault = c.Limits.MaxHistory + 1 }, "chat.history_default: must be in 1..limits.max_history (200)"},
+		{"zero request timeout", func(c *Config) { c.Gateway.RequestTimeout = 0 }, "gateway.request_timeout:"},
+		{"zero drain timeout", func(c *Config) { c.Gateway.DrainTimeout = 0 }, "gateway.drain_timeout:"},
+		{"node number too big", func(c *Config) { c.NodeNumber = 1024 }, "node_number:"},
+		{"node number", func(c *Config) { c.NodeNumber = 1023 }, ""},
+		{"presence flush", func(c *Config) { c.Presence.Flush = 0 }, "presence.flush:"},
+		{"fanout workers", func(c *Config) { c.Fanout.Workers = 0 }, "fanout.workers:"},
+		{"fanout backoff", func(c *Config) { c.Fanout.MaxBackoff = time.Millisecond }, "fanout.max_backoff:"},
 		{"recall window", func(c *Config) { c.Chat.RecallWindow = -time.Second }, "chat.recall_window:"},
 	}
 	for _, tt := range tests {
@@ -263,32 +302,42 @@ func TestValidateReportsAll(t *testing.T) {
 	}
 }
 
-// TestFieldsCoverConfig keeps the env/flag table in step with the struct:
-// every YAML leaf must be settable by env and flag, and nothing else.
+// TestFieldsCoverConfig: every YAML leaf of Config, down into the
+// packages' Configs, is a setting (settable by env and flag, with help),
+// and nothing else is.
 func TestFieldsCoverConfig(t *testing.T) {
 	var leaves []string
 	var walk func(reflect.Type, string)
 	walk = func(t reflect.Type, prefix string) {
 		for i := 0; i < t.NumField(); i++ {
 			f := t.Field(i)
-			key := prefix + f.Tag.Get("yaml")
-			if f.Type.Kind() == reflect.Struct {
-				walk(f.Type, key+".")
+			key, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			if key == "-" || !f.IsExported() {
 				continue
 			}
-			leaves = append(leaves, key)
+			if key == "" {
+				panic(fmt.Sprintf("%s.%s has no yaml tag", t, f.Name))
+			}
+			if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Duration(0)) {
+				walk(f.Type, prefix+key+".")
+				continue
+			}
+			leaves = append(leaves, prefix+key)
 		}
 	}
 	walk(reflect.TypeOf(Config{}), "")
 	var c Config
 	var paths []string
-	for _, f := range fields(&c) {
-		paths = append(paths, f.path)
+	for _, f := range Fields(&c) {
+		paths = append(paths, f.Path)
+		if f.Help == "" || f.Kind() == "" {
+			t.Errorf("%s: help %q kind %q", f.Path, f.Help, f.Kind())
+		}
 	}
 	sort.Strings(leaves)
 	sort.Strings(paths)
 	if !reflect.DeepEqual(leaves, paths) {
-		t.Fatalf("fields() paths\n%v\ndiffer from Config's YAML leaves\n%v", paths, leaves)
+		t.Fatalf("Fields paths\n%v\ndiffer from Config's YAML leaves\n%v", paths, leaves)
 	}
 }
 
@@ -296,32 +345,32 @@ func TestSettersWriteTheirOwnField(t *testing.T) {
 	// Set each field through its setter to a distinctive value and check
 	// that exactly one YAML leaf changed, the one of the same path.
 	base := defaults()
-	for _, f := range fields(&base) {
-		t.Run(f.path, func(t *testing.T) {
+	for _, f := range Fields(&base) {
+		t.Run(f.Path, func(t *testing.T) {
 			c := defaults()
 			var val string
-			switch f.value.(type) {
-			case strVal:
+			switch f.Kind() {
+			case "string":
 				val = "zz"
-			case intVal:
+			case "int":
 				val = "12345"
-			case floatVal:
+			case "number":
 				val = "12.5"
-			case boolVal:
-				val = strconvNot(f.value.String())
-			case durVal:
+			case "bool":
+				val = strconvNot(f.Value.String())
+			case "duration":
 				val = "1234s"
 			}
-			for _, g := range fields(&c) {
-				if g.path == f.path {
-					if err := g.value.Set(val); err != nil {
+			for _, g := range Fields(&c) {
+				if g.Path == f.Path {
+					if err := g.Value.Set(val); err != nil {
 						t.Fatal(err)
 					}
 				}
 			}
 			changed := diffLeaves(reflect.ValueOf(defaults()), reflect.ValueOf(c), "")
-			if len(changed) != 1 || changed[0] != f.path {
-				t.Fatalf("setting %s changed %v", f.path, changed)
+			if len(changed) != 1 || changed[0] != f.Path {
+				t.Fatalf("setting %s changed %v", f.Path, changed)
 			}
 		})
 	}
@@ -337,7 +386,11 @@ func strconvNot(s string) string {
 func diffLeaves(a, b reflect.Value, prefix string) []string {
 	var out []string
 	for i := 0; i < a.NumField(); i++ {
-		key := prefix + a.Type().Field(i).Tag.Get("yaml")
+		key, _, _ := strings.Cut(a.Type().Field(i).Tag.Get("yaml"), ",")
+		if key == "-" {
+			continue
+		}
+		key = prefix + key
 		if a.Field(i).Kind() == reflect.Struct {
 			out = append(out, diffLeaves(a.Field(i), b.Field(i), key+".")...)
 			continue

@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/parley-im/parley/internal/settings"
 	"github.com/parley-im/parley/internal/store"
 )
 
@@ -49,39 +50,63 @@ type Job struct {
 // conversation is retried after a backoff.
 type Handler func(ctx context.Context, j Job) error
 
-// Config tunes the outbox. Zero fields take defaults.
+// Config tunes the outbox. Each field with a yaml tag is a server setting
+// under fanout. (package settings). Zero fields take the defaults of
+// DefaultConfig.
 type Config struct {
-	Workers    int           // conversations fanned out at once (default 16)
-	MaxQueued  int           // messages held in memory (default 100,000)
-	Batch      int           // messages of one conversation per turn (default 64)
-	Scan       time.Duration // store outbox scan interval (default 2 s)
-	ScanLimit  int           // entries read per scan (default 10,000)
-	MinBackoff time.Duration // first retry of a failed conversation (default 100 ms)
-	MaxBackoff time.Duration // (default 10 s)
-	Logger     *slog.Logger
+	Workers    int           `yaml:"workers" help:"conversations fanned out at once by this process"`
+	MaxQueued  int           `yaml:"max_queued" help:"stored messages awaiting fan-out held in memory (more are read back from the store)"`
+	Batch      int           `yaml:"batch" help:"messages of one conversation fanned out per turn"`
+	Scan       time.Duration `yaml:"scan" help:"interval of the scan of the store's outbox for messages not yet fanned out"`
+	ScanLimit  int           `yaml:"scan_limit" help:"outbox entries read per scan"`
+	MinBackoff time.Duration `yaml:"min_backoff" help:"first retry delay of a conversation whose fan-out failed"`
+	MaxBackoff time.Duration `yaml:"max_backoff" help:"longest retry delay of a conversation whose fan-out failed"`
+	Logger     *slog.Logger  `yaml:"-"`
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{
+		Workers: 16, MaxQueued: 100_000, Batch: 64, Scan: 2 * time.Second, ScanLimit: 10_000,
+		MinBackoff: 100 * time.Millisecond, MaxBackoff: 10 * time.Second,
+	}
+}
+
+// Validate reports every setting the outbox cannot run with, by key.
+func (c Config) Validate() error {
+	var p settings.Problems
+	p.Check(c.Workers > 0, "workers", "must be positive, got %d", c.Workers)
+	p.Check(c.MaxQueued > 0, "max_queued", "must be positive, got %d", c.MaxQueued)
+	p.Check(c.Batch > 0, "batch", "must be positive, got %d", c.Batch)
+	p.Check(c.Scan > 0, "scan", "must be positive, got %v", c.Scan)
+	p.Check(c.ScanLimit > 0, "scan_limit", "must be positive, got %d", c.ScanLimit)
+	p.Check(c.MinBackoff > 0, "min_backoff", "must be positive, got %v", c.MinBackoff)
+	p.Check(c.MaxBackoff >= c.MinBackoff, "max_backoff", "must be at least min_backoff (%v), got %v", c.MinBackoff, c.MaxBackoff)
+	return p.Err("fanout")
 }
 
 func (c Config) withDefaults() Config {
+	d := DefaultConfig()
 	if c.Workers <= 0 {
-		c.Workers = 16
+		c.Workers = d.Workers
 	}
 	if c.MaxQueued <= 0 {
-		c.MaxQueued = 100_000
+		c.MaxQueued = d.MaxQueued
 	}
 	if c.Batch <= 0 {
-		c.Batch = 64
+		c.Batch = d.Batch
 	}
 	if c.Scan <= 0 {
-		c.Scan = 2 * time.Second
+		c.Scan = d.Scan
 	}
 	if c.ScanLimit <= 0 {
-		c.ScanLimit = 10_000
+		c.ScanLimit = d.ScanLimit
 	}
 	if c.MinBackoff <= 0 {
-		c.MinBackoff = 100 * time.Millisecond
+		c.MinBackoff = d.MinBackoff
 	}
 	if c.MaxBackoff < c.MinBackoff {
-		c.MaxBackoff = max(10*time.Second, c.MinBackoff)
+		c.MaxBackoff = max(d.MaxBackoff, c.MinBackoff)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

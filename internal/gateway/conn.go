@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -75,21 +76,28 @@ func BearerToken(r *http.Request) string {
 // Authenticate verifies the request's token; on failure it writes the
 // refusal and returns ok=false.
 func Authenticate(v Verifier, w http.ResponseWriter, r *http.Request, now time.Time) (auth.Identity, bool) {
+	id, reason := authenticate(v, w, r, now)
+	return id, reason == ""
+}
+
+// authenticate is Authenticate returning why it refused: no_token,
+// token_expired or bad_token ("" when it did not).
+func authenticate(v Verifier, w http.ResponseWriter, r *http.Request, now time.Time) (auth.Identity, string) {
 	tok := BearerToken(r)
 	if tok == "" {
 		httpError(w, http.StatusUnauthorized, protocol.CodeUnauthorized, "no token: send Authorization: Bearer or ?token=", 0)
-		return auth.Identity{}, false
+		return auth.Identity{}, "no_token"
 	}
 	id, err := v.Verify(tok, now)
 	switch {
 	case errors.Is(err, auth.ErrExpired):
 		httpError(w, http.StatusUnauthorized, protocol.CodeTokenExpired, "token expired", 0)
-		return id, false
+		return id, "token_expired"
 	case err != nil:
 		httpError(w, http.StatusUnauthorized, protocol.CodeUnauthorized, "invalid token", 0)
-		return id, false
+		return id, "bad_token"
 	}
-	return id, true
+	return id, ""
 }
 
 // ServeHTTP upgrades GET /v1/ws?device=ID to a WebSocket after admission
@@ -118,7 +126,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // never spend the handshake budget of valid ones: they get 401, not 503.
 func (g *Gateway) admitRequest(w http.ResponseWriter, r *http.Request, poll bool) (auth.Identity, string, bool) {
 	now := g.now()
-	id, ok := Authenticate(g.verifier, w, r, now)
+	id, ok := g.authenticate(w, r, now)
 	if !ok {
 		g.observeHandshake("unauthorized")
 		return id, "", false
@@ -126,28 +134,33 @@ func (g *Gateway) admitRequest(w http.ResponseWriter, r *http.Request, poll bool
 	device := r.URL.Query().Get("device")
 	if !protocol.ValidID(device) {
 		g.observeHandshake("bad_request")
+		g.logRefusal(slog.LevelInfo, "bad_device", r, id.User)
 		httpError(w, http.StatusBadRequest, protocol.CodeInvalidArgument, "device must be 1-64 bytes of [A-Za-z0-9._@-]", 0)
 		return id, "", false
 	}
 	if err := id.CheckDevice(device); err != nil {
 		g.observeHandshake("bad_request")
+		g.logRefusal(slog.LevelInfo, "device_not_in_token", r, id.User)
 		httpError(w, http.StatusBadRequest, protocol.CodeInvalidArgument, "device does not match the token", 0)
 		return id, "", false
 	}
-	if !g.sessionCap(w, id.User, device, poll) {
+	if !g.sessionCap(w, r, id.User, device, poll) {
 		return auth.Identity{}, "", false
 	}
 	if g.draining.Load() {
+		g.logRefusal(slog.LevelInfo, "draining", r, id.User)
 		g.refuse(w, "draining", protocol.CodeOverloaded, "node is draining; connect to another node", time.Second+rand.N(4*time.Second))
 		return auth.Identity{}, "", false
 	}
 	if g.full() {
+		g.logRefusal(slog.LevelWarn, "full", r, id.User)
 		g.refuse(w, "full", protocol.CodeOverloaded, "node is full", time.Second+rand.N(4*time.Second))
 		return auth.Identity{}, "", false
 	}
 	if ok, wait := g.admit.take(now); !ok {
 		// Jitter spreads a reconnect storm over time instead of
-		// synchronising everyone on the same retry instant (M31).
+		// synchronising everyone on the same retry instant.
+		g.logRefusal(slog.LevelWarn, "rate_limited", r, id.User)
 		g.refuse(w, "rate_limited", protocol.CodeOverloaded, "too many handshakes; retry later", wait+rand.N(2*time.Second))
 		return auth.Identity{}, "", false
 	}
@@ -155,8 +168,9 @@ func (g *Gateway) admitRequest(w http.ResponseWriter, r *http.Request, poll bool
 }
 
 func (g *Gateway) newSession(user, device string, tr transport) *session {
-	s := &session{g: g, id: g.sessionPrefix + "-" + strconv.FormatUint(g.nextID.Add(1), 36), user: user, device: device, tr: tr}
-	s.lastSeen.Store(g.now().UnixMilli())
+	now := g.now()
+	s := &session{g: g, id: g.sessionPrefix + "-" + strconv.FormatUint(g.nextID.Add(1), 36), user: user, device: device, tr: tr, opened: now}
+	s.lastSeen.Store(now.UnixMilli())
 	return s
 }
 
@@ -169,6 +183,11 @@ func (g *Gateway) open(s *session) {
 		g.obs.Connections(1)
 	}
 	g.observeHandshake("ok")
+	transport := "ws"
+	if _, ok := s.tr.(*mailbox); ok {
+		transport = "poll"
+	}
+	g.logOpen(s, transport)
 	// Indexed, registered and online before the hello, so a client holding
 	// its hello is routable; pushes are held back until the hello is out
 	// (hello is the first frame), and those skipped precede the client's
@@ -246,6 +265,7 @@ func (g *Gateway) gone(s *session) {
 	if g.obs.Connections != nil {
 		g.obs.Connections(-1)
 	}
+	g.logClose(s)
 	g.presence.Unwatch(s)
 	if s.present.Load() {
 		g.presence.Disconnected(s.user)

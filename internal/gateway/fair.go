@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"sync"
@@ -125,7 +126,7 @@ func rateLimited(msg string, wait time.Duration) *protocol.Error {
 // the most allowed on this node: MaxSessionsPerUser devices in all (the
 // device reconnecting, which replaces its old session, is not counted) and
 // MaxPollSessionsPerUser long-poll sessions.
-func (g *Gateway) sessionCap(w http.ResponseWriter, user, device string, poll bool) bool {
+func (g *Gateway) sessionCap(w http.ResponseWriter, r *http.Request, user, device string, poll bool) bool {
 	devices, polls := 0, 0
 	for _, s := range g.sessionsOf(user) {
 		if s.device == device || s.closed.Load() {
@@ -140,16 +141,19 @@ func (g *Gateway) sessionCap(w http.ResponseWriter, user, device string, poll bo
 		// Per user, so that one user reconnecting in a loop (a client
 		// closed for ignoring rate limits) cannot spend the node's budget.
 		g.observeHandshake("user_rate")
+		g.logRefusal(slog.LevelWarn, "user_handshake_rate", r, user)
 		httpError(w, http.StatusTooManyRequests, protocol.CodeRateLimited, "too many handshakes from this user (gateway.user_handshake_rate)", wait+rand.N(time.Second))
 		return false
 	}
 	switch {
 	case devices >= g.cfg.MaxSessionsPerUser:
 		g.observeHandshake("user_cap")
+		g.logRefusal(slog.LevelWarn, "max_sessions_per_user", r, user)
 		httpError(w, http.StatusTooManyRequests, protocol.CodeRateLimited, "this user has gateway.max_sessions_per_user sessions on this node; close one", 5*time.Second)
 		return false
 	case poll && polls >= g.cfg.MaxPollSessionsPerUser:
 		g.observeHandshake("user_cap")
+		g.logRefusal(slog.LevelWarn, "max_poll_sessions_per_user", r, user)
 		httpError(w, http.StatusTooManyRequests, protocol.CodeRateLimited, "this user has gateway.max_poll_sessions_per_user poll sessions on this node; close one", 5*time.Second)
 		return false
 	}

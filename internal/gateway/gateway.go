@@ -29,6 +29,7 @@ import (
 	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/registry"
+	"github.com/parley-im/parley/internal/settings"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -55,28 +56,37 @@ type Verifier interface {
 	Verify(token string, now time.Time) (auth.Identity, error)
 }
 
-// Config tunes a gateway.
+// Config tunes a gateway. Each field with a yaml tag is a server setting
+// under gateway. (package settings): its key, help and, from DefaultConfig,
+// its default are declared here and nowhere else.
 type Config struct {
-	Node              string
-	Limits            protocol.Limits
-	HeartbeatInterval time.Duration // announced to clients
-	IdleTimeout       time.Duration // close after this long without a frame
-	RetransmitAfter   time.Duration // re-send an unacked push after this long
-	RetransmitMax     int           // re-sends before leaving the message to sync
-	MaxInflight       int           // unacked pushes tracked per connection
-	DrainTimeout      time.Duration // bound on Drain
-	MaxConnections    int
-	HandshakeRate     float64 // handshakes per second admitted (token bucket)
-	HandshakeBurst    int
-	SyncRate          float64 // sync requests per second admitted (token bucket, M31)
-	SyncBurst         int
-	RequestTimeout    time.Duration // bound on one request to the backend
-	// SessionPrefix starts every session id (default: Node). Make it unique
-	// per process so ids never repeat across restarts of a node.
-	SessionPrefix string
+	Node   string          `yaml:"-"` // the node id (cmd/parley: node_id)
+	Limits protocol.Limits `yaml:"-"` // the protocol limits (cmd/parley: limits.*)
+
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval" help:"client ping interval announced in hello"`
+	IdleTimeout       time.Duration `yaml:"idle_timeout" help:"close a connection silent for this long"`
 	// OutboundQueueBytes bounds the bytes waiting for one slow reader;
 	// past it the connection is dropped (the slow-consumer policy).
-	OutboundQueueBytes int
+	OutboundQueueBytes int           `yaml:"outbound_queue_bytes" help:"unsent bytes per connection before it is dropped as a slow consumer"`
+	RetransmitAfter    time.Duration `yaml:"retransmit_after" help:"re-send a push not acknowledged within this time"`
+	RetransmitMax      int           `yaml:"retransmit_max" help:"re-sends of one push before leaving the message to sync"`
+	MaxInflight        int           `yaml:"max_inflight" help:"unacknowledged pushes tracked per connection"`
+	DrainTimeout       time.Duration `yaml:"drain_timeout" help:"time given to connections to leave on shutdown"`
+	// HandshakeRate and HandshakeBurst are the node's token bucket for new
+	// connections, so a reconnect storm queues instead of toppling the
+	// node; SyncRate and SyncBurst the one for sync requests (offline
+	// pulls), the other half of reconnect-storm protection.
+	HandshakeRate  float64 `yaml:"handshake_rate" help:"handshakes per second admitted by this node"`
+	HandshakeBurst int     `yaml:"handshake_burst" help:"handshakes admitted at once above the rate"`
+	SyncRate       float64 `yaml:"sync_rate" help:"sync requests (offline pulls) admitted per second"`
+	SyncBurst      int     `yaml:"sync_burst" help:"sync requests admitted at once above the rate"`
+	MaxConnections int     `yaml:"max_connections" help:"connections open at once on this node"`
+	// RequestTimeout bounds one client request to the backend (the chat
+	// service, in process or on another node).
+	RequestTimeout time.Duration `yaml:"request_timeout" help:"bound on one client request to the chat service (internal error after it)"`
+	// SessionPrefix starts every session id (default: Node). Make it unique
+	// per process so ids never repeat across restarts of a node.
+	SessionPrefix string `yaml:"-"`
 
 	// The edge (edge.go): bounds on a connection before its request is
 	// authenticated. MaxHeaderBytes bounds a request line and headers
@@ -85,25 +95,25 @@ type Config struct {
 	// within BodyTimeout of the head (408). MaxPendingConnections is how
 	// many TCP connections beyond MaxConnections the event loop accepts,
 	// so that partial handshakes meet Parley's 503, not a refused accept.
-	MaxHeaderBytes        int
-	HeaderTimeout         time.Duration
-	BodyTimeout           time.Duration
-	MaxPendingConnections int
+	MaxHeaderBytes        int           `yaml:"max_header_bytes" help:"largest request line plus headers (431 over it)"`
+	HeaderTimeout         time.Duration `yaml:"header_timeout" help:"time for a request head to arrive (408 after it)"`
+	BodyTimeout           time.Duration `yaml:"body_timeout" help:"time for a request body to arrive after its head (408 after it)"`
+	MaxPendingConnections int           `yaml:"max_pending_connections" help:"TCP connections accepted beyond max_connections (partial handshakes)"`
 
 	// Fair sharing (fair.go): sends (send, edit, recall) per second and
 	// burst per user on this node; requests (all but ping and delivered)
 	// per second and burst per connection; sessions per user on this node,
 	// and long-poll sessions among them.
-	UserSendRate           float64
-	UserSendBurst          int
-	ConnRequestRate        float64
-	ConnRequestBurst       int
-	MaxSessionsPerUser     int
-	MaxPollSessionsPerUser int
+	UserSendRate           float64 `yaml:"user_send_rate" help:"messages (send, edit, recall) per second per user on this node"`
+	UserSendBurst          int     `yaml:"user_send_burst" help:"messages one user may send at once above the rate"`
+	ConnRequestRate        float64 `yaml:"conn_request_rate" help:"requests per second per connection (ping and delivered not counted)"`
+	ConnRequestBurst       int     `yaml:"conn_request_burst" help:"requests one connection may send at once above the rate"`
+	MaxSessionsPerUser     int     `yaml:"max_sessions_per_user" help:"sessions (devices) one user may hold on this node"`
+	MaxPollSessionsPerUser int     `yaml:"max_poll_sessions_per_user" help:"long-poll sessions one user may hold on this node"`
 	// UserHandshakeRate and UserHandshakeBurst bound one user's new
 	// sessions per second on this node.
-	UserHandshakeRate  float64
-	UserHandshakeBurst int
+	UserHandshakeRate  float64 `yaml:"user_handshake_rate" help:"new sessions per second per user on this node"`
+	UserHandshakeBurst int     `yaml:"user_handshake_burst" help:"new sessions one user may open at once above the rate"`
 }
 
 // DefaultConfig returns the defaults documented in docs/protocol.md.
@@ -141,27 +151,36 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports a configuration the gateway cannot run with.
+// Validate reports every setting the gateway cannot run with, by key (a
+// *settings.Error).
 func (c Config) Validate() error {
-	switch {
-	case c.Node == "":
-		return errors.New("gateway: node is required")
-	case c.HeartbeatInterval <= 0 || c.IdleTimeout <= c.HeartbeatInterval:
-		return errors.New("gateway: idle timeout must exceed a positive heartbeat interval")
-	case c.RetransmitAfter <= 0 || c.RetransmitMax < 0 || c.MaxInflight <= 0:
-		return errors.New("gateway: retransmit settings must be positive")
-	case c.MaxConnections <= 0 || c.HandshakeRate <= 0 || c.HandshakeBurst <= 0 || c.SyncRate <= 0 || c.SyncBurst <= 0:
-		return errors.New("gateway: connection, handshake and sync limits must be positive")
-	case c.RequestTimeout <= 0 || c.DrainTimeout <= 0:
-		return errors.New("gateway: timeouts must be positive")
-	case c.OutboundQueueBytes < c.Limits.MaxFrameBytes:
-		return errors.New("gateway: outbound queue must hold at least one maximal frame")
-	case c.MaxHeaderBytes < 1024 || c.HeaderTimeout <= 0 || c.BodyTimeout <= 0 || c.MaxPendingConnections <= 0:
-		return errors.New("gateway: header bound (at least 1 KiB), header and body timeouts and pending connections must be positive")
-	case c.UserSendRate <= 0 || c.UserSendBurst <= 0 || c.ConnRequestRate <= 0 || c.ConnRequestBurst <= 0 || c.MaxSessionsPerUser <= 0 || c.MaxPollSessionsPerUser <= 0 || c.UserHandshakeRate <= 0 || c.UserHandshakeBurst <= 0:
-		return errors.New("gateway: fair-sharing rates, bursts and per-user session caps must be positive")
-	}
-	return nil
+	var p settings.Problems
+	p.Check(c.Node != "", "node", "is required")
+	p.Check(c.HeartbeatInterval > 0, "heartbeat_interval", "must be positive, got %v", c.HeartbeatInterval)
+	// Clients ping every heartbeat interval; closing sooner than that would
+	// cut healthy idle connections.
+	p.Check(c.IdleTimeout > c.HeartbeatInterval, "idle_timeout", "must exceed heartbeat_interval (%v), got %v", c.HeartbeatInterval, c.IdleTimeout)
+	p.Check(c.OutboundQueueBytes >= c.Limits.MaxFrameBytes, "outbound_queue_bytes", "must hold one frame of limits.max_frame_bytes (%d), got %d", c.Limits.MaxFrameBytes, c.OutboundQueueBytes)
+	p.Check(c.RetransmitAfter > 0, "retransmit_after", "must be positive, got %v", c.RetransmitAfter)
+	p.Check(c.RetransmitMax >= 0, "retransmit_max", "must not be negative, got %d", c.RetransmitMax)
+	p.Check(c.MaxInflight > 0, "max_inflight", "must be positive, got %d", c.MaxInflight)
+	p.Check(c.DrainTimeout > 0, "drain_timeout", "must be positive, got %v", c.DrainTimeout)
+	p.Check(c.RequestTimeout > 0, "request_timeout", "must be positive, got %v", c.RequestTimeout)
+	p.Check(c.HandshakeRate > 0, "handshake_rate", "must be positive, got %v", c.HandshakeRate)
+	p.Check(c.HandshakeBurst > 0, "handshake_burst", "must be positive, got %d", c.HandshakeBurst)
+	p.Check(c.SyncRate > 0, "sync_rate", "must be positive, got %v", c.SyncRate)
+	p.Check(c.SyncBurst > 0, "sync_burst", "must be positive, got %d", c.SyncBurst)
+	p.Check(c.MaxConnections > 0, "max_connections", "must be positive, got %d", c.MaxConnections)
+	p.Check(c.MaxHeaderBytes >= 1024, "max_header_bytes", "must be at least 1024, got %d", c.MaxHeaderBytes)
+	p.Check(c.HeaderTimeout > 0, "header_timeout", "must be positive, got %v", c.HeaderTimeout)
+	p.Check(c.BodyTimeout > 0, "body_timeout", "must be positive, got %v", c.BodyTimeout)
+	p.Check(c.MaxPendingConnections > 0, "max_pending_connections", "must be positive, got %d", c.MaxPendingConnections)
+	p.Check(c.UserSendRate > 0 && c.UserSendBurst > 0, "user_send_rate", "rate and burst must be positive, got %v and %d", c.UserSendRate, c.UserSendBurst)
+	p.Check(c.ConnRequestRate > 0 && c.ConnRequestBurst > 0, "conn_request_rate", "rate and burst must be positive, got %v and %d", c.ConnRequestRate, c.ConnRequestBurst)
+	p.Check(c.MaxSessionsPerUser > 0, "max_sessions_per_user", "must be positive, got %d", c.MaxSessionsPerUser)
+	p.Check(c.MaxPollSessionsPerUser > 0, "max_poll_sessions_per_user", "must be positive, got %d", c.MaxPollSessionsPerUser)
+	p.Check(c.UserHandshakeRate > 0 && c.UserHandshakeBurst > 0, "user_handshake_rate", "rate and burst must be positive, got %v and %d", c.UserHandshakeRate, c.UserHandshakeBurst)
+	return p.Err("gateway")
 }
 
 // Observer receives the gateway's measurements; nil fields are skipped.
@@ -198,7 +217,8 @@ type Gateway struct {
 	nextID   atomic.Uint64
 	shutOnce sync.Once
 	admit    *bucket
-	syncs    *bucket // admission of sync requests (offline pulls)
+	syncs    *bucket    // admission of sync requests (offline pulls)
+	refusals refusalLog // rate limit of refusal log lines (connlog.go)
 	// sessionPrefix starts session ids (Config.SessionPrefix or Node).
 	sessionPrefix string
 	polls         sync.Map    // poll session id → *mailbox

@@ -150,7 +150,7 @@ func (g *Gateway) ServePoll(w http.ResponseWriter, r *http.Request) {
 		writeFrames(w, frames)
 		return
 	}
-	id, ok := Authenticate(g.verifier, w, r, g.now())
+	id, ok := g.authenticate(w, r, g.now())
 	if !ok {
 		return
 	}
@@ -203,7 +203,7 @@ func (discard) close(int, string)                                  {}
 // frame, the answer its response frame (an ok frame when the request needs
 // no answer).
 func (g *Gateway) ServeRPC(w http.ResponseWriter, r *http.Request) {
-	id, ok := Authenticate(g.verifier, w, r, g.now())
+	id, ok := g.authenticate(w, r, g.now())
 	if !ok {
 		return
 	}

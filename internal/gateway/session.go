@@ -18,13 +18,15 @@ type session struct {
 	device string
 	tr     transport
 
+	opened   time.Time    // for the close log
 	lastSeen atomic.Int64 // unix ms of the last frame received
 	// expiresMS is the token's exp (unix ms, 0: none), set before the
 	// session is indexed; the sweeper closes the session once it passes.
 	expiresMS int64
 	closed    atomic.Bool
-	present   atomic.Bool // counted by the presence tracker
-	greeted   atomic.Bool // the hello is out; pushes may follow
+	closeCode atomic.Int32 // the code the server closed with, 0: not the server
+	present   atomic.Bool  // counted by the presence tracker
+	greeted   atomic.Bool  // the hello is out; pushes may follow
 	// deadlineCleared: nbio arms its HTTP read deadline after registering
 	// the connection, which can land after the upgrade cleared it; the
 	// first frame clears it again (the sweeper owns idle timeouts).
@@ -246,6 +248,7 @@ func (s *session) close(code int, reason string) {
 	if s.closed.Swap(true) {
 		return
 	}
+	s.closeCode.Store(int32(code))
 	s.tr.close(code, reason)
 }
 

@@ -14,6 +14,8 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/parley-im/parley/internal/buildinfo"
+
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -169,6 +171,13 @@ func New(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{ReasonSlowConsumer, ReasonInflightOverflow} {
 		m.QueueDrops.WithLabelValues(r)
 	}
+	bi := buildinfo.Get()
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "parley_build_info",
+		Help: "Always 1; the labels name the running build: version, commit and Go release.",
+	}, []string{"version", "commit", "go"})
+	build.WithLabelValues(bi.Version, bi.Commit, bi.Go).Set(1)
+	reg.MustRegister(build)
 	for _, t := range append(clientFrames, frameUnknown) {
 		m.FramesIn.WithLabelValues(t)
 	}

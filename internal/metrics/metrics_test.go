@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/parley-im/parley/internal/buildinfo"
 )
 
 func counterValue(t *testing.T, c prometheus.Counter) float64 {
@@ -102,4 +104,31 @@ func TestDoubleRegisterPanics(t *testing.T) {
 		}
 	}()
 	New(reg)
+}
+
+func TestBuildInfo(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	New(reg)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "parley_build_info" {
+			continue
+		}
+		if len(mf.GetMetric()) != 1 || mf.GetMetric()[0].GetGauge().GetValue() != 1 {
+			t.Fatalf("parley_build_info = %v", mf.GetMetric())
+		}
+		labels := map[string]string{}
+		for _, l := range mf.GetMetric()[0].GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		want := buildinfo.Get()
+		if labels["version"] != want.Version || labels["commit"] != want.Commit || labels["go"] != want.Go {
+			t.Fatalf("labels %v, want %+v", labels, want)
+		}
+		return
+	}
+	t.Fatal("parley_build_info not gathered")
 }

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/parley-im/parley/internal/settings"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -24,10 +25,23 @@ type Subscriber interface {
 	Presence(states []protocol.PresenceState)
 }
 
-// Config tunes a Tracker.
+// Config tunes a Tracker. Each field is a server setting under presence.
+// (package settings). Zero fields take the defaults of DefaultConfig.
 type Config struct {
-	Flush  time.Duration // aggregation interval (default 1s)
-	MinGap time.Duration // at most one broadcast per user per MinGap (default 5s)
+	Flush  time.Duration `yaml:"flush" help:"presence changes are aggregated over this interval"`
+	MinGap time.Duration `yaml:"min_gap" help:"a user's presence is broadcast at most once per this interval"`
+}
+
+// DefaultConfig returns the defaults: flush every second, at most one
+// broadcast per user per 5 s.
+func DefaultConfig() Config { return Config{Flush: time.Second, MinGap: 5 * time.Second} }
+
+// Validate reports every setting a Tracker cannot run with, by key.
+func (c Config) Validate() error {
+	var p settings.Problems
+	p.Check(c.Flush > 0, "flush", "must be positive, got %v", c.Flush)
+	p.Check(c.MinGap >= 0, "min_gap", "must not be negative, got %v", c.MinGap)
+	return p.Err("presence")
 }
 
 // Tracker is the node's presence state.
@@ -49,11 +63,12 @@ type Tracker struct {
 
 // New returns a tracker; call Run to flush presence changes.
 func New(cfg Config, now func() time.Time) *Tracker {
+	def := DefaultConfig()
 	if cfg.Flush <= 0 {
-		cfg.Flush = time.Second
+		cfg.Flush = def.Flush
 	}
 	if cfg.MinGap <= 0 {
-		cfg.MinGap = 5 * time.Second
+		cfg.MinGap = def.MinGap
 	}
 	if now == nil {
 		now = time.Now

@@ -56,10 +56,13 @@ import (
 
 // Options configure a node.
 type Options struct {
-	Listen      string // host:port; port 0 picks a free one
-	DataDir     string
-	StoreFS     vfs.FS // nil: the disk under DataDir
-	Node        string
+	Listen  string // host:port; port 0 picks a free one
+	DataDir string
+	StoreFS vfs.FS // nil: the disk under DataDir
+	Node    string
+	// NodeNumber is the Snowflake node number of the message ids this
+	// node mints; nil derives it from Node (snowflake.NodeNumber).
+	NodeNumber  *uint16
 	Auth        auth.Config
 	Gateway     gateway.Config
 	Chat        chat.Config
@@ -82,6 +85,8 @@ type Options struct {
 	WrapRegistry func(registry.Registry) registry.Registry
 	WrapBus      func(bus.Bus) bus.Bus
 	Logger       *slog.Logger
+	// NoMetrics leaves /metrics unserved (cmd/parley: metrics.enabled).
+	NoMetrics bool
 }
 
 // Web configures the browser-facing side of a gateway node.
@@ -117,6 +122,13 @@ func (c *Cluster) namespace() string {
 		return "parley"
 	}
 	return c.Namespace
+}
+
+func (o Options) nodeNumber() uint16 {
+	if o.NodeNumber != nil {
+		return *o.NodeNumber
+	}
+	return snowflake.NodeNumber(o.Node)
 }
 
 // Server is a running node.
@@ -336,7 +348,7 @@ func (s *Server) startChat() error {
 		chatBus = o.WrapBus(chatBus)
 	}
 	svc, err := chat.New(o.Chat, chat.Deps{
-		Store: chatStore, Registry: chatReg, Bus: chatBus, IDs: snowflake.New(snowflake.NodeNumber(o.Node), nil),
+		Store: chatStore, Registry: chatReg, Bus: chatBus, IDs: snowflake.New(o.nodeNumber(), nil),
 		Logger: o.Logger, Online: online, Ledger: s.ledger, Limiter: lim, Outbox: outbox,
 		Observer: chat.Observer{
 			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },
@@ -525,7 +537,9 @@ func (s *Server) listen(o Options) error {
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", s.handleReady)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	if !s.opts.NoMetrics {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	}
 	if s.gw != nil {
 		s.routeWeb(mux)
 	}

@@ -14,9 +14,12 @@ var Epoch = time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
 const (
 	nodeBits = 10
 	seqBits  = 12
-	maxNode  = 1<<nodeBits - 1
+	maxNode  = MaxNode
 	maxSeq   = 1<<seqBits - 1
 )
+
+// MaxNode is the largest node number.
+const MaxNode = 1<<nodeBits - 1
 
 // Generator hands out ids for one node. Ids are strictly increasing even if
 // the wall clock steps back: the generator keeps its own last millisecond and

@@ -100,6 +100,11 @@ func Connect(ctx context.Context, cfg ConnConfig) (*natsio.Conn, error) {
 		natsio.ReconnectWait(cfg.ReconnectWait),
 		natsio.ReconnectJitter(cfg.ReconnectWait/2, time.Second),
 		natsio.DisconnectErrHandler(func(_ *natsio.Conn, err error) {
+			if err == nil {
+				// Close, not a lost connection: a clean shutdown.
+				log.Debug("nats connection closed")
+				return
+			}
 			log.Warn("nats disconnected", "err", err)
 		}),
 		natsio.ReconnectHandler(func(c *natsio.Conn) {

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/parley-im/parley/internal/auth"
+	"github.com/parley-im/parley/internal/config"
+	"github.com/parley-im/parley/internal/server"
+)
+
+func captureStdout(t *testing.T) *bytes.Buffer {
+	t.Helper()
+	var b bytes.Buffer
+	old := stdout
+	stdout = &b
+	t.Cleanup(func() { stdout = old })
+	return &b
+}
+
+// TestHelpListsEverySetting: serve, migrate and token print, for -h and
+// --help, every setting with its YAML key, variable, flag and default,
+// and end with flag.ErrHelp (exit status 0).
+func TestHelpListsEverySetting(t *testing.T) {
+	var c config.Config
+	fields := config.Fields(&c)
+	for _, cmd := range []string{"serve", "migrate", "token"} {
+		for _, h := range []string{"-h", "--help"} {
+			out := captureStdout(t)
+			err := run(context.Background(), []string{cmd, h})
+			if !errors.Is(err, flag.ErrHelp) {
+				t.Fatalf("%s %s: err %v, want flag.ErrHelp", cmd, h, err)
+			}
+			for _, f := range fields {
+				if !strings.Contains(out.String(), "  "+f.Path+" ("+f.Kind()+", default ") || !strings.Contains(out.String(), f.Env()+"  --"+f.Flag()) {
+					t.Errorf("%s %s: no line for %s", cmd, h, f.Path)
+				}
+			}
+			if !strings.Contains(out.String(), "usage: parley "+cmd) {
+				t.Errorf("%s %s: no usage line:\n%s", cmd, h, out)
+			}
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	if err := run(context.Background(), []string{"version"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTokenUsesTheServersKey: `parley token` signs with the key the server
+// would use, found through PARLEY_DATA_DIR, --data-dir or --config, and
+// never creates a development key of its own.
+func TestTokenUsesTheServersKey(t *testing.T) {
+	dataDir := t.TempDir()
+	key, err := auth.LoadOrCreateDevKey(dataDir) // what `parley serve` did
+	if err != nil {
+		t.Fatal(err)
+	}
+	verifier, err := auth.NewVerifier(auth.Config{HS256Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgFile := filepath.Join(t.TempDir(), "parley.yaml")
+	if err := os.WriteFile(cfgFile, []byte("data_dir: "+dataDir+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(t.TempDir()) // another directory, with no ./data
+	for name, tc := range map[string]struct {
+		args []string
+		env  string
+	}{
+		"env":    {nil, dataDir},
+		"flag":   {[]string{"--data-dir", dataDir}, ""},
+		"config": {[]string{"--config", cfgFile}, ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if tc.env != "" {
+				t.Setenv("PARLEY_DATA_DIR", tc.env)
+			}
+			var out bytes.Buffer
+			if err := runToken(append([]string{"-user", "alice", "-device", "d1"}, tc.args...), &out); err != nil {
+				t.Fatal(err)
+			}
+			id, err := verifier.Verify(strings.TrimSpace(out.String()), time.Now())
+			if err != nil || id.User != "alice" || id.Device != "d1" {
+				t.Fatalf("token verifies as %+v, %v", id, err)
+			}
+		})
+	}
+	t.Run("no key", func(t *testing.T) {
+		var out bytes.Buffer
+		err := runToken([]string{"-user", "alice"}, &out)
+		if err == nil || !strings.Contains(err.Error(), "no development key") {
+			t.Fatalf("err = %v, want no development key", err)
+		}
+		if _, err := os.Stat("data"); !os.IsNotExist(err) {
+			t.Fatalf("token created ./data: %v", err)
+		}
+	})
+}
+
+// TestJSONLogDurations: durations in JSON logs are Go duration strings.
+func TestJSONLogDurations(t *testing.T) {
+	var b bytes.Buffer
+	log := newLogger(config.Log{Level: "info", Format: config.LogJSON}, &b)
+	log.Info("x", "timeout", 1500*time.Millisecond)
+	var rec map[string]any
+	if err := json.Unmarshal(b.Bytes(), &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec["timeout"] != "1.5s" {
+		t.Fatalf("timeout logged as %#v, want \"1.5s\"", rec["timeout"])
+	}
+}
+
+// TestServerOptionsFromConfig: settings reach the server — metrics.enabled
+// off leaves /metrics unserved; node_number, the request timeout and the
+// presence settings are passed through.
+func TestServerOptionsFromConfig(t *testing.T) {
+	dir := t.TempDir()
+	cfg, err := config.Load([]string{"--listen", "127.0.0.1:0", "--data-dir", dir, "--node-id", "n1", "--node-number", "7",
+		"--metrics.enabled=false", "--gateway.request-timeout", "3s", "--presence.flush", "250ms", "--chat.history-default", "20"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	authCfg, err := cfg.ResolveAuth()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := serverOptions(cfg, authCfg, nil)
+	if o.NodeNumber == nil || *o.NodeNumber != 7 || o.Gateway.RequestTimeout != 3*time.Second || o.Gateway.Node != "n1" ||
+		o.Presence.Flush != 250*time.Millisecond || o.Chat.HistoryDefault != 20 || o.Chat.Limits != cfg.Limits || !o.NoMetrics {
+		t.Fatalf("options %+v", o)
+	}
+	srv, err := server.Start(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+	for path, want := range map[string]int{"/metrics": http.StatusNotFound, "/healthz": http.StatusOK} {
+		resp, err := http.Get("http://" + srv.Addr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("%s: status %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+}
