@@ -12,6 +12,28 @@ if [[ -n "$unformatted" ]]; then
 	exit 1
 fi
 
+# The operations kit (deploy/): the Prometheus alert rules must load and
+# pass their unit tests (promtool, Debian package prometheus, which .ci/run
+# installs), and the systemd unit must verify where systemd-analyze exists.
+# What the rules and the dashboard query is checked against a running node
+# by deploy/ops_test.go.
+if command -v promtool >/dev/null 2>&1; then
+	promtool check rules deploy/prometheus/alerts.yml
+	(cd deploy/prometheus && promtool test rules alerts_test.yml)
+elif [[ "${CI:-}" == true ]]; then
+	echo "test: promtool not found (Debian package prometheus); the alert rules cannot be checked" >&2
+	exit 1
+else
+	echo "test: promtool not found: alert rules NOT checked (apt-get install prometheus)" >&2
+fi
+if command -v systemd-analyze >/dev/null 2>&1; then
+	unit_dir="$(mktemp -d)"
+	# verify wants an executable ExecStart; any will do.
+	sed "s#/usr/local/bin/parley#$(command -v true)#" deploy/systemd/parley.service >"$unit_dir/parley.service"
+	systemd-analyze verify "$unit_dir/parley.service"
+	rm -rf "$unit_dir"
+fi
+
 # go_test FLAGS... -- PACKAGES...: go test; a package that fails is run
 # once more on its own, and the suite fails only if it fails again. The
 # machines this runs on are small and shared (2 cores), and a few tests

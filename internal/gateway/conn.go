@@ -126,9 +126,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // never spend the handshake budget of valid ones: they get 401, not 503.
 func (g *Gateway) admitRequest(w http.ResponseWriter, r *http.Request, poll bool) (auth.Identity, string, bool) {
 	now := g.now()
-	id, ok := g.authenticate(w, r, now)
-	if !ok {
-		g.observeHandshake("unauthorized")
+	id, reason := g.authenticate(w, r, now)
+	if reason != "" {
+		if reason == "token_expired" {
+			g.observeHandshake("expired")
+		} else {
+			g.observeHandshake("unauthorized")
+		}
 		return id, "", false
 	}
 	device := r.URL.Query().Get("device")

@@ -68,14 +68,14 @@ func (g *Gateway) logRefusal(level slog.Level, reason string, r *http.Request, u
 	g.log.Log(context.Background(), level, "request refused", attrs...)
 }
 
-// authenticate is Authenticate with the failure logged at Info.
-func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, now time.Time) (auth.Identity, bool) {
-	id, reason := authenticate(g.verifier, w, r, now)
+// authenticate is Authenticate with the failure logged at Info; reason is
+// "" on success.
+func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, now time.Time) (id auth.Identity, reason string) {
+	id, reason = authenticate(g.verifier, w, r, now)
 	if reason != "" {
 		g.logRefusal(slog.LevelInfo, reason, r, "")
-		return id, false
 	}
-	return id, true
+	return id, reason
 }
 
 // logOpen and logClose write the Debug lines of a session's life.

@@ -150,8 +150,8 @@ func (g *Gateway) ServePoll(w http.ResponseWriter, r *http.Request) {
 		writeFrames(w, frames)
 		return
 	}
-	id, ok := g.authenticate(w, r, g.now())
-	if !ok {
+	id, reason := g.authenticate(w, r, g.now())
+	if reason != "" {
 		return
 	}
 	s, m := g.pollSession(id, r)
@@ -203,8 +203,8 @@ func (discard) close(int, string)                                  {}
 // frame, the answer its response frame (an ok frame when the request needs
 // no answer).
 func (g *Gateway) ServeRPC(w http.ResponseWriter, r *http.Request) {
-	id, ok := g.authenticate(w, r, g.now())
-	if !ok {
+	id, reason := g.authenticate(w, r, g.now())
+	if reason != "" {
 		return
 	}
 	device := r.URL.Query().Get("device")

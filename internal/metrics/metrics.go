@@ -19,15 +19,38 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
-// Values of the result label of parley_handshakes_total.
+// Values of the result label of parley_handshakes_total: what the gateway
+// answered a new session's request (docs/deploy.md, "Monitoring").
 const (
-	ResultOK           = "ok"
-	ResultUnauthorized = "unauthorized"
-	ResultExpired      = "expired"
-	ResultRateLimited  = "rate_limited"
-	ResultOverloaded   = "overloaded" // max_connections reached or draining
-	ResultBadRequest   = "bad_request"
+	ResultOK            = "ok"
+	ResultUnauthorized  = "unauthorized"   // no token, or a bad one (401)
+	ResultExpired       = "expired"        // an expired token (401)
+	ResultBadRequest    = "bad_request"    // a bad device id, or not the token's (400)
+	ResultRateLimited   = "rate_limited"   // the node's handshake budget spent (503)
+	ResultFull          = "full"           // gateway.max_connections reached (503)
+	ResultDraining      = "draining"       // the node drains (503)
+	ResultUserRate      = "user_rate"      // the user's handshake rate (429)
+	ResultUserCap       = "user_cap"       // the user's session cap (429)
+	ResultUpgradeFailed = "upgrade_failed" // the WebSocket upgrade itself failed
 )
+
+// handshakeResults are every result, created up front.
+var handshakeResults = []string{ResultOK, ResultUnauthorized, ResultExpired, ResultBadRequest, ResultRateLimited,
+	ResultFull, ResultDraining, ResultUserRate, ResultUserCap, ResultUpgradeFailed}
+
+// errorCodes are every client-facing error code, the values of the code
+// label of parley_errors_total, created up front.
+var errorCodes = []protocol.Code{
+	protocol.CodeBadFrame, protocol.CodeUnknownType, protocol.CodeInvalidArgument, protocol.CodeTooLarge,
+	protocol.CodeUnauthorized, protocol.CodeTokenExpired, protocol.CodeNotMember, protocol.CodeForbidden,
+	protocol.CodeNotFound, protocol.CodeConflict, protocol.CodeRecallExpired, protocol.CodeRateLimited,
+	protocol.CodeStoreUnavailable, protocol.CodeInternal, protocol.CodeTimeout, protocol.CodeOverloaded,
+	protocol.CodeE2ERequired, protocol.CodeE2EUnsupported, protocol.CodeBadKey,
+}
+
+// Values of the kind label of parley_compensations_total (ledger.KindRows,
+// ledger.KindPush), created up front.
+var compensationKinds = []string{"rows", "push"}
 
 // Values of the reason label of parley_queue_drops_total.
 const (
@@ -165,8 +188,14 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	// Creating the known series up front makes them exported as 0, so rate()
 	// and alerts work before the first event rather than seeing no series.
-	for _, r := range []string{ResultOK, ResultUnauthorized, ResultExpired, ResultRateLimited, ResultOverloaded, ResultBadRequest} {
+	for _, r := range handshakeResults {
 		m.Handshakes.WithLabelValues(r)
+	}
+	for _, c := range errorCodes {
+		m.Errors.WithLabelValues(string(c))
+	}
+	for _, k := range compensationKinds {
+		m.Compensations.WithLabelValues(k)
 	}
 	for _, r := range []string{ReasonSlowConsumer, ReasonInflightOverflow} {
 		m.QueueDrops.WithLabelValues(r)

@@ -1,12 +1,17 @@
 package metrics
 
 import (
+	"encoding/json"
+	"os"
+	"slices"
+	"sort"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/parley-im/parley/internal/buildinfo"
+	"github.com/parley-im/parley/internal/ledger"
 )
 
 func counterValue(t *testing.T, c prometheus.Counter) float64 {
@@ -131,4 +136,35 @@ func TestBuildInfo(t *testing.T) {
 		return
 	}
 	t.Fatal("parley_build_info not gathered")
+}
+
+// TestLabelSetsMatchTheirSources: the label values created up front are the
+// ones the ledger and the gateway use.
+func TestLabelSetsMatchTheirSources(t *testing.T) {
+	if len(compensationKinds) != 2 || compensationKinds[0] != ledger.KindRows || compensationKinds[1] != ledger.KindPush {
+		t.Fatalf("compensation kinds %v, want the ledger's", compensationKinds)
+	}
+	// Every code of the protocol's schema, once.
+	b, err := os.ReadFile("../../protocol/schema/frames.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Defs map[string]struct {
+			Enum []string `json:"enum"`
+		} `json:"$defs"`
+	}
+	if err := json.Unmarshal(b, &schema); err != nil {
+		t.Fatal(err)
+	}
+	want := schema.Defs["Code"].Enum
+	var got []string
+	for _, c := range errorCodes {
+		got = append(got, string(c))
+	}
+	sort.Strings(want)
+	sort.Strings(got)
+	if len(want) == 0 || !slices.Equal(got, want) {
+		t.Fatalf("error codes created up front %v, want the schema's %v", got, want)
+	}
 }

@@ -17,13 +17,18 @@ if [[ "$action" == start ]]; then
 	cat "$dir/env"
 	# shellcheck disable=SC1091
 	source "$dir/env"
+	# Every line below must work pasted as printed; the two serves and
+	# `parley token` share the development key in ./data.
 	cat <<MSG
 
-Cluster mode against these engines (one chat and one gateway process):
-  go run ./cmd/parley migrate --cluster.cassandra-hosts $PARLEY_TEST_CASSANDRA
-  go run ./cmd/parley serve --roles chat --listen 127.0.0.1:7481 --cluster.redis $PARLEY_TEST_REDIS \\
-      --cluster.nats $PARLEY_TEST_NATS --cluster.cassandra-hosts $PARLEY_TEST_CASSANDRA
-  go run ./cmd/parley serve --roles gateway --listen 127.0.0.1:7480 --cluster.redis $PARLEY_TEST_REDIS \\
-      --cluster.nats $PARLEY_TEST_NATS
+Cluster mode against these engines: one chat and one gateway process. In
+each terminal, from the repository root, first
+  export PARLEY_CLUSTER_REDIS=$PARLEY_TEST_REDIS PARLEY_CLUSTER_NATS=$PARLEY_TEST_NATS PARLEY_CLUSTER_CASSANDRA_HOSTS=$PARLEY_TEST_CASSANDRA
+then, one line per terminal, in this order:
+  go run ./cmd/parley migrate
+  go run ./cmd/parley serve --roles chat --listen 127.0.0.1:7481
+  go run ./cmd/parley serve --roles gateway --listen 127.0.0.1:7480
+  go run ./cmd/parley chat -token "\$(go run ./cmd/parley token -user alice)"
 MSG
 fi
+
