@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"os"
@@ -295,10 +296,12 @@ func TestRunFanoutTiers(t *testing.T) {
 // counts a seq it has seen as a re-send, a jump past the contiguous prefix
 // as a gap, a late lower seq as a delivery, and only first receipts of
 // text messages.
-func TestFanoutClientOnMessage(t *testing.T) {
-	fc := newFanoutClient(FanoutClientConfig{AckEvery: time.Second}, nil)
-	c := &fanConn{}
+func TestFanoutClientRecordsPushes(t *testing.T) {
+	rec := newFanoutRec()
+	c := &connSeqs{}
 	now := time.UnixMilli(10_000)
+	var advanced []bool
+	b := rec.begin(now)
 	for _, m := range []protocol.Message{
 		{ConvID: 7, Seq: 1, Kind: protocol.KindSystem, ServerTime: 9_990},
 		{ConvID: 7, Seq: 2, Kind: protocol.KindText, ServerTime: 9_990, Body: stampBody(time.UnixMilli(9_980), 30)},
@@ -308,9 +311,19 @@ func TestFanoutClientOnMessage(t *testing.T) {
 		{ConvID: 7, Seq: 3, Kind: protocol.KindText, ServerTime: 9_995},                                             // re-sent
 		{ConvID: 8, Seq: 1, Kind: protocol.KindText, ServerTime: 10_002},                                            // clock step
 	} {
-		fc.onMessage(c, &m, now)
+		// Through the wire format, as the client reads it.
+		data, err := json.Marshal(protocol.Frame{Type: protocol.TypeMsg, Message: &m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, isMsg, ok := parsePush(data)
+		if !ok || !isMsg {
+			t.Fatalf("parsePush(%s) = %v, %v", data, isMsg, ok)
+		}
+		advanced = append(advanced, b.push(c, p))
 	}
-	r := fc.report()
+	rec.end(&b)
+	r := rec.report()
 	slices.SortFunc(r.Counts, func(a, b SeqCount) int { return cmpUint(a.Conv*100+a.Seq, b.Conv*100+b.Seq) })
 	wantCounts := []SeqCount{{Conv: 7, Seq: 2, N: 1}, {Conv: 7, Seq: 3, N: 1}, {Conv: 7, Seq: 4, N: 1}, {Conv: 8, Seq: 1, N: 1}}
 	if !reflect.DeepEqual(r.Counts, wantCounts) {
@@ -328,8 +341,12 @@ func TestFanoutClientOnMessage(t *testing.T) {
 	if r.FirstNS != now.UnixNano() || r.LastNS != now.UnixNano() {
 		t.Errorf("first/last %d/%d, want %d", r.FirstNS, r.LastNS, now.UnixNano())
 	}
-	// The cumulative ack waits for the maintenance loop: the newest seq.
-	if c.pendConv != 8 || c.pendSeq != 1 {
-		t.Errorf("pending ack (%d, %d), want (8, 1)", c.pendConv, c.pendSeq)
+	// An ack is due when the contiguous prefix moves: 1, 2, then 4 only
+	// once 3 arrived, then the new conversation.
+	if want := []bool{true, true, false, false, true, false, true}; !reflect.DeepEqual(advanced, want) {
+		t.Errorf("advanced %v, want %v", advanced, want)
+	}
+	if c.conv != 8 || c.contig != 1 {
+		t.Errorf("prefix (%d, %d), want (8, 1)", c.conv, c.contig)
 	}
 }

@@ -243,8 +243,16 @@ func parseStamp(body string) (time.Time, bool) {
 	if len(body) < stampLen {
 		return time.Time{}, false
 	}
+	return parseStampBytes([]byte(body[:stampLen]))
+}
+
+// parseStampBytes reads a stamp: exactly stampLen digits.
+func parseStampBytes(b []byte) (time.Time, bool) {
+	if len(b) != stampLen {
+		return time.Time{}, false
+	}
 	var ns int64
-	for _, c := range body[:stampLen] {
+	for _, c := range b {
 		if c < '0' || c > '9' {
 			return time.Time{}, false
 		}
