@@ -42,6 +42,35 @@ func DecodeClient(data []byte, lim Limits) (*Frame, *Error) {
 		}
 		return f, nil
 	}
+	return decodeJSON(trimmed, lim)
+}
+
+// DecodeClientInto is DecodeClient, except that a frame of the usual small
+// shape (acks, pings: see decodeSmall) is decoded into into, which must be
+// a zero Frame, and returned as f == into, so that a caller can reuse it;
+// any other frame is a new Frame and into is left zero.
+func DecodeClientInto(data []byte, lim Limits, into *Frame) (*Frame, *Error) {
+	if len(data) > lim.MaxFrameBytes {
+		return nil, Errorf(CodeTooLarge, "frame of %d bytes is over %d", len(data), lim.MaxFrameBytes)
+	}
+	if !utf8.Valid(data) {
+		return nil, Errorf(CodeBadFrame, "frame is not valid UTF-8")
+	}
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return nil, Errorf(CodeBadFrame, "frame is not a JSON object")
+	}
+	if decodeSmallInto(trimmed, into) {
+		if e := validate(into, lim); e != nil {
+			return into, e
+		}
+		return into, nil
+	}
+	*into = Frame{}
+	return decodeJSON(trimmed, lim)
+}
+
+func decodeJSON(trimmed []byte, lim Limits) (*Frame, *Error) {
 	var f Frame
 	if err := json.Unmarshal(trimmed, &f); err != nil {
 		rid := peekRID(trimmed)

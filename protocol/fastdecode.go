@@ -9,33 +9,42 @@ package protocol
 // the one encoding/json gives (FuzzDecodeSmallMatchesJSON). data is a
 // trimmed, valid UTF-8 JSON candidate.
 func decodeSmall(data []byte) (*Frame, bool) {
-	var f Frame
+	f := new(Frame)
+	if !decodeSmallInto(data, f) {
+		return nil, false
+	}
+	return f, true
+}
+
+// decodeSmallInto is decodeSmall into a zero Frame f; on false, f may
+// hold part of the frame and must be discarded or zeroed.
+func decodeSmallInto(data []byte, f *Frame) bool {
 	i, n := 0, len(data)
 	if n < 2 || data[0] != '{' || data[n-1] != '}' {
-		return nil, false
+		return false
 	}
 	i = skipWS(data, 1)
 	if i < n && data[i] == '}' {
-		return nil, false // {}: left to encoding/json
+		return false // {}: left to encoding/json
 	}
 	for {
 		key, j, ok := plainString(data, i)
 		if !ok {
-			return nil, false
+			return false
 		}
 		i = skipWS(data, j)
 		if i >= n || data[i] != ':' {
-			return nil, false
+			return false
 		}
 		i = skipWS(data, i+1)
 		switch string(key) {
 		case "type", "rid":
 			v, j, ok := plainString(data, i)
 			if !ok {
-				return nil, false
+				return false
 			}
 			if string(key) == "type" {
-				f.Type = string(v)
+				f.Type = internType(v)
 			} else {
 				f.RID = string(v)
 			}
@@ -43,11 +52,11 @@ func decodeSmall(data []byte) (*Frame, bool) {
 		case "conv_id":
 			v, j, ok := plainString(data, i)
 			if !ok {
-				return nil, false
+				return false
 			}
 			x, ok := canonicalUint(v)
 			if !ok {
-				return nil, false
+				return false
 			}
 			f.ConvID, i = x, j
 		case "seq":
@@ -57,15 +66,15 @@ func decodeSmall(data []byte) (*Frame, bool) {
 			}
 			x, ok := canonicalUint(data[i:j])
 			if !ok {
-				return nil, false
+				return false
 			}
 			f.Seq, i = x, j
 		default:
-			return nil, false
+			return false
 		}
 		i = skipWS(data, i)
 		if i >= n {
-			return nil, false
+			return false
 		}
 		switch data[i] {
 		case ',':
@@ -73,11 +82,11 @@ func decodeSmall(data []byte) (*Frame, bool) {
 			continue
 		case '}':
 			if i != n-1 {
-				return nil, false
+				return false
 			}
-			return &f, true
+			return true
 		}
-		return nil, false
+		return false
 	}
 }
 
@@ -129,4 +138,18 @@ func canonicalUint(b []byte) (uint64, bool) {
 		x = x*10 + d
 	}
 	return x, true
+}
+
+// internType returns the frame type v as a string, without allocating for
+// the types small frames usually have.
+func internType(v []byte) string {
+	switch string(v) {
+	case TypeDelivered:
+		return TypeDelivered
+	case TypePing:
+		return TypePing
+	case TypeRead:
+		return TypeRead
+	}
+	return string(v)
 }

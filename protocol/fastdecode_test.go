@@ -87,3 +87,31 @@ func BenchmarkDecodeClientDelivered(b *testing.B) {
 		}
 	}
 }
+
+// DecodeClientInto decodes small frames into the caller's frame, without
+// allocating, and leaves it zero for every other frame.
+func TestDecodeClientIntoReusesTheFrame(t *testing.T) {
+	lim := DefaultLimits
+	var into Frame
+	ack := []byte(`{"type":"delivered","conv_id":"12","seq":7}`)
+	f, perr := DecodeClientInto(ack, lim, &into)
+	if perr != nil || f != &into || f.Type != TypeDelivered || f.ConvID != 12 || f.Seq != 7 {
+		t.Fatalf("DecodeClientInto(ack) = %p %+v, %v; want the given frame", f, f, perr)
+	}
+	into = Frame{}
+	send := []byte(`{"type":"send","rid":"r1","conv_id":"12","client_msg_id":"c1","body":"hi"}`)
+	f, perr = DecodeClientInto(send, lim, &into)
+	if perr != nil || f == &into || f.Type != TypeSend || f.Body != "hi" || !reflect.DeepEqual(into, Frame{}) {
+		t.Fatalf("DecodeClientInto(send) = %+v, %v, into %+v; want a new frame and into zero", f, perr, into)
+	}
+	bad := []byte(`{"type":"delivered","conv_id":"12","seq":7,"x":[}`)
+	if _, perr = DecodeClientInto(bad, lim, &into); perr == nil || !reflect.DeepEqual(into, Frame{}) {
+		t.Fatalf("DecodeClientInto(bad) = %v, into %+v; want an error and into zero", perr, into)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		into = Frame{}
+		_, _ = DecodeClientInto(ack, lim, &into)
+	}); n != 0 {
+		t.Errorf("DecodeClientInto of an ack allocates %v times, want 0", n)
+	}
+}

@@ -290,8 +290,13 @@ func (s *Service) pushFrame(ctx context.Context, users []string, frame *protocol
 	if len(online) == 0 {
 		return 0, nil
 	}
+	// In the order of users, not of the map: a group's consecutive
+	// messages then reach a gateway with the same recipient list, which
+	// lets it write a backlog of them to each connection at once
+	// (gateway.writeBatch).
 	byNode := make(map[string][]string, 1)
-	for u, entries := range online {
+	for _, u := range users {
+		entries := online[u]
 		for _, e := range entries {
 			if l := byNode[e.Node]; len(l) == 0 || l[len(l)-1] != u {
 				byNode[e.Node] = append(l, u)

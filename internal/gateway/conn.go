@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/lesismal/nbio/nbhttp/websocket"
@@ -300,10 +301,30 @@ func (g *Gateway) onMessage(c *websocket.Conn, mt websocket.MessageType, data []
 	g.handleFrame(s, data, s.writeFrame)
 }
 
+// framePool holds the frames that acks and pings are decoded into: they are
+// most of what clients send (one per push with per-push acks), and nothing
+// keeps such a frame after its request (both are answered synchronously).
+var framePool = sync.Pool{New: func() any { return new(protocol.Frame) }}
+
+// reusable reports whether a decoded frame of type typ goes back to
+// framePool after its request.
+func reusable(typ string) bool {
+	return typ == protocol.TypeDelivered || typ == protocol.TypePing
+}
+
 // handleFrame decodes and runs one client frame of s, answering through
 // reply (the session's transport, or an HTTP response).
 func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Frame)) {
-	f, perr := protocol.DecodeClient(data, g.cfg.Limits)
+	into := framePool.Get().(*protocol.Frame)
+	f, perr := protocol.DecodeClientInto(data, g.cfg.Limits, into)
+	if f != into {
+		framePool.Put(into) // untouched: still zero
+	} else if reusable(f.Type) {
+		defer func() {
+			*into = protocol.Frame{}
+			framePool.Put(into)
+		}()
+	}
 	if perr != nil {
 		rid := ""
 		if f != nil {
@@ -332,8 +353,7 @@ func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Fram
 		reply(protocol.ErrorFrame(f.RID, perr))
 		return
 	}
-	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.RequestTimeout)
-	defer cancel()
+	ctx := g.requestContext()
 	if f.Type == protocol.TypeSync {
 		if perr := g.AdmitSync(); perr != nil {
 			if g.obs.Error != nil {
@@ -353,6 +373,33 @@ func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Fram
 		}
 		reply(resp)
 	})
+}
+
+// requestContext returns the context that bounds one request to the
+// backend: it ends at most RequestTimeout after the call (and at least
+// RequestTimeout less one slice, 1/20 of it and at most 50 ms), or when the
+// gateway stops. Requests starting in the same slice share one context,
+// so a request costs no context and no timer of its own: with an ack per
+// push, those were a fifth of the bytes the node allocated.
+func (g *Gateway) requestContext() context.Context {
+	now := time.Now().UnixNano()
+	if rc := g.reqCtx.Load(); rc != nil && now < rc.until {
+		return rc.ctx
+	}
+	slice := min(50*time.Millisecond, g.cfg.RequestTimeout/20)
+	start := time.Now()
+	ctx, cancel := context.WithDeadline(g.ctx, start.Add(g.cfg.RequestTimeout))
+	// cancel is kept only to release the timer early; the deadline does
+	// so anyway once the slice's last request is long done.
+	g.reqCtx.Store(&sharedCtx{ctx: ctx, cancel: cancel, until: start.Add(slice).UnixNano()})
+	return ctx
+}
+
+// sharedCtx is the request context of one slice of time.
+type sharedCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	until  int64 // unix ns: requests from then on get a newer context
 }
 
 // watch replaces the users s watches for presence, after checking it may

@@ -225,8 +225,9 @@ type Gateway struct {
 	pushes        chan queued // deliveries waiting for the dispatcher (push.go)
 	shards        [64]shard
 	edge          edgeCounters
-	sends         userBuckets // per-user send budgets (fair.go)
-	handshakes    userBuckets // per-user handshake budgets (fair.go)
+	sends         userBuckets               // per-user send budgets (fair.go)
+	handshakes    userBuckets               // per-user handshake budgets (fair.go)
+	reqCtx        atomic.Pointer[sharedCtx] // requestContext's current slice
 }
 
 // shard indexes the local sessions of the users that hash to it.
