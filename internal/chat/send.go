@@ -73,10 +73,18 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 		s.obs.Stored(s.now().Sub(start))
 	}
 	stored := res.Msg
+	// The sender has seen what it sent: its read position moves to the
+	// message (a duplicate repeats it, in case the first attempt died
+	// between the two writes), before the ack, so that no conv_list after
+	// the ack counts the user's own message as unread.
+	passed := s.readOwn(ctx, c, stored.ConvID, stored.Seq)
 	reply(&protocol.Frame{
 		Type: protocol.TypeAck, RID: f.RID, ConvID: stored.ConvID, ClientMsgID: stored.ClientMsgID,
 		Seq: stored.Seq, MsgID: stored.MsgID, ServerTime: stored.ServerTime, Duplicate: res.Duplicate,
 	})
+	if passed {
+		s.receipt(ctx, c, cv, stored.Seq, protocol.StateRead, true)
+	}
 	// The fan-out runs on the outbox workers, off this request: the
 	// store's outbox entry, written with the message, covers it if this
 	// process dies first. A duplicate is fanned out again: the first
@@ -353,4 +361,29 @@ func (s *Service) pushFrame(ctx context.Context, users []string, frame *protocol
 		s.obs.Pushed(n)
 	}
 	return n, errors.Join(errs...)
+}
+
+// readOwn raises the caller's read position (per user, or per device
+// under ReadPerDevice) to seq, a message or event the caller has just
+// stored, so that a user's own messages never count as unread. It
+// reports whether the position passed over earlier messages (it was below
+// seq-1): the user answered without reading them first, and the caller
+// then sends the `read` receipt a `read` frame would. A position already
+// at seq-1 (the user's previous message, or everything read) moves
+// silently. A failure is logged and the message stays stored: the next
+// `read` or send repairs the position.
+func (s *Service) readOwn(ctx context.Context, c Caller, conv, seq uint64) bool {
+	dev := s.readDevice(c)
+	before, err := s.store.Read(ctx, c.User, dev, conv)
+	if err == nil && before >= seq {
+		return false
+	}
+	if err == nil {
+		_, err = s.store.SetRead(ctx, c.User, dev, conv, seq)
+	}
+	if err != nil {
+		s.log.Warn("own read position not raised", "conv", conv, "seq", seq, "user", c.User, "err", err)
+		return false
+	}
+	return before+1 < seq
 }

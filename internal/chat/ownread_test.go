@@ -1,0 +1,193 @@
+package chat
+
+import (
+	"context"
+	"testing"
+
+	"github.com/parley-im/parley/internal/fanout"
+	"github.com/parley-im/parley/internal/snowflake"
+	"github.com/parley-im/parley/protocol"
+)
+
+// unreadOf returns user's conv_list row of conv.
+func unreadOf(t *testing.T, r *receiptRig, svc *Service, user string, conv uint64) protocol.ConvSummary {
+	t.Helper()
+	resp := r.call(svc, user, &protocol.Frame{Type: protocol.TypeConvList})
+	if resp == nil || resp.Type != protocol.TypeConvList {
+		t.Fatalf("conv_list of %s answered %+v", user, resp)
+	}
+	for _, s := range resp.List {
+		if s.ConvID == conv {
+			return s
+		}
+	}
+	t.Fatalf("conv %d not in %s's list %+v", conv, user, resp.List)
+	return protocol.ConvSummary{}
+}
+
+func expectUnread(t *testing.T, r *receiptRig, svc *Service, what, user string, conv, unread, readSeq uint64) {
+	t.Helper()
+	s := unreadOf(t, r, svc, user, conv)
+	if s.Unread != unread || s.ReadSeq != readSeq {
+		t.Fatalf("%s: %s's row unread %d read_seq %d (last %d), want unread %d read_seq %d", what, user, s.Unread, s.ReadSeq, s.LastSeq, unread, readSeq)
+	}
+}
+
+// TestOwnMessagesNeverUnread: send, edit, recall, state messages and the
+// membership events a user causes move that user's read position to their
+// seq before the ack, so conv_list never counts them as unread; other
+// members' counts are unchanged. A move over the user's own previous
+// message pushes no receipt; one over others' messages pushes the read
+// receipt a read would.
+func TestOwnMessagesNeverUnread(t *testing.T) {
+	r := newReceiptRig(t)
+	svc := r.service()
+	conv := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeOpenDirect, Peer: "b"}).Conv.ConvID
+	send := func(user, id string, f protocol.Frame) *protocol.Frame {
+		t.Helper()
+		f.ConvID, f.ClientMsgID = conv, id
+		if f.Type == "" {
+			f.Type = protocol.TypeSend
+		}
+		ack := r.call(svc, user, &f)
+		if ack == nil || ack.Type != protocol.TypeAck {
+			t.Fatalf("%s by %s answered %+v", f.Type, user, ack)
+		}
+		return ack
+	}
+	for i, id := range []string{"m1", "m2", "m3"} {
+		if ack := send("a", id, protocol.Frame{Kind: protocol.KindText, Body: id}); ack.Seq != uint64(i+1) {
+			t.Fatalf("seq %d", ack.Seq)
+		}
+	}
+	expectUnread(t, r, svc, "after three sends", "a", conv, 0, 3)
+	expectUnread(t, r, svc, "after three sends", "b", conv, 3, 0)
+	if got := r.receipts(); len(got) != 0 {
+		t.Fatalf("sends pushed receipts %+v", got)
+	}
+	// A duplicate answers the original and changes nothing.
+	if ack := send("a", "m2", protocol.Frame{Kind: protocol.KindText, Body: "m2"}); !ack.Duplicate || ack.Seq != 2 {
+		t.Fatalf("duplicate answered %+v", ack)
+	}
+	expectUnread(t, r, svc, "after a duplicate", "a", conv, 0, 3)
+
+	// Edit, recall and a state message are the sender's own too.
+	send("a", "e1", protocol.Frame{Type: protocol.TypeEdit, TargetSeq: 1, Body: "m1'"})
+	send("a", "r1", protocol.Frame{Type: protocol.TypeRecall, TargetSeq: 2})
+	send("a", "s1", protocol.Frame{Kind: protocol.KindState, CoalesceKey: "k", Body: "5"})
+	expectUnread(t, r, svc, "after edit, recall, state", "a", conv, 0, 6)
+	expectUnread(t, r, svc, "after edit, recall, state", "b", conv, 6, 0)
+
+	// b answers without reading first: b's position moves to its message
+	// (replying covers what came before it), a's count shows b's message
+	// only, and since the move passed over a's messages the read receipt
+	// goes out as for a read.
+	send("b", "b1", protocol.Frame{Kind: protocol.KindText, Body: "hi"})
+	expectUnread(t, r, svc, "after b's reply", "b", conv, 0, 7)
+	expectUnread(t, r, svc, "after b's reply", "a", conv, 1, 6)
+	if got := r.receipts(); len(got) != 1 || got[0].State != protocol.StateRead || got[0].UserID != "b" || got[0].Seq != 7 {
+		t.Fatalf("b's reply pushed %+v, want b's read receipt at 7", got)
+	}
+	// b's next message follows its own: no receipt.
+	send("b", "b2", protocol.Frame{Kind: protocol.KindText, Body: "again"})
+	if got := r.receipts(); len(got) != 0 {
+		t.Fatalf("b's second message pushed receipts %+v", got)
+	}
+	// An explicit read still sends its receipts.
+	r.call(svc, "a", &protocol.Frame{Type: protocol.TypeRead, ConvID: conv, Seq: 8})
+	if got := r.receipts(); len(got) != 1 || got[0].State != protocol.StateRead || got[0].UserID != "a" || got[0].Seq != 8 {
+		t.Fatalf("read pushed %+v, want a's read receipt at 8", got)
+	}
+	expectUnread(t, r, svc, "after a's read", "a", conv, 0, 8)
+
+	// A refused send moves nothing.
+	if resp := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeEdit, ConvID: conv, ClientMsgID: "bad", TargetSeq: 7, Body: "x"}); resp == nil || resp.Code != protocol.CodeForbidden {
+		t.Fatalf("edit of b's message answered %+v", resp)
+	}
+	expectUnread(t, r, svc, "after a refused edit", "a", conv, 0, 8)
+	expectUnread(t, r, svc, "after a refused edit", "b", conv, 0, 8)
+}
+
+// TestOwnMessagesNeverUnreadEveryTier: in a small, a medium and a large
+// group (tiny thresholds), the sender's own messages and the membership
+// events it causes are never unread for it; the other members count them.
+func TestOwnMessagesNeverUnreadEveryTier(t *testing.T) {
+	r := newReceiptRig(t)
+	cfg := DefaultConfig()
+	cfg.SmallBelow, cfg.LargeAbove = 3, 4 // 2 members small, 3–4 medium, 5+ large
+	r.node++
+	svc, err := New(cfg, Deps{Store: r.st, Registry: r.reg, Bus: r.b, IDs: snowflake.New(r.node, nil),
+		Online: fanout.NewOnline(r.st), Ledger: r.led})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		tier    string
+		members []string
+	}{
+		{"small", []string{"b"}},
+		{"medium", []string{"b", "c"}},
+		{"large", []string{"b", "c", "d", "e"}},
+	} {
+		g := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeCreateGroup, Name: tc.tier, Members: tc.members})
+		if g == nil || g.Conv == nil || g.Conv.Tier != tc.tier {
+			t.Fatalf("create_group answered %+v, want tier %s", g, tc.tier)
+		}
+		conv := g.Conv.ConvID
+		for i := range 3 {
+			ack := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeSend, ConvID: conv, ClientMsgID: "m" + string(rune('0'+i)), Kind: protocol.KindText, Body: "x"})
+			if ack == nil || ack.Type != protocol.TypeAck {
+				t.Fatalf("%s: send answered %+v", tc.tier, ack)
+			}
+		}
+		expectUnread(t, r, svc, tc.tier+" sends", "a", conv, 0, 3)
+		expectUnread(t, r, svc, tc.tier+" sends", "b", conv, 3, 0)
+		// The owner's membership change: its own event.
+		if resp := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeAddMembers, ConvID: conv, Members: []string{"z"}}); resp == nil || resp.Type != protocol.TypeConv {
+			t.Fatalf("%s: add_members answered %+v", tc.tier, resp)
+		}
+		expectUnread(t, r, svc, tc.tier+" add_members", "a", conv, 0, 4)
+		expectUnread(t, r, svc, tc.tier+" add_members", "b", conv, 4, 0)
+		// b's message is b's own, unread for a.
+		if ack := r.call(svc, "b", &protocol.Frame{Type: protocol.TypeSend, ConvID: conv, ClientMsgID: "b", Kind: protocol.KindText, Body: "y"}); ack == nil || ack.Seq != 5 {
+			t.Fatalf("%s: b's send answered %+v", tc.tier, ack)
+		}
+		expectUnread(t, r, svc, tc.tier+" b's send", "b", conv, 0, 5)
+		expectUnread(t, r, svc, tc.tier+" b's send", "a", conv, 1, 4)
+		// z joined at 4: its own member_added event and b's message.
+		expectUnread(t, r, svc, tc.tier+" b's send", "z", conv, 2, 0)
+	}
+}
+
+// TestOwnMessagesPerDeviceReadScope: with read positions per device, the
+// sending device's position moves; the user's other devices still count
+// the message until they read it.
+func TestOwnMessagesPerDeviceReadScope(t *testing.T) {
+	r := newReceiptRig(t)
+	cfg := DefaultConfig()
+	cfg.ReadScope = ReadPerDevice
+	r.node++
+	svc, err := New(cfg, Deps{Store: r.st, Registry: r.reg, Bus: r.b, IDs: snowflake.New(r.node, nil),
+		Online: fanout.NewOnline(r.st), Ledger: r.led})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeOpenDirect, Peer: "b"}).Conv.ConvID
+	if ack := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeSend, ConvID: conv, ClientMsgID: "m", Kind: protocol.KindText, Body: "x"}); ack == nil || ack.Seq != 1 {
+		t.Fatalf("send answered %+v", ack)
+	}
+	list := func(device string) protocol.ConvSummary {
+		var got *protocol.Frame
+		svc.Handle(context.Background(), Caller{User: "a", Device: device}, &protocol.Frame{Type: protocol.TypeConvList}, func(f *protocol.Frame) { got = f })
+		if got == nil || len(got.List) != 1 {
+			t.Fatalf("conv_list answered %+v", got)
+		}
+		return got.List[0]
+	}
+	if s := list("d"); s.Unread != 0 || s.ReadSeq != 1 {
+		t.Fatalf("sending device's row %+v, want read", s)
+	}
+	if s := list("other"); s.Unread != 1 || s.ReadSeq != 0 {
+		t.Fatalf("other device's row %+v, want unread 1", s)
+	}
+}
