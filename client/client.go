@@ -44,6 +44,12 @@ type Client struct {
 		cur     *conn         // nil while disconnected
 		changed chan struct{} // closed and replaced whenever cur changes
 	}
+	// watch guards the presence watch list, sent again on every
+	// connection (WatchPresence).
+	watch struct {
+		sync.Mutex
+		users []string
+	}
 	// pos guards the positions handed to the application (conv → seq).
 	pos struct {
 		sync.Mutex
@@ -138,6 +144,7 @@ func (c *Client) loop(ctx context.Context) error {
 			}
 			attempt++
 			c.log.Info("client: connect failed", "url", target, "err", err, "attempt", attempt, "delay", delay)
+			c.tryEmit(Event{Kind: EventReconnecting, Err: err, URL: c.rot.peek(), Delay: delay})
 			if !sleep(ctx, delay) {
 				return nil
 			}
@@ -170,6 +177,7 @@ func (c *Client) loop(ctx context.Context) error {
 			delay = max(time.Until(time.Unix(0, at)), 0)
 		}
 		c.log.Info("client: disconnected", "url", target, "err", cn.err, "delay", delay)
+		c.tryEmit(Event{Kind: EventReconnecting, Err: cn.err, URL: c.rot.peek(), Delay: delay})
 		if !sleep(ctx, delay) {
 			return nil
 		}

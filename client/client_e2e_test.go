@@ -101,12 +101,17 @@ func TestE2EOtherDeviceOfSameUser(t *testing.T) {
 			}
 		}
 	}
-	// A third device of bob that connects later catches up by sync.
-	bobTablet := startE2E(t, srv.URL, srv.Token("bob"), "tablet", nil)
-	if !bobTablet.rec.hasSeq(group.ConvID, lastSeq) {
-		t.Fatalf("late device got %v by sync, want up to %d", bobTablet.rec.seqs(group.ConvID), lastSeq)
+	// A third device of bob that connects later catches up by sync, from
+	// bob's read position: his own last message (seq 20) moved it there,
+	// so the tablet starts after it.
+	more, err := alice.Send(ctx, group.ConvID, "after bob's last")
+	if err != nil {
+		t.Fatal(err)
 	}
-	contiguous(t, "bob/tablet", bobTablet.rec.seqs(group.ConvID))
+	bobTablet := startE2E(t, srv.URL, srv.Token("bob"), "tablet", nil)
+	if got := bobTablet.rec.seqs(group.ConvID); len(got) != 1 || got[0] != more.Seq || more.Seq != lastSeq+1 {
+		t.Fatalf("late device got %v by sync, want [%d] (after bob's own seq %d)", got, lastSeq+1, lastSeq)
+	}
 }
 
 // Messages reach every device in order, the devices acknowledge them with

@@ -169,7 +169,7 @@ type conn struct {
 	bo      backoff
 
 	out    chan []byte          // to the writer; bounded
-	pushes chan *protocol.Frame // msg and receipt pushes, to the dispatcher
+	pushes chan *protocol.Frame // msg, receipt, keys_low, presence and typing pushes, to the dispatcher
 	// overflow is set when a push was dropped because pushes was full; the
 	// dispatcher re-fetches once it has caught up.
 	overflow atomic.Bool
@@ -411,7 +411,7 @@ func (cn *conn) readLoop() {
 			continue
 		}
 		switch f.Type {
-		case protocol.TypeMsg, protocol.TypeReceipt, protocol.TypeKeysLow:
+		case protocol.TypeMsg, protocol.TypeReceipt, protocol.TypeKeysLow, protocol.TypePresence, protocol.TypeTyping:
 			if f.Type == protocol.TypeMsg && f.Message == nil {
 				continue
 			}

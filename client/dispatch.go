@@ -239,6 +239,31 @@ func (d *dispatcher) startSync() {
 		d.syncLeft++
 		d.sendSync(f)
 	}
+	if users := d.c.watched(); len(users) > 0 {
+		d.resubscribe(users)
+	}
+}
+
+// resubscribe sends the presence watch list again: the server keeps it
+// per connection. The answer (current states) is handed over as an
+// EventPresence, after the sync's events.
+func (d *dispatcher) resubscribe(users []string) {
+	d.request(protocol.Frame{Type: protocol.TypePresenceSub, Users: users}, func(r *protocol.Frame, err error) {
+		switch {
+		case err == errConnGone:
+		case err != nil:
+			d.later(dispatchRetry, func() { d.resubscribe(users) })
+		case r.Type == protocol.TypeError:
+			e := errorFromFrame(r)
+			if e.Retryable() {
+				d.later(retryDelay(e), func() { d.resubscribe(users) })
+				return
+			}
+			d.log.Warn("client: presence watch refused", "code", string(e.Code), "err", e.Msg)
+		default:
+			d.emit(Event{Kind: EventPresence, Presence: r.States})
+		}
+	})
 }
 
 func (d *dispatcher) sendSync(f protocol.Frame) {
@@ -308,6 +333,10 @@ func (d *dispatcher) onPush(f *protocol.Frame) {
 		if f.KeyCounts != nil {
 			d.emit(Event{Kind: EventKeysLow, KeysLow: &KeysLow{DeviceID: f.DeviceID, PreKeys: f.KeyCounts.PreKeys, KEMPreKeys: f.KeyCounts.KEMPreKeys}})
 		}
+	case protocol.TypePresence:
+		d.emit(Event{Kind: EventPresence, Presence: f.States})
+	case protocol.TypeTyping:
+		d.emit(Event{Kind: EventTyping, ConvID: f.ConvID, Typing: &Typing{ConvID: f.ConvID, UserID: f.UserID}})
 	case protocol.TypeReceipt:
 		d.emit(Event{Kind: EventReceipt, ConvID: f.ConvID, Receipt: &Receipt{
 			ConvID: f.ConvID, UserID: f.UserID, DeviceID: f.DeviceID, Seq: f.Seq, State: f.State,

@@ -1,9 +1,47 @@
 // Package client is Parley's Go client SDK: it keeps one WebSocket connection
 // to a Parley server alive, turns the server's push stream into an ordered,
 // gap-free, duplicate-free stream of events per conversation, and offers the
-// requests of the wire protocol (send, edit, recall, read, history,
-// conversation list, direct and group conversations) with retries that never
-// create a second message.
+// requests of the wire protocol with retries that never create a second
+// message.
+//
+// # Frames and methods
+//
+// Every client frame of docs/protocol.md has a method (or is sent by the
+// client itself), and every push an event:
+//
+//	ping            Ping (and automatic heartbeats)
+//	send            Send, SendWithID, SendWith (mentions, @everyone), SendState (kind state, coalesce_key)
+//	edit, recall    Edit, Recall
+//	delivered       automatic, after the application has taken messages
+//	read            MarkRead
+//	sync            automatic on every (re)connect; Sync
+//	history         History (and automatic gap filling)
+//	conv_list       Conversations
+//	open_direct     OpenDirect, OpenDirectE2E
+//	create_group    CreateGroup, CreateGroupE2E
+//	add_members     AddMembers
+//	remove_members  RemoveMembers
+//	leave           Leave
+//	set_role        SetRole
+//	mute            Mute
+//	presence_sub    WatchPresence (sent again after every reconnect)
+//	typing          Typing
+//	conv_info       ConvInfo
+//	keys_upload     UploadKeys          (end-to-end encryption: client/e2eechat)
+//	keys_bundle     FetchBundles
+//	keys_devices    KeyDevices
+//	keys_remove     RemoveKeys
+//
+//	msg → EventMessage (system bodies: ParseSystemEvent), receipt → EventReceipt,
+//	presence → EventPresence, typing → EventTyping, keys_low → EventKeysLow,
+//	hello → EventConnected, goaway → handled (the client moves on).
+//
+// A request the server refuses returns a *Error whose Code is the
+// protocol's error code (CodeOf(err) extracts it, also from an error that
+// wraps one); retryable codes (rate_limited, overloaded,
+// store_unavailable, internal, timeout) are retried until the context
+// ends, after retry_after_ms when the server gives one, and the final
+// error then wraps both the context's error and the last *Error.
 //
 // # Lifecycle
 //

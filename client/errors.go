@@ -52,3 +52,15 @@ func (e *Error) Is(target error) bool {
 func errorFromFrame(f *protocol.Frame) *Error {
 	return &Error{Code: f.Code, Msg: f.Error, RetryAfter: time.Duration(f.RetryAfter) * time.Millisecond}
 }
+
+// CodeOf returns the protocol error code of err (a *Error anywhere in its
+// chain), or "" when the server did not refuse the request (a local
+// failure, a context that ended, ErrDisconnected, ...). docs/protocol.md
+// lists the codes; protocol.CodeNotMember and its siblings name them.
+func CodeOf(err error) protocol.Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}

@@ -1,6 +1,8 @@
 package client
 
 import (
+	"time"
+
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -33,6 +35,19 @@ const (
 	// device KeysLow.DeviceID and few are left; that device uploads more
 	// (e2eechat.Messenger.PublishKeys).
 	EventKeysLow
+	// EventPresence: Presence holds the new state of users this client
+	// watches (WatchPresence): pushed when they change, and the current
+	// states again after every reconnect.
+	EventPresence
+	// EventTyping: Typing says a member of ConvID is typing (never stored;
+	// at most one per user and conversation per 2 s).
+	EventTyping
+	// EventReconnecting: no connection is up and the client tries URL
+	// again after Delay; Err says why the last attempt failed or the last
+	// connection ended. Sent after every failed attempt (so an unreachable
+	// server is visible at once) and before each reconnect; it is dropped
+	// rather than waited for when Events is full.
+	EventReconnecting
 )
 
 func (k EventKind) String() string {
@@ -49,6 +64,12 @@ func (k EventKind) String() string {
 		return "disconnected"
 	case EventKeysLow:
 		return "keys_low"
+	case EventPresence:
+		return "presence"
+	case EventTyping:
+		return "typing"
+	case EventReconnecting:
+		return "reconnecting"
 	}
 	return "unknown"
 }
@@ -64,6 +85,17 @@ type Event struct {
 	Hello    *protocol.Hello
 	Err      error
 	KeysLow  *KeysLow
+	Presence []protocol.PresenceState
+	Typing   *Typing
+	// URL and Delay: EventReconnecting's next attempt.
+	URL   string
+	Delay time.Duration
+}
+
+// Typing is a typing notice: UserID is typing in ConvID.
+type Typing struct {
+	ConvID uint64
+	UserID string
 }
 
 // KeysLow says how many one-time prekeys a device of this user has left.

@@ -342,15 +342,22 @@ func TestSlowApplicationLosesNothing(t *testing.T) {
 	if _, err := alice.Send(ctx, direct.ConvID, "y"); err != nil {
 		t.Fatal(err)
 	}
-	// Requests still work while nobody reads Events.
-	if _, err := bob.Send(ctx, direct.ConvID, "still talking"); err != nil {
+	// Requests still work while nobody reads Events. (Not in a
+	// conversation with unseen messages: bob's own send would move his read
+	// position past them, and a conversation this device has not seen yet
+	// starts at the read position.)
+	own, err := bob.OpenDirect(ctx, "carol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bob.Send(ctx, own.ConvID, "still talking"); err != nil {
 		t.Fatalf("Send while events back up: %v", err)
 	}
 	rec := record(bob.Client)
-	eventually(t, "all messages", func() bool { return len(rec.seqs(group.ConvID)) >= n && len(rec.seqs(direct.ConvID)) >= 2 },
+	eventually(t, "all messages", func() bool { return len(rec.seqs(group.ConvID)) >= n && len(rec.seqs(direct.ConvID)) >= 1 },
 		func() string { return fmt.Sprint(rec.seqs(group.ConvID), rec.seqs(direct.ConvID)) })
 	wantRun(t, rec.seqs(group.ConvID), 1, n)
-	wantRun(t, rec.seqs(direct.ConvID), 1, 2)
+	wantRun(t, rec.seqs(direct.ConvID), 1, 1)
 }
 
 // A node over its handshake rate answers 503 overloaded with a jittered

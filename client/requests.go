@@ -51,7 +51,7 @@ func (c *Client) do(ctx context.Context, f protocol.Frame, want string, policy r
 			}
 			c.log.Debug("client: retrying", "type", f.Type, "code", string(e.Code), "delay", delay)
 			if !sleep(ctx, delay) {
-				return nil, nil, fmt.Errorf("%s: %w (last answer: %v)", f.Type, ctx.Err(), e)
+				return nil, nil, fmt.Errorf("%s: %w (last answer: %w)", f.Type, ctx.Err(), e)
 			}
 		case err == nil:
 			return nil, nil, fmt.Errorf("%s: unexpected answer %q", f.Type, r.Type)

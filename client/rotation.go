@@ -26,3 +26,6 @@ func (r *rotation) next() string {
 	r.i = (r.i + 1) % len(r.urls)
 	return u
 }
+
+// peek returns the URL next will return, without moving on.
+func (r *rotation) peek() string { return r.urls[r.i] }

@@ -58,6 +58,10 @@ func WithKey(key []byte) Option {
 
 // Options returns the options Start uses before applying opts.
 func Options(t testing.TB) server.Options {
+	return options(t.TempDir())
+}
+
+func options(dataDir string) server.Options {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	level := slog.LevelWarn
@@ -73,7 +77,7 @@ func Options(t testing.TB) server.Options {
 	gw.UserHandshakeRate, gw.UserHandshakeBurst = 1e9, 1e9
 	return server.Options{
 		Listen:      "127.0.0.1:0",
-		DataDir:     t.TempDir(),
+		DataDir:     dataDir,
 		Node:        "test1",
 		Auth:        auth.Config{HS256Key: key, Leeway: 30 * time.Second},
 		Gateway:     gw,
@@ -99,11 +103,34 @@ func Start(t testing.TB, opts ...Option) *Server {
 	return s
 }
 
+// Launch starts a node outside a test (runnable examples): its store lives
+// in dataDir, and the caller stops it with Close.
+func Launch(dataDir string, opts ...Option) (*Server, error) {
+	o := options(dataDir)
+	o.Logger = slog.New(slog.DiscardHandler)
+	for _, f := range opts {
+		f(&o)
+	}
+	srv, err := server.Start(context.Background(), o)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{Server: srv, URL: "ws://" + srv.Addr(), HTTPURL: "http://" + srv.Addr(), DataDir: o.DataDir, key: o.Auth.HS256Key}, nil
+}
+
 // Key is the node's HS256 token key.
 func (s *Server) Key() []byte { return s.key }
 
 // Token mints a valid one-hour token for user.
 func (s *Server) Token(user string) string {
+	if s.t == nil { // Launch
+		now := time.Now()
+		tok, err := auth.MintHS256(s.key, auth.Claims{User: user, IssuedAt: now.Add(-time.Minute), Expires: now.Add(time.Hour)})
+		if err != nil {
+			panic("servertest: mint: " + err.Error())
+		}
+		return tok
+	}
 	return MintToken(s.t, s.key, user, time.Hour)
 }
 
@@ -122,7 +149,7 @@ func MintToken(t testing.TB, key []byte, user string, ttl time.Duration) string 
 func (s *Server) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := s.Shutdown(ctx); err != nil {
+	if err := s.Shutdown(ctx); err != nil && s.t != nil {
 		s.t.Logf("servertest: shutdown: %v", err)
 	}
 }
