@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,20 +19,80 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
-const chatHelp = `commands:
-  /dm USER              open the direct conversation with USER and make it current
-  /group NAME USER...   create a group with USERs and make it current
-  /use CONV             make conversation CONV current
-  /list                 conversations with unread counts
-  /history [N]          the last N messages of the current conversation (default 20)
-  /read                 mark the current conversation read up to the last message seen
-  /quit                 leave (end of input does the same)
-` + chatE2EHelp + `anything else is sent to the current conversation.
-`
+// chatCommandTimeout bounds one command while connected, so a script piped
+// into a client whose server stops answering ends instead of hanging.
+// While disconnected commands fail at once (chatSession.ready).
+const chatCommandTimeout = 15 * time.Second
 
-// chatCommandTimeout bounds one command, so a script piped into a client
-// that cannot reach its server ends instead of hanging.
-const chatCommandTimeout = 30 * time.Second
+// chatCmd is one command of `parley chat`: its usage line, the argument
+// counts it accepts (max -1: any), whether it needs the server and a
+// current conversation, and what it does.
+type chatCmd struct {
+	name, args, help string
+	min, max         int
+	offline          bool // runs without a connection (/help, /quit)
+	needConv         bool // needs a current conversation
+	run              func(s *chatSession, ctx context.Context, args []string) error
+}
+
+// chatCommands is the command table: dispatch, argument checks and /help
+// all come from it.
+var chatCommands []chatCmd
+
+func init() {
+	chatCommands = []chatCmd{
+		{name: "/dm", args: "USER", help: "open the direct conversation with USER and make it current", min: 1, max: 1, run: (*chatSession).chatDM},
+		{name: "/group", args: "NAME USER...", help: "create a group with USERs and make it current", min: 2, max: -1, run: (*chatSession).chatGroup},
+		{name: "/use", args: "CONV", help: "make conversation CONV (one of yours, see /list) current", min: 1, max: 1, run: (*chatSession).chatUse},
+		{name: "/list", help: "your conversations with unread counts (@ = you were mentioned)", run: (*chatSession).chatList},
+		{name: "/info", help: "members, your role and the tier of the current conversation", needConv: true, run: (*chatSession).chatInfo},
+		{name: "/history", args: "[N]", help: "the last N messages of the current conversation (default 20)", max: 1, needConv: true, run: (*chatSession).chatHistory},
+		{name: "/read", help: "mark the current conversation read up to the last message seen", needConv: true, run: (*chatSession).chatRead},
+		{name: "/edit", args: "SEQ TEXT", help: "replace the text of your message SEQ", min: 2, max: -1, needConv: true, run: (*chatSession).chatEdit},
+		{name: "/recall", args: "SEQ", help: "recall (unsend) your message SEQ", min: 1, max: 1, needConv: true, run: (*chatSession).chatRecall},
+		{name: "/state", args: "KEY TEXT", help: "send a state message: only your latest of KEY is kept in full", min: 2, max: -1, needConv: true, run: (*chatSession).chatState},
+		{name: "/add", args: "USER...", help: "add USERs to the current group (owner, admin)", min: 1, max: -1, needConv: true, run: (*chatSession).chatAdd},
+		{name: "/remove", args: "USER...", help: "remove USERs from the current group (owner; admin: plain members)", min: 1, max: -1, needConv: true, run: (*chatSession).chatRemove},
+		{name: "/role", args: "USER member|admin|owner", help: "set USER's role (owner only; owner hands the group over)", min: 2, max: 2, needConv: true, run: (*chatSession).chatRole},
+		{name: "/mute", args: "USER", help: "mute USER in the current group", min: 1, max: 1, needConv: true, run: (*chatSession).chatMute},
+		{name: "/unmute", args: "USER", help: "unmute USER in the current group", min: 1, max: 1, needConv: true, run: (*chatSession).chatUnmute},
+		{name: "/leave", help: "leave the current group (the owner hands it over first)", needConv: true, run: (*chatSession).chatLeave},
+		{name: "/watch", args: "[USER...]", help: "show when USERs go on or off line (no USER: stop watching)", max: -1, run: (*chatSession).chatWatch},
+		{name: "/typing", help: "tell the current conversation you are typing", needConv: true, run: (*chatSession).chatTyping},
+		{name: "/sdm", args: "USER", help: "open the end-to-end encrypted direct conversation with USER", min: 1, max: 1, run: (*chatSession).chatSDM},
+		{name: "/sgroup", args: "NAME USER...", help: "create an end-to-end encrypted group", min: 2, max: -1, run: (*chatSession).chatSGroup},
+		{name: "/safety", args: "USER", help: "safety numbers with each device of USER (compare them out of band)", min: 1, max: 1, run: (*chatSession).chatSafety},
+		{name: "/help", help: "this list", offline: true, run: func(s *chatSession, _ context.Context, _ []string) error {
+			s.printf("%s", strings.TrimRight(chatHelp(), "\n"))
+			return nil
+		}},
+		{name: "/quit", help: "leave (end of input does the same)", offline: true},
+	}
+}
+
+func chatHelp() string {
+	var b strings.Builder
+	b.WriteString("commands:\n")
+	for _, c := range chatCommands {
+		fmt.Fprintf(&b, "  %-32s %s\n", strings.TrimSpace(c.name+" "+c.args), c.help)
+	}
+	b.WriteString(`anything else is sent to the current conversation; in a group, @USER mentions
+USER and @everyone (or @all) everyone. Incoming lines are "[CONV SEQ] sender: text".
+`)
+	return b.String()
+}
+
+func chatLookup(name string) (chatCmd, bool) {
+	if name == "/exit" {
+		name = "/quit"
+	}
+	for _, c := range chatCommands {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return chatCmd{}, false
+}
 
 // runChat is `parley chat`: a line-oriented terminal client on the client
 // SDK. Incoming messages print as "[conv seq] sender: body"; input lines
@@ -46,7 +107,7 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	fs.Usage = func() {
 		fmt.Fprintln(stdout, "usage: parley chat [-url URL] [-token TOKEN] [-device ID] [-keys DIR]")
 		fs.PrintDefaults()
-		fmt.Fprint(stdout, "\n"+chatHelp)
+		fmt.Fprint(stdout, "\n"+chatHelp())
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -63,8 +124,10 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s := &chatSession{c: c, out: stdout, printed: make(map[[2]uint64]bool),
+	s := &chatSession{c: c, out: stdout, url: *url, printed: make(map[[2]uint64]bool), kinds: make(map[uint64]string),
 		e2e: &e2eState{dir: *keys, device: *device, convs: map[uint64]e2eConv{}, ctx: ctx}}
+	s.conn.changed = make(chan struct{})
+	s.printf("* connecting to %s as device %s ...", *url, *device)
 
 	runErr := make(chan error, 1)
 	go func() { runErr <- c.Run(ctx) }()
@@ -124,19 +187,40 @@ func chatReadLines(r io.Reader, lines chan<- string, done <-chan struct{}) {
 	}
 }
 
+// Connection states of a chat session.
+const (
+	chatConnecting = iota // the first attempt is under way: commands wait for it
+	chatUp                // connected: commands run
+	chatDown              // an attempt failed or the connection dropped: commands fail at once
+)
+
 // chatSession is the state of one `parley chat`: the current conversation
 // (input goroutine only) and the output, shared with the event printer.
 type chatSession struct {
 	c       *client.Client
+	url     string
 	current uint64
 	e2e     *e2eState
 
-	mu  sync.Mutex // guards out, me and printed
+	// conn is the connection state, set by the event printer.
+	conn struct {
+		sync.Mutex
+		state   int
+		err     error     // why the last attempt failed or the connection ended
+		retryAt time.Time // when the client tries again
+		changed chan struct{}
+		lost    chan struct{} // closed when an up connection goes down
+	}
+
+	mu  sync.Mutex // guards out, me, printed and kinds
 	out io.Writer
 	me  string
 	// printed holds (conv, seq) of this device's own messages, printed
 	// when the ack or the echo push arrives, whichever is first.
 	printed map[[2]uint64]bool
+	// kinds remembers each conversation's kind (direct or group) seen in
+	// answers, for @mentions.
+	kinds map[uint64]string
 }
 
 func (s *chatSession) printf(format string, args ...any) {
@@ -145,20 +229,141 @@ func (s *chatSession) printf(format string, args ...any) {
 	fmt.Fprintf(s.out, format+"\n", args...)
 }
 
-func chatFormat(m *protocol.Message) string {
+func (s *chatSession) user() string {
+	s.mu.Lock()
+	me := s.me
+	s.mu.Unlock()
+	if me == "" {
+		if h, ok := s.c.Hello(); ok {
+			me = h.UserID
+		}
+	}
+	return me
+}
+
+func (s *chatSession) setKind(conv uint64, kind string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.kinds[conv] = kind
+}
+
+func (s *chatSession) kind(conv uint64) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.kinds[conv]
+}
+
+// setConn moves the connection state and wakes commands waiting for it.
+func (s *chatSession) setConn(state int, err error, retryAt time.Time) {
+	s.conn.Lock()
+	defer s.conn.Unlock()
+	if state == chatUp && s.conn.state != chatUp {
+		s.conn.lost = make(chan struct{})
+	}
+	if state != chatUp && s.conn.state == chatUp && s.conn.lost != nil {
+		close(s.conn.lost)
+	}
+	s.conn.state, s.conn.err, s.conn.retryAt = state, err, retryAt
+	close(s.conn.changed)
+	s.conn.changed = make(chan struct{})
+}
+
+// ready waits for the first connection while it is being made, and
+// returns at once with an error saying why while the client is
+// disconnected. It returns a channel closed if the connection is lost.
+func (s *chatSession) ready(ctx context.Context) (<-chan struct{}, error) {
+	for {
+		s.conn.Lock()
+		state, err, retryAt, changed, lost := s.conn.state, s.conn.err, s.conn.retryAt, s.conn.changed, s.conn.lost
+		s.conn.Unlock()
+		switch state {
+		case chatUp:
+			return lost, nil
+		case chatDown:
+			msg := "not connected to " + s.url
+			if err != nil {
+				msg += ": " + err.Error()
+			}
+			if wait := time.Until(retryAt); wait > 0 {
+				msg += fmt.Sprintf(" (next attempt in %s)", wait.Round(100*time.Millisecond))
+			}
+			return nil, errors.New(msg + "; try again once connected")
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("still connecting to %s", s.url)
+		}
+	}
+}
+
+// chatFormat renders a message for the terminal; me marks mentions of
+// the reader.
+func chatFormat(m *protocol.Message, me string) string {
+	head := fmt.Sprintf("[%d %d]", m.ConvID, m.Seq)
 	switch m.Kind {
 	case protocol.KindEdit:
-		return fmt.Sprintf("[%d %d] %s edited #%d: %s", m.ConvID, m.Seq, m.Sender, m.TargetSeq, m.Body)
+		return fmt.Sprintf("%s %s edited #%d: %s", head, m.Sender, m.TargetSeq, m.Body)
 	case protocol.KindRecall:
-		return fmt.Sprintf("[%d %d] %s recalled #%d", m.ConvID, m.Seq, m.Sender, m.TargetSeq)
+		return fmt.Sprintf("%s %s recalled #%d", head, m.Sender, m.TargetSeq)
 	case protocol.KindSystem:
-		return fmt.Sprintf("[%d %d] * %s", m.ConvID, m.Seq, m.Body)
+		return head + " * " + systemText(m)
+	case protocol.KindState:
+		body := m.Body
+		if m.Superseded {
+			body = "(superseded)"
+		}
+		return fmt.Sprintf("%s %s set %s: %s", head, m.Sender, m.CoalesceKey, body)
 	}
 	body := m.Body
-	if m.Recalled {
+	switch {
+	case m.Recalled:
 		body = "(recalled)"
+	case m.Edited:
+		body += " (edited)"
 	}
-	return fmt.Sprintf("[%d %d] %s: %s", m.ConvID, m.Seq, m.Sender, body)
+	line := fmt.Sprintf("%s %s: %s", head, m.Sender, body)
+	if me != "" && m.Sender != me && (m.MentionAll || slices.Contains(m.Mentions, me)) {
+		line += "   <- @" + me
+	}
+	return line
+}
+
+// systemText turns a system event into a sentence ("alice added carol").
+func systemText(m *protocol.Message) string {
+	ev, err := client.ParseSystemEvent(m)
+	if err != nil {
+		return m.Body
+	}
+	users := strings.Join(ev.Users, ", ")
+	switch ev.Event {
+	case "member_added":
+		return ev.Actor + " added " + users
+	case "member_removed":
+		return ev.Actor + " removed " + users
+	case "member_left":
+		return ev.Actor + " left"
+	case "role_changed":
+		if ev.Role == protocol.RoleOwner {
+			return ev.Actor + " handed the group over to " + users + " (now the owner)"
+		}
+		article := "a "
+		if ev.Role == protocol.RoleAdmin {
+			article = "an "
+		}
+		return ev.Actor + " made " + users + " " + article + ev.Role
+	case "muted":
+		return ev.Actor + " muted " + users
+	case "unmuted":
+		return ev.Actor + " unmuted " + users
+	case "device_added":
+		return ev.Actor + " added device " + ev.Device
+	case "device_removed":
+		return ev.Actor + " removed device " + ev.Device
+	case "identity_changed":
+		return ev.Actor + "'s device " + ev.Device + " has a new identity key (compare /safety " + ev.Actor + ")"
+	}
+	return fmt.Sprintf("%s: %s %s", ev.Event, ev.Actor, users)
 }
 
 // printOnce prints a message unless it was printed already.
@@ -173,7 +378,7 @@ func (s *chatSession) printOnce(m *protocol.Message) {
 	if m.Sender == s.me {
 		s.printed[key] = true
 	}
-	fmt.Fprintln(s.out, chatFormat(m))
+	fmt.Fprintln(s.out, chatFormat(m, s.me))
 }
 
 func (s *chatSession) event(ev client.Event) {
@@ -184,20 +389,32 @@ func (s *chatSession) event(ev client.Event) {
 			s.printOnce(m)
 		}
 	case client.EventReceipt:
-		s.mu.Lock()
-		me := s.me
-		s.mu.Unlock()
-		if ev.Receipt.State == protocol.StateRead && ev.Receipt.UserID != me {
+		if ev.Receipt.State == protocol.StateRead && ev.Receipt.UserID != s.user() {
 			s.printf("* conv %d: %s read up to %d", ev.ConvID, ev.Receipt.UserID, ev.Receipt.Seq)
 		}
 	case client.EventSnapshot:
+		s.setKind(ev.ConvID, ev.Snapshot.Kind)
 		if ev.Skipped > 0 {
 			s.printf("* conv %d: %d earlier unread messages skipped (see /use %d then /history)", ev.ConvID, ev.Skipped, ev.ConvID)
 		}
+	case client.EventPresence:
+		for _, st := range ev.Presence {
+			switch {
+			case st.Online:
+				s.printf("* %s is online", st.UserID)
+			case st.LastSeen > 0:
+				s.printf("* %s is offline (last seen %s)", st.UserID, time.UnixMilli(st.LastSeen).Format("2006-01-02 15:04:05"))
+			default:
+				s.printf("* %s is offline", st.UserID)
+			}
+		}
+	case client.EventTyping:
+		s.printf("* conv %d: %s is typing...", ev.ConvID, ev.Typing.UserID)
 	case client.EventConnected:
 		s.mu.Lock()
 		s.me = ev.Hello.UserID
 		s.mu.Unlock()
+		s.setConn(chatUp, nil, time.Time{})
 		s.printf("* connected to %s as %s/%s", ev.Hello.Node, ev.Hello.UserID, ev.Hello.DeviceID)
 		if s.e2e.dir != "" {
 			s.e2e.bg.Go(s.publishKeys) // so that E2E contacts can reach this device
@@ -207,9 +424,13 @@ func (s *chatSession) event(ev client.Event) {
 			s.e2e.bg.Go(s.refillKeys)
 		}
 	case client.EventDisconnected:
+		s.setConn(chatDown, ev.Err, time.Time{})
 		if ev.Err != nil {
 			s.printf("* disconnected: %v", ev.Err)
 		}
+	case client.EventReconnecting:
+		s.setConn(chatDown, ev.Err, time.Now().Add(ev.Delay))
+		s.printf("* reconnecting to %s in %s: %v", ev.URL, ev.Delay.Round(100*time.Millisecond), ev.Err)
 	}
 }
 
@@ -218,115 +439,170 @@ func (s *chatSession) command(ctx context.Context, line string) bool {
 	if line == "" {
 		return true
 	}
-	ctx, cancel := context.WithTimeout(ctx, chatCommandTimeout)
-	defer cancel()
 	if !strings.HasPrefix(line, "/") {
-		s.chatSend(ctx, line)
+		s.run(ctx, chatCmd{name: "send", needConv: true, run: func(s *chatSession, ctx context.Context, _ []string) error {
+			return s.chatSend(ctx, line)
+		}}, nil)
 		return true
 	}
 	fields := strings.Fields(line)
-	cmd, args := fields[0], fields[1:]
-	var err error
-	switch cmd {
-	case "/quit", "/exit":
+	cmd, ok := chatLookup(fields[0])
+	if !ok {
+		s.printf("! unknown command %s (try /help)", fields[0])
+		return true
+	}
+	if cmd.name == "/quit" {
 		return false
-	case "/help":
-		s.printf("%s", strings.TrimRight(chatHelp, "\n"))
-	case "/dm":
-		err = s.chatDM(ctx, args)
-	case "/group":
-		err = s.chatGroup(ctx, args)
-	case "/use":
-		err = s.chatUse(args)
-	case "/list":
-		err = s.chatList(ctx)
-	case "/history":
-		err = s.chatHistory(ctx, args)
-	case "/read":
-		err = s.chatRead(ctx)
-	case "/sdm":
-		err = s.chatSDM(ctx, args)
-	case "/sgroup":
-		err = s.chatSGroup(ctx, args)
-	case "/safety":
-		err = s.chatSafety(ctx, args)
-	default:
-		err = fmt.Errorf("unknown command %s (try /help)", cmd)
 	}
-	if err != nil {
-		s.printf("! %v", err)
+	args := fields[1:]
+	if len(args) < cmd.min || (cmd.max >= 0 && len(args) > cmd.max) {
+		s.printf("! usage: %s", strings.TrimSpace(cmd.name+" "+cmd.args))
+		return true
 	}
+	if cmd.name == "/edit" || cmd.name == "/state" {
+		// The text keeps its spacing: everything after the first argument.
+		rest := strings.TrimSpace(strings.TrimPrefix(line, fields[0]))
+		rest = strings.TrimSpace(strings.TrimPrefix(rest, args[0]))
+		args = []string{args[0], rest}
+	}
+	s.run(ctx, cmd, args)
 	return true
 }
 
-func (s *chatSession) chatSend(ctx context.Context, body string) {
-	if s.current == 0 {
+// run checks what cmd needs (a connection, a current conversation) and
+// runs it with a deadline, cancelled if the connection is lost meanwhile.
+func (s *chatSession) run(ctx context.Context, cmd chatCmd, args []string) {
+	if cmd.needConv && s.current == 0 {
 		s.printf("! no current conversation: use /dm USER, /group NAME USER... or /use CONV")
 		return
 	}
-	seq, isE2E, err := s.sendE2E(ctx, s.current, body)
-	if err != nil {
-		s.printf("! send: %v", err)
-		return
-	}
-	ack := client.Ack{ConvID: s.current, Seq: seq}
-	if !isE2E {
-		if ack, err = s.c.Send(ctx, s.current, body); err != nil {
-			s.printf("! send: %v", err)
+	ctx, cancel := context.WithTimeoutCause(ctx, chatCommandTimeout, errors.New("no answer from the server"))
+	defer cancel()
+	if !cmd.offline {
+		lost, err := s.ready(ctx)
+		if err != nil {
+			s.printf("! %s: %v", strings.TrimPrefix(cmd.name, "/"), err)
 			return
 		}
+		cctx, ccancel := context.WithCancelCause(ctx)
+		defer ccancel(nil)
+		go func() {
+			select {
+			case <-lost:
+				ccancel(errors.New("connection lost; the request may or may not have been done"))
+			case <-cctx.Done():
+			}
+		}()
+		ctx = cctx
 	}
-	s.mu.Lock()
-	me := s.me
-	s.mu.Unlock()
-	if me == "" {
-		if h, ok := s.c.Hello(); ok {
-			me = h.UserID
+	if err := cmd.run(s, ctx, args); err != nil {
+		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+			err = fmt.Errorf("%s: %w", strings.TrimPrefix(cmd.name, "/"), cause)
+		}
+		s.printf("! %v", err)
+	}
+}
+
+// mentions finds @USER and @everyone/@all words in a group message.
+func mentions(body string) (users []string, all bool) {
+	for _, w := range strings.Fields(body) {
+		if !strings.HasPrefix(w, "@") {
+			continue
+		}
+		name := strings.TrimRight(w[1:], ".,:;!?")
+		switch {
+		case name == "everyone" || name == "all":
+			all = true
+		case protocol.ValidID(name) && !slices.Contains(users, name):
+			users = append(users, name)
 		}
 	}
-	s.printOnce(&protocol.Message{ConvID: ack.ConvID, Seq: ack.Seq, Sender: me, Kind: protocol.KindText, Body: body})
+	return users, all
+}
+
+func (s *chatSession) chatSend(ctx context.Context, body string) error {
+	conv := s.current
+	seq, isE2E, err := s.sendE2E(ctx, conv, body)
+	if err != nil {
+		return fmt.Errorf("send: %w", err)
+	}
+	ack := client.Ack{ConvID: conv, Seq: seq}
+	msg := &protocol.Message{ConvID: conv, Sender: s.user(), Kind: protocol.KindText, Body: body}
+	if !isE2E {
+		var opts client.SendOptions
+		if s.kind(conv) == protocol.ConvGroup {
+			opts.Mentions, opts.MentionAll = mentions(body)
+			msg.Mentions, msg.MentionAll = opts.Mentions, opts.MentionAll
+		}
+		if ack, err = s.c.SendWith(ctx, conv, body, opts); err != nil {
+			return fmt.Errorf("send: %w", err)
+		}
+	}
+	msg.Seq = ack.Seq
+	s.printOnce(msg)
+	return nil
 }
 
 func (s *chatSession) chatDM(ctx context.Context, args []string) error {
-	if len(args) != 1 {
-		return errors.New("usage: /dm USER")
-	}
 	info, err := s.c.OpenDirect(ctx, args[0])
 	if err != nil {
 		return fmt.Errorf("dm: %w", err)
 	}
+	s.setKind(info.ConvID, info.Kind)
 	s.current = info.ConvID
 	s.printf("* conv %d: direct with %s", info.ConvID, args[0])
 	return nil
 }
 
 func (s *chatSession) chatGroup(ctx context.Context, args []string) error {
-	if len(args) < 2 {
-		return errors.New("usage: /group NAME USER...")
-	}
 	info, err := s.c.CreateGroup(ctx, args[0], args[1:])
 	if err != nil {
 		return fmt.Errorf("group: %w", err)
 	}
+	s.setKind(info.ConvID, info.Kind)
 	s.current = info.ConvID
 	s.printf("* conv %d: group %s with %s", info.ConvID, args[0], strings.Join(info.Members, ", "))
 	return nil
 }
 
-func (s *chatSession) chatUse(args []string) error {
-	if len(args) != 1 {
-		return errors.New("usage: /use CONV")
-	}
+// chatUse accepts only a conversation of the user's (current or former:
+// a former member still reads its history).
+func (s *chatSession) chatUse(ctx context.Context, args []string) error {
 	id, err := strconv.ParseUint(args[0], 10, 64)
 	if err != nil || id == 0 {
-		return fmt.Errorf("use: %q is not a conversation id", args[0])
+		return fmt.Errorf("use: %q is not a conversation id (see /list)", args[0])
 	}
+	list, err := s.c.Conversations(ctx)
+	if err != nil {
+		return fmt.Errorf("use: %w", err)
+	}
+	i := slices.IndexFunc(list, func(cv protocol.ConvSummary) bool { return cv.ConvID == id })
+	if i < 0 {
+		return fmt.Errorf("use: conversation %d is not one of yours (see /list)", id)
+	}
+	cv := list[i]
+	s.setKind(id, cv.Kind)
 	s.current = id
-	s.printf("* conv %d", id)
+	note := ""
+	if cv.LeaveSeq != 0 {
+		note = fmt.Sprintf(" (you are no longer a member: history up to %d only)", cv.LeaveSeq)
+	}
+	s.printf("* conv %d: %s%s", id, convTitle(cv), note)
 	return nil
 }
 
-func (s *chatSession) chatList(ctx context.Context) error {
+func convTitle(cv protocol.ConvSummary) string {
+	what := "group " + cv.Name
+	if cv.Kind == protocol.ConvDirect {
+		what = "direct with " + cv.Peer
+	}
+	if cv.E2E {
+		what += "  [e2e]"
+	}
+	return what
+}
+
+func (s *chatSession) chatList(ctx context.Context, _ []string) error {
 	list, err := s.c.Conversations(ctx)
 	if err != nil {
 		return fmt.Errorf("list: %w", err)
@@ -335,29 +611,44 @@ func (s *chatSession) chatList(ctx context.Context) error {
 		s.printf("* no conversations")
 	}
 	for _, cv := range list {
-		what := "group " + cv.Name
-		if cv.Kind == protocol.ConvDirect {
-			what = "direct with " + cv.Peer
-		}
+		s.setKind(cv.ConvID, cv.Kind)
 		mark := " "
 		if cv.ConvID == s.current {
 			mark = ">"
 		}
 		if cv.E2E {
-			what += "  [e2e]"
 			if _, known := s.e2eConv(cv.ConvID); !known {
-				s.setE2EConv(cv.ConvID, e2eConv{})
+				s.setE2EConv(cv.ConvID, e2eConv{group: cv.Kind == protocol.ConvGroup})
 			}
 		}
-		s.printf("%s %d  %s  unread %d  last %d", mark, cv.ConvID, what, cv.Unread, cv.LastSeq)
+		extra := ""
+		if cv.Mentioned {
+			extra += "  @"
+		}
+		if cv.LeaveSeq != 0 {
+			extra += "  (left)"
+		}
+		s.printf("%s %d  %s  unread %d  last %d%s", mark, cv.ConvID, convTitle(cv), cv.Unread, cv.LastSeq, extra)
 	}
 	return nil
 }
 
-func (s *chatSession) chatHistory(ctx context.Context, args []string) error {
-	if s.current == 0 {
-		return errors.New("history: no current conversation")
+func (s *chatSession) chatInfo(ctx context.Context, _ []string) error {
+	info, err := s.c.ConvInfo(ctx, s.current)
+	if err != nil {
+		return fmt.Errorf("info: %w", err)
 	}
+	s.setKind(info.ConvID, info.Kind)
+	tier := ""
+	if info.Tier != "" {
+		tier = ", tier " + info.Tier
+	}
+	s.printf("* conv %d: %s %s, %d members%s; you are %s", info.ConvID, info.Kind, info.Name, info.MemberCount, tier, info.Role)
+	s.printf("* members: %s", strings.Join(info.Members, ", "))
+	return nil
+}
+
+func (s *chatSession) chatHistory(ctx context.Context, args []string) error {
 	n := 20
 	if len(args) > 0 {
 		v, err := strconv.Atoi(args[0])
@@ -370,18 +661,16 @@ func (s *chatSession) chatHistory(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("history: %w", err)
 	}
+	me := s.user()
 	for i := range msgs {
 		if m, _ := s.openE2E(&msgs[i]); m != nil {
-			s.printf("%s", chatFormat(m))
+			s.printf("%s", chatFormat(m, me))
 		}
 	}
 	return nil
 }
 
-func (s *chatSession) chatRead(ctx context.Context) error {
-	if s.current == 0 {
-		return errors.New("read: no current conversation")
-	}
+func (s *chatSession) chatRead(ctx context.Context, _ []string) error {
 	seq, ok := s.c.LastSeq(s.current)
 	if !ok || seq == 0 {
 		return fmt.Errorf("read: nothing seen in conv %d yet", s.current)
@@ -390,5 +679,163 @@ func (s *chatSession) chatRead(ctx context.Context) error {
 		return fmt.Errorf("read: %w", err)
 	}
 	s.printf("* conv %d read up to %d", s.current, seq)
+	return nil
+}
+
+func parseSeq(cmd, arg string) (uint64, error) {
+	seq, err := strconv.ParseUint(strings.TrimPrefix(arg, "#"), 10, 64)
+	if err != nil || seq == 0 {
+		return 0, fmt.Errorf("%s: %q is not a message seq (the second number of [CONV SEQ])", cmd, arg)
+	}
+	return seq, nil
+}
+
+func (s *chatSession) chatEdit(ctx context.Context, args []string) error {
+	seq, err := parseSeq("edit", args[0])
+	if err != nil {
+		return err
+	}
+	if _, ok := s.e2eConv(s.current); ok {
+		return errors.New("edit: not available in end-to-end encrypted conversations from the CLI")
+	}
+	ack, err := s.c.Edit(ctx, s.current, seq, args[1])
+	if err != nil {
+		return fmt.Errorf("edit: %w", err)
+	}
+	s.printOnce(&protocol.Message{ConvID: s.current, Seq: ack.Seq, Sender: s.user(), Kind: protocol.KindEdit, TargetSeq: seq, Body: args[1]})
+	return nil
+}
+
+func (s *chatSession) chatRecall(ctx context.Context, args []string) error {
+	seq, err := parseSeq("recall", args[0])
+	if err != nil {
+		return err
+	}
+	ack, err := s.c.Recall(ctx, s.current, seq)
+	if err != nil {
+		return fmt.Errorf("recall: %w", err)
+	}
+	s.printOnce(&protocol.Message{ConvID: s.current, Seq: ack.Seq, Sender: s.user(), Kind: protocol.KindRecall, TargetSeq: seq})
+	return nil
+}
+
+func (s *chatSession) chatState(ctx context.Context, args []string) error {
+	if len(args[0]) > protocol.DefaultLimits.MaxClientMsgID {
+		return fmt.Errorf("state: KEY is at most %d bytes", protocol.DefaultLimits.MaxClientMsgID)
+	}
+	ack, err := s.c.SendState(ctx, s.current, args[0], args[1])
+	if err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	s.printOnce(&protocol.Message{ConvID: s.current, Seq: ack.Seq, Sender: s.user(), Kind: protocol.KindState, CoalesceKey: args[0], Body: args[1]})
+	return nil
+}
+
+// checkUsers refuses malformed user ids before they reach the server.
+func checkUsers(cmd string, users []string) error {
+	for _, u := range users {
+		if !protocol.ValidID(u) {
+			return fmt.Errorf("%s: %q is not a user id (1-64 of A-Z a-z 0-9 . _ @ -)", cmd, u)
+		}
+	}
+	return nil
+}
+
+// groupChanged prints the group after a change; the change itself prints
+// as the system event it caused.
+func (s *chatSession) groupChanged(info protocol.ConvInfo) {
+	s.printf("* conv %d: %d members: %s", info.ConvID, info.MemberCount, strings.Join(info.Members, ", "))
+}
+
+func (s *chatSession) chatAdd(ctx context.Context, args []string) error {
+	if err := checkUsers("add", args); err != nil {
+		return err
+	}
+	info, err := s.c.AddMembers(ctx, s.current, args)
+	if err != nil {
+		return fmt.Errorf("add: %w", err)
+	}
+	s.groupChanged(info)
+	return nil
+}
+
+func (s *chatSession) chatRemove(ctx context.Context, args []string) error {
+	if err := checkUsers("remove", args); err != nil {
+		return err
+	}
+	info, err := s.c.RemoveMembers(ctx, s.current, args)
+	if err != nil {
+		return fmt.Errorf("remove: %w", err)
+	}
+	s.groupChanged(info)
+	return nil
+}
+
+func (s *chatSession) chatRole(ctx context.Context, args []string) error {
+	if err := checkUsers("role", args[:1]); err != nil {
+		return err
+	}
+	switch args[1] {
+	case protocol.RoleMember, protocol.RoleAdmin, protocol.RoleOwner:
+	default:
+		return fmt.Errorf("role: %q is not member, admin or owner", args[1])
+	}
+	info, err := s.c.SetRole(ctx, s.current, args[0], args[1])
+	if err != nil {
+		return fmt.Errorf("role: %w", err)
+	}
+	s.printf("* conv %d: you are %s", info.ConvID, info.Role)
+	return nil
+}
+
+func (s *chatSession) chatMute(ctx context.Context, args []string) error {
+	return s.mute(ctx, "mute", args[0], true)
+}
+
+func (s *chatSession) chatUnmute(ctx context.Context, args []string) error {
+	return s.mute(ctx, "unmute", args[0], false)
+}
+
+func (s *chatSession) mute(ctx context.Context, cmd, user string, muted bool) error {
+	if err := checkUsers(cmd, []string{user}); err != nil {
+		return err
+	}
+	if _, err := s.c.Mute(ctx, s.current, user, muted); err != nil {
+		return fmt.Errorf("%s: %w", cmd, err)
+	}
+	return nil
+}
+
+func (s *chatSession) chatLeave(ctx context.Context, _ []string) error {
+	if _, err := s.c.Leave(ctx, s.current); err != nil {
+		if client.CodeOf(err) == protocol.CodeForbidden {
+			return fmt.Errorf("leave: %w (as the owner, hand the group over first: /role USER owner)", err)
+		}
+		return fmt.Errorf("leave: %w", err)
+	}
+	s.printf("* you left conv %d", s.current)
+	s.current = 0
+	return nil
+}
+
+func (s *chatSession) chatWatch(ctx context.Context, args []string) error {
+	if err := checkUsers("watch", args); err != nil {
+		return err
+	}
+	states, err := s.c.WatchPresence(ctx, args)
+	if err != nil {
+		return fmt.Errorf("watch: %w", err)
+	}
+	if len(args) == 0 {
+		s.printf("* watching nobody")
+	}
+	s.event(client.Event{Kind: client.EventPresence, Presence: states})
+	return nil
+}
+
+func (s *chatSession) chatTyping(ctx context.Context, _ []string) error {
+	if err := s.c.Typing(ctx, s.current); err != nil {
+		return fmt.Errorf("typing: %w", err)
+	}
 	return nil
 }

@@ -18,11 +18,6 @@ import (
 // open them, messages in them are encrypted with this device's keys (kept
 // in -keys DIR/<user>/<device>, files 0600), /safety prints safety numbers.
 
-const chatE2EHelp = `  /sdm USER             open the end-to-end encrypted direct conversation with USER
-  /sgroup NAME USER...  create an end-to-end encrypted group
-  /safety USER          safety numbers with each device of USER (compare them out of band)
-`
-
 // e2eState is the E2E side of a chat session.
 type e2eState struct {
 	dir    string // -keys

@@ -4,13 +4,19 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/parley-im/parley/client"
+	"github.com/parley-im/parley/internal/presence"
+	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
+	"github.com/parley-im/parley/protocol"
 )
 
 // syncBuffer is an io.Writer safe to read while the CLI writes to it.
@@ -96,4 +102,295 @@ func TestChatCLI(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("chat ended with %v\n%s", err, out.String())
 	}
+}
+
+// chatCLI is a `parley chat` run on a pipe for a test.
+type chatCLI struct {
+	t    *testing.T
+	out  *syncBuffer
+	feed *io.PipeWriter
+	done chan error
+}
+
+func startChatCLI(t *testing.T, ctx context.Context, url, token string) *chatCLI {
+	t.Helper()
+	in, feed := io.Pipe()
+	c := &chatCLI{t: t, out: &syncBuffer{}, feed: feed, done: make(chan error, 1)}
+	go func() {
+		c.done <- runChat(ctx, []string{"-url", url, "-token", token, "-device", "cli", "-keys", t.TempDir()}, in, c.out)
+	}()
+	t.Cleanup(func() { feed.Close() })
+	return c
+}
+
+func (c *chatCLI) write(line string) {
+	c.t.Helper()
+	if _, err := io.WriteString(c.feed, line+"\n"); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// do writes line and waits for want in the output after it.
+func (c *chatCLI) do(line, want string) {
+	c.t.Helper()
+	mark := len(c.out.String())
+	c.write(line)
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(c.out.String()[mark:], want) {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("after %q the output lacks %q:\n%s", line, want, c.out.String()[mark:])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (c *chatCLI) quit() {
+	c.t.Helper()
+	c.write("/quit")
+	if err := <-c.done; err != nil {
+		c.t.Fatalf("chat ended with %v\n%s", err, c.out.String())
+	}
+}
+
+// sdkUser runs an SDK client whose events are collected.
+type sdkUser struct {
+	*client.Client
+	mu  sync.Mutex
+	evs []client.Event
+}
+
+func startSDKUser(t *testing.T, ctx context.Context, srv *servertest.Server, user string) *sdkUser {
+	t.Helper()
+	c, err := client.New(client.Config{URL: srv.URL, Token: srv.Token(user), Device: "phone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &sdkUser{Client: c}
+	go func() { _ = c.Run(ctx) }()
+	go func() {
+		for ev := range c.Events() {
+			u.mu.Lock()
+			u.evs = append(u.evs, ev)
+			u.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { c.Close() })
+	u.wait(t, "connected", func(ev client.Event) bool { return ev.Kind == client.EventConnected })
+	return u
+}
+
+func (u *sdkUser) wait(t *testing.T, what string, match func(client.Event) bool) client.Event {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		u.mu.Lock()
+		for _, ev := range u.evs {
+			if match(ev) {
+				u.mu.Unlock()
+				return ev
+			}
+		}
+		u.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatalf("no event: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var convLine = regexp.MustCompile(`\* conv (\d+): group`)
+
+// TestChatCLIGroupActions: every group and message action from the CLI,
+// system events printed as sentences, mentions and state messages, and
+// the owner's own messages never unread in /list.
+func TestChatCLIGroupActions(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bob := startSDKUser(t, ctx, srv, "bob")
+	cli := startChatCLI(t, ctx, srv.URL, srv.Token("alice"))
+	cli.do("/group team bob carol", "* conv ")
+	m := convLine.FindStringSubmatch(cli.out.String())
+	if m == nil {
+		t.Fatalf("no group line:\n%s", cli.out.String())
+	}
+	conv := m[1]
+	cli.do("/add dave erin", "alice added dave, erin")
+	cli.do("/remove erin", "alice removed erin")
+	cli.do("/role bob admin", "alice made bob an admin")
+	cli.do("/mute carol", "alice muted carol")
+	cli.do("/unmute carol", "alice unmuted carol")
+	cli.do("/info", "you are owner")
+	cli.do("hello team", "alice: hello team")
+	// The ack's seq is the second number of the line.
+	seqOf := func(text string) string {
+		re := regexp.MustCompile(`\[` + conv + ` (\d+)\] alice: ` + regexp.QuoteMeta(text))
+		m := re.FindStringSubmatch(cli.out.String())
+		if m == nil {
+			t.Fatalf("no line for %q:\n%s", text, cli.out.String())
+		}
+		return m[1]
+	}
+	seq := seqOf("hello team")
+	cli.do("/edit "+seq+" hello  everyone", "alice edited #"+seq+": hello  everyone")
+	cli.do("oops", "alice: oops")
+	oops := seqOf("oops")
+	cli.do("/recall "+oops, "alice recalled #"+oops)
+	cli.do("/state stock 3 left", "alice set stock: 3 left")
+	cli.do("@bob please look", "alice: @bob please look")
+
+	// bob sees the mention, the system events and the edit.
+	bob.wait(t, "mention of bob", func(ev client.Event) bool {
+		return ev.Kind == client.EventMessage && ev.Message.Body == "@bob please look" && len(ev.Message.Mentions) == 1 && ev.Message.Mentions[0] == "bob"
+	})
+	list, err := bob.Conversations(ctx)
+	if err != nil || len(list) != 1 || !list[0].Mentioned {
+		t.Fatalf("bob's list %+v, %v: want mentioned", list, err)
+	}
+	// bob's answer prints for alice; bob's mention of alice is marked.
+	id, _ := strconv.ParseUint(conv, 10, 64)
+	if _, err := bob.SendWith(ctx, id, "@alice done", client.SendOptions{Mentions: []string{"alice"}}); err != nil {
+		t.Fatal(err)
+	}
+	cli.do("/history 3", "bob: @alice done   <- @alice")
+	// Own messages never unread: only bob's message counts.
+	cli.do("/list", "unread 1")
+	cli.do("/read", "read up to")
+	cli.do("/list", "unread 0")
+
+	// Refusals are explained; the owner hands over and leaves.
+	cli.do("/leave", "hand the group over first")
+	cli.do("/role bob owner", "you are admin")
+	bob.wait(t, "handover event", func(ev client.Event) bool {
+		return ev.Kind == client.EventMessage && ev.Message.Kind == protocol.KindSystem && strings.Contains(ev.Message.Body, `"role":"owner"`)
+	})
+	cli.do("/leave", "you left conv "+conv)
+	cli.do("still here", "no current conversation")
+	cli.do("/use "+conv, "no longer a member")
+	cli.do("still here", "not_member")
+	if _, err := bob.Mute(ctx, id, "carol", true); err != nil {
+		t.Fatal(err)
+	}
+	cli.quit()
+	if strings.Contains(cli.out.String(), `{"event"`) {
+		t.Fatalf("a system event printed as JSON:\n%s", cli.out.String())
+	}
+}
+
+// TestChatCLIChecks: malformed commands are refused at once with their
+// usage, /use refuses a conversation that is not the user's, and /help
+// lists every command.
+func TestChatCLIChecks(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli := startChatCLI(t, ctx, srv.URL, srv.Token("alice"))
+	cli.do("/help", "/quit")
+	for _, c := range chatCommands {
+		if !strings.Contains(cli.out.String(), "  "+c.name) {
+			t.Errorf("/help lacks %s", c.name)
+		}
+	}
+	cli.do("/use 123", "conversation 123 is not one of yours")
+	cli.do("/use abc", `"abc" is not a conversation id`)
+	cli.do("/use", "usage: /use CONV")
+	cli.do("/dm", "usage: /dm USER")
+	cli.do("/dm a b", "usage: /dm USER")
+	cli.do("/frobnicate", "unknown command /frobnicate")
+	cli.do("hello?", "no current conversation")
+	cli.do("/edit 3 x", "no current conversation")
+	cli.do("/dm bob", "direct with bob")
+	cli.do("/edit x new text", `"x" is not a message seq`)
+	cli.do("/recall 0", `"0" is not a message seq`)
+	cli.do("/history 0", "N must be 1..200")
+	cli.do("/role bob king", `"king" is not member, admin or owner`)
+	cli.do("/add b!b", `"b!b" is not a user id`)
+	cli.do("/add carol", "invalid_argument") // not a group
+	cli.do("/edit 99 x", "not_found")
+	cli.do("/watch stranger", "not_member")
+	cli.quit()
+}
+
+// TestChatCLIPresenceAndTyping: /watch shows the peer's presence as it
+// changes, typing notices print both ways (/typing sends one).
+func TestChatCLIPresenceAndTyping(t *testing.T) {
+	srv := servertest.Start(t, func(o *server.Options) {
+		o.Presence = presence.Config{Flush: 50 * time.Millisecond, MinGap: 50 * time.Millisecond}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli := startChatCLI(t, ctx, srv.URL, srv.Token("alice"))
+	cli.do("/dm bob", "direct with bob")
+	cli.do("/watch bob", "bob is offline")
+	bob := startSDKUser(t, ctx, srv, "bob")
+	waitOutput(t, cli.out, "bob is online")
+	conv, err := bob.OpenDirect(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bob.Typing(ctx, conv.ConvID); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, cli.out, "bob is typing...")
+	cli.write("/typing")
+	bob.wait(t, "alice typing", func(ev client.Event) bool {
+		return ev.Kind == client.EventTyping && ev.Typing.UserID == "alice"
+	})
+	bob.Close()
+	waitOutput(t, cli.out, "bob is offline (last seen")
+	cli.do("/watch", "watching nobody")
+	cli.quit()
+}
+
+// TestChatCLIUnreachable: with no server, the CLI says where it connects,
+// reports each failed attempt with its error and delay, and a command
+// fails at once with a clear message instead of hanging.
+func TestChatCLIUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli := startChatCLI(t, ctx, "ws://"+addr, "any-token")
+	waitOutput(t, cli.out, "* connecting to ws://"+addr)
+	waitOutput(t, cli.out, "* reconnecting to ws://"+addr+" in ")
+	waitOutput(t, cli.out, "connection refused")
+	cli.do("/list", "! list: not connected to ws://"+addr)
+	cli.do("/dm bob", "! dm: not connected")
+	cli.do("/help", "/watch")
+	cli.quit()
+}
+
+// TestChatCLIReconnects: a server that goes away is reported, commands
+// fail fast meanwhile, and the CLI is back once the server is.
+func TestChatCLIReconnects(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cli := startChatCLI(t, ctx, srv.URL, srv.Token("alice"))
+	cli.do("/dm bob", "direct with bob")
+	srv.Close()
+	waitOutput(t, cli.out, "* reconnecting to "+srv.URL)
+	cli.do("/list", "! list: not connected")
+	srv2 := servertest.Start(t, servertest.WithDataDir(srv.DataDir), servertest.WithKey(srv.Key()), func(o *server.Options) {
+		o.Listen = strings.TrimPrefix(srv.URL, "ws://")
+	})
+	_ = srv2
+	waitOutput(t, cli.out, "* connected to")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mark := len(cli.out.String())
+		cli.write("/list")
+		time.Sleep(200 * time.Millisecond)
+		if strings.Contains(cli.out.String()[mark:], "direct with bob") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/list never worked again:\n%s", cli.out.String())
+		}
+	}
+	cli.quit()
 }
