@@ -24,7 +24,8 @@ const (
 func run(t *testing.T, tgt target, sd uint64, ops, crashes int) {
 	w := &world{t: t, rng: rand.New(rand.NewPCG(sd, sd^0x9e3779b97f4a7c15)), tgt: tgt,
 		devs: map[string][]*device{}, byID: map[uint64]*convModel{},
-		reads: map[string]map[uint64]uint64{}, texts: map[string][]*msgRec{}}
+		reads: map[string]map[uint64]uint64{}, texts: map[string][]*msgRec{},
+		own: map[string]map[uint64]uint64{}, ownMax: map[string]map[uint64]uint64{}}
 	w.setup()
 	faultsLeft := 0
 	for w.step = 1; w.step <= ops; w.step++ {
@@ -117,6 +118,8 @@ func (w *world) setup() {
 		u := fmt.Sprintf("u%d", i)
 		w.users = append(w.users, u)
 		w.reads[u] = map[uint64]uint64{}
+		w.own[u] = map[uint64]uint64{}
+		w.ownMax[u] = map[uint64]uint64{}
 		for _, id := range []string{"phone", "laptop"} {
 			d := &device{w: w, user: u, id: id}
 			if err := d.connect(); err != nil {
@@ -193,6 +196,19 @@ func (w *world) record(c *convModel, r *protocol.Frame, m *msgRec) {
 		w.t.Fatalf("step %d: seq %d of conv %d acknowledged for %s and %s", w.step, r.Seq, c.id, prev.cmid, m.cmid)
 	}
 	c.msgs[r.Seq] = m
+	w.own[m.sender][c.id] = max(w.own[m.sender][c.id], r.Seq)
+	w.ownMax[m.sender][c.id] = max(w.ownMax[m.sender][c.id], r.Seq)
+}
+
+// ownEvent records that user caused a membership event in c just now: its
+// seq is at most the conversation's last seq, read by user if it is still
+// a member (a leaver's bound is its leave_seq, known at verify).
+func (w *world) ownEvent(c *convModel, user string) {
+	r := w.devs[user][0].must(protocol.Frame{Type: protocol.TypeConvInfo, ConvID: c.id})
+	if r.Type != protocol.TypeConv {
+		w.t.Fatalf("step %d: conv_info of %d for %s: %s %s", w.step, c.id, user, r.Code, r.Error)
+	}
+	w.ownMax[user][c.id] = max(w.ownMax[user][c.id], r.Conv.LastSeq)
 }
 
 // send stores a text message, sometimes with mentions; it reports whether
@@ -279,6 +295,7 @@ func (w *world) add() {
 		w.t.Fatalf("step %d: add %s to %d: %s %s", w.step, u, c.id, r.Code, r.Error)
 	}
 	ms.addDone = w.step
+	w.ownEvent(c, c.owner)
 }
 
 // remove has the owner remove a member, or a member leave.
@@ -300,6 +317,11 @@ func (w *world) remove(leave bool) {
 		w.t.Fatalf("step %d: remove %s from %d: %s %s", w.step, u, c.id, r.Code, r.Error)
 	}
 	ms.leftDone = w.step
+	if leave {
+		ms.leftSelf = true
+	} else {
+		w.ownEvent(c, c.owner)
+	}
 }
 
 // read moves a member's read position to the last acknowledged seq.
@@ -400,9 +422,15 @@ func (w *world) verify() []string {
 			}
 			// Unread and mention flag, from the read position the server
 			// holds (a crash may lose unsynced positions, never raise them).
+			// The user's own messages and events moved it too.
 			read := sum.ReadSeq
-			if want := w.reads[u][c.id]; read > want || (read < want && w.crashStep == 0) {
-				fail("conv %d: %s's read_seq %d, it read up to %d", c.id, u, read, want)
+			low := max(w.reads[u][c.id], w.own[u][c.id])
+			high := max(low, w.ownMax[u][c.id])
+			if ms.leftSelf {
+				high = max(high, L)
+			}
+			if read > high || (read < low && w.crashStep == 0) {
+				fail("conv %d: %s's read_seq %d, want %d..%d (read up to %d, own messages up to %d)", c.id, u, read, low, high, w.reads[u][c.id], w.own[u][c.id])
 			}
 			floor := max(J, 1) - 1
 			if want := T - min(max(read, floor), T); sum.Unread != want {

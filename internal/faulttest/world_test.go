@@ -70,6 +70,7 @@ type msgRec struct {
 type membership struct {
 	addStep, addDone   int // issued, answered (0, 0: a founding member)
 	leftStep, leftDone int // 0: still a member
+	leftSelf           bool // left by itself (its read position moved to leave_seq)
 }
 
 type convModel struct {
@@ -102,6 +103,13 @@ type world struct {
 	byID  map[uint64]*convModel
 	step  int
 	reads map[string]map[uint64]uint64 // user → conv → read position sent
+	// own and ownMax bound what a user's own messages and events did to its
+	// read position (docs/protocol.md, "Own messages are never unread"):
+	// own is the highest acknowledged seq the user sent (the position is
+	// at least that, barring a crash), ownMax also counts membership
+	// events the user caused, whose seq is known only as the
+	// conversation's last seq right after them.
+	own, ownMax map[string]map[uint64]uint64
 	texts map[string][]*msgRec         // sender → text messages it may edit
 	cmid  int
 	// incarnation is bumped at every restart.
