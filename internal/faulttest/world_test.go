@@ -68,8 +68,8 @@ type msgRec struct {
 // membership is one user's (single) membership of a conversation, bounded
 // by the driver steps of the operations that made and ended it.
 type membership struct {
-	addStep, addDone   int // issued, answered (0, 0: a founding member)
-	leftStep, leftDone int // 0: still a member
+	addStep, addDone   int  // issued, answered (0, 0: a founding member)
+	leftStep, leftDone int  // 0: still a member
 	leftSelf           bool // left by itself (its read position moved to leave_seq)
 }
 
@@ -110,8 +110,8 @@ type world struct {
 	// events the user caused, whose seq is known only as the
 	// conversation's last seq right after them.
 	own, ownMax map[string]map[uint64]uint64
-	texts map[string][]*msgRec         // sender → text messages it may edit
-	cmid  int
+	texts       map[string][]*msgRec // sender → text messages it may edit
+	cmid        int
 	// incarnation is bumped at every restart.
 	incarnation int
 	crashStep   int // step of the last restart, 0 if none
