@@ -8,7 +8,7 @@ import (
 // backoff computes reconnect and retry delays with "full jitter": the delay
 // for attempt n is uniform in [0, min(max, min·2^n)). Full jitter spreads a
 // crowd of clients that lost the same node across the whole window, which is
-// what keeps a reconnect storm from arriving as one wave (M30, M31).
+// what keeps a reconnect storm from arriving as one wave.
 type backoff struct {
 	min, max time.Duration
 	// rnd returns a uniform value in [0, n); injected by tests.

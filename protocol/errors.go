@@ -48,7 +48,6 @@ const (
 	CloseInternal        = 1011 // the server failed
 	CloseIdleTimeout     = 4000 // nothing received for idle_timeout_ms
 	CloseTokenExpired    = 4001 // the connection's token expired: reconnect with a new token
-	CloseSlowConsumer    = 4008 // the outbound queue overflowed; reconnect and sync
 	CloseReplaced        = 4009 // the same user and device connected again elsewhere
 	CloseTooManyErrors   = 4010 // too many bad frames in a row
 	CloseRateLimited     = 4029 // too many requests refused rate_limited in a row: reconnect after a pause

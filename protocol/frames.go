@@ -1,7 +1,5 @@
 package protocol
 
-import "encoding/json"
-
 // Frame types sent by clients.
 const (
 	TypePing        = "ping"
@@ -117,23 +115,22 @@ type Frame struct {
 	States []PresenceState `json:"states,omitzero"`
 
 	// server → client
-	MsgID      uint64          `json:"msg_id,omitempty,string"`
-	ServerTime int64           `json:"server_time,omitempty"`
-	Duplicate  bool            `json:"duplicate,omitempty"`
-	Message    *Message        `json:"message,omitempty"`
-	Messages   []Message       `json:"messages,omitzero"`
-	HasMore    bool            `json:"has_more,omitempty"`
-	Snapshot   []ConvSnapshot  `json:"snapshot,omitzero"`
-	List       []ConvSummary   `json:"list,omitzero"`
-	Conv       *ConvInfo       `json:"conv,omitempty"`
-	UserID     string          `json:"user_id,omitempty"`
-	DeviceID   string          `json:"device_id,omitempty"`
-	State      string          `json:"state,omitempty"`
-	Code       Code            `json:"code,omitempty"`
-	Error      string          `json:"error,omitempty"`
-	RetryAfter int64           `json:"retry_after_ms,omitempty"`
-	Hello      *Hello          `json:"hello,omitempty"`
-	Extra      json.RawMessage `json:"extra,omitempty"`
+	MsgID      uint64         `json:"msg_id,omitempty,string"`
+	ServerTime int64          `json:"server_time,omitempty"`
+	Duplicate  bool           `json:"duplicate,omitempty"`
+	Message    *Message       `json:"message,omitempty"`
+	Messages   []Message      `json:"messages,omitzero"`
+	HasMore    bool           `json:"has_more,omitempty"`
+	Snapshot   []ConvSnapshot `json:"snapshot,omitzero"`
+	List       []ConvSummary  `json:"list,omitzero"`
+	Conv       *ConvInfo      `json:"conv,omitempty"`
+	UserID     string         `json:"user_id,omitempty"`
+	DeviceID   string         `json:"device_id,omitempty"`
+	State      string         `json:"state,omitempty"`
+	Code       Code           `json:"code,omitempty"`
+	Error      string         `json:"error,omitempty"`
+	RetryAfter int64          `json:"retry_after_ms,omitempty"`
+	Hello      *Hello         `json:"hello,omitempty"`
 
 	// End-to-end encryption (e2e.go): the conversation flag of open_direct
 	// and create_group, the key directory's fields.

@@ -1,7 +1,8 @@
 // Package bench owns Parley's benchmark tools: `parley bench idle` (server
 // RSS per idle authenticated connection), `parley bench send` (durable 1:1
 // send→ACK throughput and send→deliver latency), `parley bench fanout`
-// (write amplification per fan-out tier, the seed's table, and delivery to
+// (write amplification per fan-out tier against docs/architecture.md's
+// tier table, and delivery to
 // a fully online group) and `parley bench history` (latest-50 reads). They
 // drive a real `parley serve` child process, or with -urls an existing
 // cluster, over the public wire protocol, so they measure the binary that

@@ -39,7 +39,7 @@ type FanoutScenario struct {
 // OnlineUsers is the members online while the scenario sends.
 func (s FanoutScenario) OnlineUsers() int { return max(s.Online, 1) }
 
-// DefaultFanoutScenarios are the seed's three tiers and the delivery run
+// DefaultFanoutScenarios are the three fan-out tiers and the delivery run
 // with the default thresholds (small below 200, large above 2,000): 199
 // and 200 members all offline but the sender, 2,000 members 20% online,
 // 10,000 members a few online, and deliveryMembers all online over procs
@@ -231,7 +231,7 @@ func per(a, b float64) float64 {
 	return a / b
 }
 
-// problems lists what makes the result disagree with the seed's table or
+// problems lists what makes the result disagree with the tier table (ExpectedRows) or
 // with exactly-once delivery.
 func (r FanoutResult) problems() []string {
 	var out []string
@@ -253,7 +253,7 @@ func (r FanoutResult) problems() []string {
 // RunFanout runs the scenarios one after another, each on a fresh group of
 // fresh users, and writes the tables to Out. It returns an error, after
 // writing what it measured, when a scenario could not run or disagrees
-// with the seed's write amplification or with exactly-once delivery.
+// with the expected write amplification (ExpectedRows) or with exactly-once delivery.
 func RunFanout(ctx context.Context, cfg FanoutConfig) (results []FanoutResult, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("bench fanout: %w", err)

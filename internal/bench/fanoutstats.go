@@ -182,7 +182,7 @@ func checkDeliveries(counts []SeqCount, conv uint64, seqs []uint64, members int)
 	return dc
 }
 
-// ExpectedRows is the seed's write amplification: conversation-row writes
+// ExpectedRows is the design's write amplification (docs/architecture.md): conversation-row writes
 // per message of a group of members, onlineUsers of them online, in tier
 // (small, medium, large). It returns -1 for an unknown tier.
 func ExpectedRows(tier string, members, onlineUsers int) int {

@@ -1,6 +1,6 @@
 // Package bus carries work from the chat service to gateway nodes: one
 // Delivery per (message, node) with the node's local recipients, so a group
-// message crosses the network once per gateway, not once per member (M6).
+// message crosses the network once per gateway, not once per member.
 //
 // Bus is the engine seam; bus/local is the in-process engine and every engine
 // passes bus/bustest. Implementations are safe for concurrent use.
@@ -25,7 +25,7 @@ type Delivery struct {
 	// device acknowledges it; zero for frames that need no ack (receipts).
 	ConvID uint64
 	Seq    uint64
-	// CoalesceKey marks a state update (M20): a newer push with the same
+	// CoalesceKey marks a state update: a newer push with the same
 	// conversation and key supersedes an older one still waiting for its
 	// ack, which is then never re-sent.
 	CoalesceKey string

@@ -1,7 +1,7 @@
 // Package chat is the stateless chat service: it validates a request,
-// allocates seq and persists through the store (M7, M10), acknowledges the
+// allocates seq and persists through the store, acknowledges the
 // sender only after the durable write, and routes pushes through the session
-// registry and the bus to the gateways that hold the recipients (M4, M6).
+// registry and the bus to the gateways that hold the recipients.
 // It keeps no per-user state between requests, so any number of chat
 // processes can serve the same users.
 //
@@ -24,7 +24,7 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
-// Read position scopes (M24).
+// Read position scopes.
 const (
 	ReadPerUser   = "user"
 	ReadPerDevice = "device"
@@ -128,7 +128,7 @@ type Online interface {
 	GroupOnline(conv uint64) ([]store.Member, bool)
 }
 
-// Ledger records fan-out work that failed, for retry (M18).
+// Ledger records fan-out work that failed, for retry.
 type Ledger interface {
 	Record(ctx context.Context, t ledger.Task) error
 }

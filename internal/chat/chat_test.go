@@ -40,7 +40,7 @@ func TestTierFor(t *testing.T) {
 
 // TestPushIsOneDeliveryPerNode: members spread over three gateway nodes get
 // one bus delivery per node, carrying the message once with the node's
-// local recipients (M6).
+// local recipients.
 func TestPushIsOneDeliveryPerNode(t *testing.T) {
 	ctx := context.Background()
 	st, err := pebble.Open(ctx, pebble.Config{Dir: "db", FS: vfs.NewMem()})

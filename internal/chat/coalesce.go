@@ -2,7 +2,7 @@ package chat
 
 import "strings"
 
-// A coalesce key names one sender's state (M20): alice's "red-packet-7" and
+// A coalesce key names one sender's state: alice's "red-packet-7" and
 // bob's "red-packet-7" are two states, and neither can supersede the
 // other's. The store indexes the key scoped by its sender ("alice/red-packet-7";
 // user ids never contain '/'), and clients see the key as they sent it.

@@ -7,7 +7,7 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
-// End-to-end encrypted conversations (M29). A conversation is created E2E
+// End-to-end encrypted conversations. A conversation is created E2E
 // or not and never changes. Its bodies are E2E envelopes the server cannot
 // read (protocol.ParseEnvelope checks the form: a plaintext body is
 // refused with e2e_required). Everything that only moves or counts

@@ -10,7 +10,7 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
-// The E2E key directory (M27): devices publish their public keys, other
+// The E2E key directory: devices publish their public keys, other
 // devices fetch bundles to start sessions with them while they are offline.
 // The server checks every signature against the device's identity key, so
 // a bundle it hands out is at least self-consistent; clients check again.

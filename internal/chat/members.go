@@ -50,7 +50,7 @@ func (s *Service) group(ctx context.Context, user string, convID uint64) (store.
 const leaveFanoutWait = 5 * time.Second
 
 // systemEvent stores a membership change as a message of its own (it takes
-// a seq, M17) and fans it out like any message.
+// a seq) and fans it out like any message.
 func (s *Service) systemEvent(ctx context.Context, c Caller, cv store.Conversation, ev protocol.SystemEvent) (uint64, *protocol.Error) {
 	ev.Actor = c.User
 	body, err := json.Marshal(ev)
@@ -263,7 +263,7 @@ func (s *Service) typing(ctx context.Context, c Caller, convID uint64) *protocol
 }
 
 // SharesConversation reports whether a and b are current members of a
-// common conversation: who may see whose presence (M26).
+// common conversation: who may see whose presence.
 func (s *Service) SharesConversation(ctx context.Context, a, b string) (bool, error) {
 	if a == b {
 		return true, nil

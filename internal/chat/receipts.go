@@ -42,7 +42,7 @@ func (s *Service) delivered(ctx context.Context, c Caller, conv, seq uint64) *pr
 }
 
 // read moves the read position (per user by default, so every device of the
-// user clears its badge, M24) and tells the user's devices and, in a direct
+// user clears its badge) and tells the user's devices and, in a direct
 // conversation, the peer.
 func (s *Service) read(ctx context.Context, c Caller, conv, seq uint64) *protocol.Error {
 	cv, perr := s.conversation(ctx, c.User, conv)

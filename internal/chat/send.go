@@ -17,9 +17,9 @@ import (
 )
 
 // send stores a message or an edit/recall event and acknowledges it.
-// Order of work (M7): membership → seq + durable write → ack → fan-out.
+// Order of work: membership → seq + durable write → ack → fan-out.
 // A failed write is reported and nothing is acknowledged; a failed fan-out
-// never undoes the stored message (M18).
+// never undoes the stored message.
 func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply func(*protocol.Frame)) *protocol.Error {
 	start := s.now()
 	m, perr := s.member(ctx, c.User, f.ConvID)
@@ -95,8 +95,8 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 }
 
 // FanOut makes a stored message visible (the outbox's handler):
-// conversation rows by tier (M16), mention rows in every tier, and pushes
-// to the online devices of members who may see it (M17). Failures of row
+// conversation rows by tier, mention rows in every tier, and pushes
+// to the online devices of members who may see it. Failures of row
 // writes and pushes become compensation tasks; an error is returned only
 // when something could neither be done nor recorded, and the outbox then
 // retries the message.
@@ -173,7 +173,7 @@ func (s *Service) recipients(ctx context.Context, conv uint64, tier uint8, seq u
 	if !ok {
 		return nil, fmt.Errorf("group %d is not tracked", conv)
 	}
-	// The index carries each member's join_seq (M17: nothing below it is
+	// The index carries each member's join_seq (nothing below it is
 	// pushed); it learns joins from AddMembers' result before their event
 	// is sent, and forgets a member when it leaves, so no membership is
 	// read per recipient.
@@ -267,7 +267,7 @@ func (s *Service) checkTarget(c Caller, f *protocol.Frame) func(store.Message) (
 }
 
 // push sends frame to every online device of users, one bus delivery per
-// gateway node (M6), and returns the number of users handed off. It is
+// gateway node, and returns the number of users handed off. It is
 // for frames without a seq (receipts, typing, notices): those are best
 // effort, and a failure is only logged.
 func (s *Service) push(ctx context.Context, users []string, frame *protocol.Frame, conv, seq uint64) int {

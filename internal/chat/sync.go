@@ -13,7 +13,7 @@ import (
 // syncParallelism bounds the conversations one sync or list reads at once.
 const syncParallelism = 16
 
-// Snapshot answers a batch sync (M22): in one request, the new messages of
+// Snapshot answers a batch sync: in one request, the new messages of
 // every listed conversation (and, with all, every other conversation of the
 // user from its read position). Per conversation, with gap = last_seq − from:
 // 0 → left out; ≤ SnapshotRangeLimit → the whole range; more → the latest
@@ -148,7 +148,7 @@ func (s *Service) snapshotOne(ctx context.Context, r store.ConvRow, from, read u
 	return snap, nil
 }
 
-// conversations is the conversation list (M23): every conversation of the
+// conversations is the conversation list: every conversation of the
 // user with last_seq, unread and the last message.
 func (s *Service) conversations(ctx context.Context, c Caller) ([]protocol.ConvSummary, *protocol.Error) {
 	rows, err := s.store.UserConversations(ctx, c.User)

@@ -9,7 +9,7 @@ import (
 	"github.com/parley-im/parley/internal/store"
 )
 
-// Fan-out tiers (M16), decided by the fanout package. Direct
+// Fan-out tiers, decided by the fanout package. Direct
 // conversations are always small.
 const (
 	TierSmall  = fanout.TierSmall

@@ -14,7 +14,7 @@ import (
 
 // Ledger keeps compensation tasks in a JetStream work queue: durable,
 // shared by every chat process, retried with backoff until a handler
-// succeeds (M18 in cluster mode).
+// succeeds (cluster mode).
 type Ledger struct {
 	tasks   *pnats.Tasks
 	backlog atomic.Int64

@@ -16,7 +16,8 @@ import (
 
 // TestOfflineSyncOneRequest: alice is offline while 300 messages arrive in
 // one conversation and 5 in each of 100 others; on connect one sync request
-// brings everything, following the seed's gap rules.
+// brings everything, following the gap rules of docs/protocol.md (whole
+// ranges up to chat.snapshot_range_limit, else the latest chat.snapshot_latest).
 func TestOfflineSyncOneRequest(t *testing.T) {
 	srv := servertest.Start(t)
 	bob := dialRaw(t, srv, "bob", "phone")

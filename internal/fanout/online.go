@@ -12,7 +12,7 @@ import (
 // tiers), which members are online on the node (or, in cluster mode, on
 // any gateway) and their join_seq, so a send costs work proportional to
 // the members online, not to the group's size, and needs no membership
-// read per recipient (M16, M17).
+// read per recipient.
 //
 // It has no global lock. Groups and users live in hash-sharded maps. A
 // group's online members are a map under the group's own lock, and

@@ -1,6 +1,6 @@
 package fanout
 
-// Fan-out tiers (M16). Direct conversations are always small.
+// Fan-out tiers. Direct conversations are always small.
 const (
 	TierSmall  uint8 = 1 // write fan-out to every member's row
 	TierMedium uint8 = 2 // rows only for members online at send time
@@ -20,7 +20,7 @@ func TierName(t uint8) string {
 	return "unknown"
 }
 
-// Tiers are the thresholds (M16): groups with fewer than SmallBelow
+// Tiers are the thresholds: groups with fewer than SmallBelow
 // members get write fan-out to every member's row; up to LargeAbove, rows
 // only for members online; beyond, no rows at all. Hysteresis (a
 // fraction) keeps a group near a threshold from flapping: it moves down a

@@ -403,7 +403,7 @@ type sharedCtx struct {
 }
 
 // watch replaces the users s watches for presence, after checking it may
-// see each of them (M26: only users it shares a conversation with).
+// see each of them (only users it shares a conversation with).
 func (g *Gateway) watch(ctx context.Context, s *session, f *protocol.Frame) *protocol.Frame {
 	for _, u := range f.Users {
 		ok, err := g.mayWatch(ctx, s.user, u)
@@ -421,7 +421,7 @@ func (g *Gateway) watch(ctx context.Context, s *session, f *protocol.Frame) *pro
 
 // AdmitSync takes a token for one offline pull (a sync frame or an HTTP
 // snapshot): after a mass reconnect, pulls queue up client-side with
-// jittered retry-after instead of all hitting the store at once (M31).
+// jittered retry-after instead of all hitting the store at once.
 func (g *Gateway) AdmitSync() *protocol.Error {
 	ok, wait := g.syncs.take(g.now())
 	if ok {

@@ -1,11 +1,11 @@
-// Package gateway holds clients' long-lived WebSocket connections (M1) and
+// Package gateway holds clients' long-lived WebSocket connections and
 // only moves bytes: it authenticates the handshake, registers the device in
-// the session registry (M3), hands each frame to the chat backend, and writes
-// the pushes the bus brings for its local users (M6).
+// the session registry, hands each frame to the chat backend, and writes
+// the pushes the bus brings for its local users.
 //
 // Connections run on an event loop (lesismal/nbio over epoll): an idle
 // connection has no goroutine and no buffers of its own, which keeps its fixed
-// cost low (M5). Per connection, frames are handled one at a time in arrival
+// cost low. Per connection, frames are handled one at a time in arrival
 // order on a shared worker pool; writes never block (bytes waiting for a slow
 // reader are buffered up to a bound, past which the connection is dropped).
 //
@@ -419,7 +419,7 @@ func (g *Gateway) CloseAll(code int, reason string) {
 }
 
 // Drain tells every client to move to another node, with delays spread
-// over half the drain timeout so they do not all reconnect at once (M32),
+// over half the drain timeout so they do not all reconnect at once,
 // then waits for them to leave, at most until ctx ends or DrainTimeout
 // passes, and closes the rest with 1001.
 func (g *Gateway) Drain(ctx context.Context) {

@@ -13,7 +13,7 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
-// The HTTP fallback (M2) for clients that cannot hold a WebSocket: a
+// The HTTP fallback for clients that cannot hold a WebSocket: a
 // long-poll session is a session whose transport is a mailbox. GET /v1/poll
 // opens one (answering the hello) or waits on it for frames; POST /v1/rpc
 // runs one request frame and answers its response. Semantics are the

@@ -1,4 +1,4 @@
-// Package ledger is the compensation ledger of group fan-out (M18): when a
+// Package ledger is the compensation ledger of group fan-out: when a
 // conversation-row write or a push fails after the message is stored, the
 // failure is recorded durably as a task (conversation, seq, member range)
 // and retried with backoff until it succeeds. The stored message is never

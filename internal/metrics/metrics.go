@@ -94,9 +94,9 @@ type Metrics struct {
 	QueueDrops   *prometheus.CounterVec // reason
 	SnapshotConv prometheus.Histogram   // conversations in one sync snapshot
 	StoreErrors  *prometheus.CounterVec // op
-	// Group fan-out (M16, M36): per tier, messages fanned out, conversation
-	// rows written and users pushed to. rows/messages is the seed's write
-	// amplification.
+	// Group fan-out: per tier, messages fanned out, conversation
+	// rows written and users pushed to. rows/messages is the write
+	// amplification of docs/architecture.md's tier table.
 	FanoutMessages *prometheus.CounterVec // tier
 	FanoutRows     *prometheus.CounterVec // tier
 	FanoutPushes   *prometheus.CounterVec // tier

@@ -1,4 +1,4 @@
-// Package presence tracks who is online (M26) from the gateway's connect and
+// Package presence tracks who is online from the gateway's connect and
 // disconnect events, for clients that watch other users' presence: changes
 // are aggregated per flush interval and each user's changes go out at most
 // once per MinGap, so a user flapping, or a huge group, cannot turn

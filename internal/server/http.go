@@ -13,7 +13,7 @@ import (
 )
 
 // handleSnapshot serves GET /v1/conversations/snapshot: the batch sync of
-// the socket's sync frame, over plain HTTP (M22).
+// the socket's sync frame, over plain HTTP.
 func (s *Server) handleSnapshot(w http.ResponseWriter, r *http.Request) {
 	id, ok := gateway.Authenticate(s.verifier, w, r, s.now())
 	if !ok {

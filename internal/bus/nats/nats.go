@@ -5,7 +5,7 @@
 // # Bus delivery guarantees
 //
 // Each gateway node subscribes to the subject <Subject>.<node> and receives
-// one message per Delivery, carrying all its local recipients (M6). Publish
+// one message per Delivery, carrying all its local recipients. Publish
 // is a request: the subscriber answers once its handler has taken the
 // delivery, and NATS answers at once with "no responders" when nobody
 // subscribes, which Publish reports as bus.ErrNoSubscriber. Core NATS keeps

@@ -1,6 +1,5 @@
-// Package redis is the session registry on Redis for cluster mode, plus two
-// small Redis-backed primitives the cluster shares: per-conversation counters
-// (Counter) and token-bucket rate limits (Limiter).
+// Package redis is the session registry on Redis for cluster mode, plus the
+// Redis-backed token-bucket rate limits the cluster shares (Limiter).
 //
 // # Layout
 //

@@ -4,7 +4,7 @@ import (
 	"github.com/parley-im/parley/internal/store"
 )
 
-// Coalescible messages (M20): a message with a CoalesceKey is a state
+// Coalescible messages: a message with a CoalesceKey is a state
 // update, and only the latest one of its conversation with that key carries
 // its body on reads. Append keeps the K row of (conv, key) at the latest
 // seq in the message's own batch; reads compare each state message's seq

@@ -3,8 +3,8 @@
 //
 // # Key layout
 //
-// Keys mirror the wide-column schema of M12 so the Cassandra adapter stores
-// the same rows. Integers are fixed-width big-endian (they sort); user ids
+// Keys mirror the wide-column schema of the Cassandra adapter
+// (internal/store/cassandra), which stores the same rows. Integers are fixed-width big-endian (they sort); user ids
 // ([A-Za-z0-9._@-]{1,64}) are terminated by 0x00 unless they are the last
 // component. Values are a version byte plus varints and length-prefixed
 // strings (codec.go).
