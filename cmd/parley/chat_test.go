@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -393,4 +394,34 @@ func TestChatCLIReconnects(t *testing.T) {
 		}
 	}
 	cli.quit()
+}
+
+// FuzzChatText: the CLI's parsing of typed lines (mentions) and rendering
+// of incoming messages (system events included) never panic, mentions are
+// valid user ids each named once, and a line never spans two lines of
+// output unless the body itself does.
+func FuzzChatText(f *testing.F) {
+	f.Add("hello @bob and @everyone!", `{"event":"member_added","actor":"alice","users":["bob"]}`)
+	f.Add("@", `{"event":"role_changed","actor":"a","users":["b"],"role":"admin"}`)
+	f.Add("@@x @a.b, @all", `{"event":"identity_changed","actor":"a","users":["a"],"device":"d"}`)
+	f.Add("", "{")
+	f.Fuzz(func(t *testing.T, line, sys string) {
+		users, _ := mentions(line)
+		for i, u := range users {
+			if !protocol.ValidID(u) || slices.Contains(users[:i], u) {
+				t.Fatalf("mentions(%q) = %q", line, users)
+			}
+		}
+		for _, m := range []*protocol.Message{
+			{Kind: protocol.KindSystem, Body: sys, Sender: "a"},
+			{Kind: protocol.KindText, Body: line, Sender: "a", Mentions: users},
+			{Kind: protocol.KindState, Body: line, CoalesceKey: "k", Sender: "a"},
+			{Kind: protocol.KindEdit, Body: line, TargetSeq: 1, Sender: "a"},
+		} {
+			out := chatFormat(m, "b")
+			if !strings.Contains(m.Body, "\n") && m.Kind != protocol.KindSystem && strings.Contains(out, "\n") {
+				t.Fatalf("%q rendered over several lines: %q", m.Body, out)
+			}
+		}
+	})
 }
