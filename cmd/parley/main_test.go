@@ -159,3 +159,19 @@ func TestServerOptionsFromConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestStartedLine: only a node with the gateway role announces a ws:// URL.
+func TestStartedLine(t *testing.T) {
+	cfg := config.Default()
+	if got := startedLine(cfg, "127.0.0.1:7480"); !strings.HasPrefix(got, "parley: serving on ws://127.0.0.1:7480/v1/ws") {
+		t.Errorf("all roles: %q", got)
+	}
+	cfg.Roles = config.RoleChat
+	if got := startedLine(cfg, "127.0.0.1:7481"); strings.Contains(got, "ws://") || !strings.Contains(got, "http://127.0.0.1:7481/healthz") {
+		t.Errorf("chat only: %q", got)
+	}
+	cfg.Roles = config.RoleGateway
+	if got := startedLine(cfg, "127.0.0.1:7482"); !strings.Contains(got, "ws://127.0.0.1:7482/v1/ws") {
+		t.Errorf("gateway only: %q", got)
+	}
+}

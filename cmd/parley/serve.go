@@ -39,19 +39,23 @@ func runServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if cfg.RoleSet()[config.RoleGateway] {
-		fmt.Fprintf(os.Stderr, "parley: serving on ws://%s/v1/ws (node %s, data %s)\n", srv.Addr(), cfg.NodeID, cfg.DataDir)
-	} else {
-		// A chat-only node serves no clients: only /healthz, /readyz and
-		// /metrics.
-		fmt.Fprintf(os.Stderr, "parley: chat node %s up; health and metrics on http://%s/healthz, /metrics\n", cfg.NodeID, srv.Addr())
-	}
+	fmt.Fprintln(os.Stderr, startedLine(cfg, srv.Addr()))
 	<-ctx.Done()
 	log.Info("stopping: draining connections", "timeout", cfg.Gateway.DrainTimeout)
 	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Gateway.DrainTimeout+5*time.Second)
 	defer cancel()
 	srv.Drain(stopCtx)
 	return srv.Shutdown(stopCtx)
+}
+
+// startedLine is what serve prints once it listens: the client URL on a
+// gateway; a chat-only node serves no clients, only /healthz, /readyz and
+// /metrics.
+func startedLine(cfg config.Config, addr string) string {
+	if cfg.RoleSet()[config.RoleGateway] {
+		return fmt.Sprintf("parley: serving on ws://%s/v1/ws (node %s, data %s)", addr, cfg.NodeID, cfg.DataDir)
+	}
+	return fmt.Sprintf("parley: chat node %s up (no client endpoints); health and metrics on http://%s/healthz, /readyz, /metrics", cfg.NodeID, addr)
 }
 
 // stdout receives help (a variable for tests).

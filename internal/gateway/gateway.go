@@ -83,7 +83,7 @@ type Config struct {
 	MaxConnections int     `yaml:"max_connections" help:"connections open at once on this node"`
 	// RequestTimeout bounds one client request to the backend (the chat
 	// service, in process or on another node).
-	RequestTimeout time.Duration `yaml:"request_timeout" help:"bound on one client request to the chat service (internal error after it)"`
+	RequestTimeout time.Duration `yaml:"request_timeout" help:"bound on one client request to the chat service; past it the request answers timeout (cluster mode) or store_unavailable"`
 	// SessionPrefix starts every session id (default: Node). Make it unique
 	// per process so ids never repeat across restarts of a node.
 	SessionPrefix string `yaml:"-"`

@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -291,4 +293,47 @@ func BenchmarkPublish(b *testing.B) {
 			}
 		}
 	})
+}
+
+// lockedBuffer is a log sink safe for NATS's callback goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestCloseIsNotADisconnectWarning: closing the connection (a clean
+// shutdown) logs at DEBUG, while losing the server still warns.
+func TestCloseIsNotADisconnectWarning(t *testing.T) {
+	srv := embedded(t, 0, t.TempDir())
+	dial := func(out *lockedBuffer) *natsio.Conn {
+		log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		nc, err := Connect(ctx, ConnConfig{URL: srv.ClientURL(), Logger: log, ReconnectWait: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return nc
+	}
+	var closed, lost lockedBuffer
+	nc := dial(&closed)
+	other := dial(&lost)
+	defer other.Close()
+	nc.Close()
+	eventually(t, "the close is logged", func() bool { return strings.Contains(closed.String(), "nats connection closed") })
+	if s := closed.String(); strings.Contains(s, "level=WARN") {
+		t.Fatalf("a clean close logged a warning:\n%s", s)
+	}
+	srv.Shutdown()
+	eventually(t, "the lost server is logged", func() bool { return strings.Contains(lost.String(), "level=WARN msg=\"nats disconnected\"") })
 }
