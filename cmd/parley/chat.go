@@ -368,6 +368,7 @@ func systemText(m *protocol.Message) string {
 
 // printOnce prints a message unless it was printed already.
 func (s *chatSession) printOnce(m *protocol.Message) {
+	me := s.user() // the sync's messages come before EventConnected
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	key := [2]uint64{m.ConvID, m.Seq}
@@ -375,10 +376,10 @@ func (s *chatSession) printOnce(m *protocol.Message) {
 		delete(s.printed, key) // each is printed by ack and echo at most once
 		return
 	}
-	if m.Sender == s.me {
+	if m.Sender == me {
 		s.printed[key] = true
 	}
-	fmt.Fprintln(s.out, chatFormat(m, s.me))
+	fmt.Fprintln(s.out, chatFormat(m, me))
 }
 
 func (s *chatSession) event(ev client.Event) {
@@ -430,7 +431,11 @@ func (s *chatSession) event(ev client.Event) {
 		}
 	case client.EventReconnecting:
 		s.setConn(chatDown, ev.Err, time.Now().Add(ev.Delay))
-		s.printf("* reconnecting to %s in %s: %v", ev.URL, ev.Delay.Round(100*time.Millisecond), ev.Err)
+		if d := ev.Delay.Round(100 * time.Millisecond); d > 0 {
+			s.printf("* reconnecting to %s in %s: %v", ev.URL, d, ev.Err)
+		} else {
+			s.printf("* reconnecting to %s now: %v", ev.URL, ev.Err)
+		}
 	}
 }
 
@@ -808,9 +813,6 @@ func (s *chatSession) mute(ctx context.Context, cmd, user string, muted bool) er
 
 func (s *chatSession) chatLeave(ctx context.Context, _ []string) error {
 	if _, err := s.c.Leave(ctx, s.current); err != nil {
-		if client.CodeOf(err) == protocol.CodeForbidden {
-			return fmt.Errorf("leave: %w (as the owner, hand the group over first: /role USER owner)", err)
-		}
 		return fmt.Errorf("leave: %w", err)
 	}
 	s.printf("* you left conv %d", s.current)

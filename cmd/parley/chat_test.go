@@ -260,7 +260,7 @@ func TestChatCLIGroupActions(t *testing.T) {
 	cli.do("/list", "unread 0")
 
 	// Refusals are explained; the owner hands over and leaves.
-	cli.do("/leave", "hand the group over first")
+	cli.do("/leave", "forbidden: the owner cannot leave")
 	cli.do("/role bob owner", "you are admin")
 	bob.wait(t, "handover event", func(ev client.Event) bool {
 		return ev.Kind == client.EventMessage && ev.Message.Kind == protocol.KindSystem && strings.Contains(ev.Message.Body, `"role":"owner"`)
@@ -357,7 +357,7 @@ func TestChatCLIUnreachable(t *testing.T) {
 	defer cancel()
 	cli := startChatCLI(t, ctx, "ws://"+addr, "any-token")
 	waitOutput(t, cli.out, "* connecting to ws://"+addr)
-	waitOutput(t, cli.out, "* reconnecting to ws://"+addr+" in ")
+	waitOutput(t, cli.out, "* reconnecting to ws://"+addr)
 	waitOutput(t, cli.out, "connection refused")
 	cli.do("/list", "! list: not connected to ws://"+addr)
 	cli.do("/dm bob", "! dm: not connected")
