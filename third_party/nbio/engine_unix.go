@@ -165,7 +165,12 @@ func (engine *Engine) DialAsyncTimeout(network, addr string, timeout time.Durati
 	if err != nil {
 		return err
 	}
+	syscall.ForkLock.RLock() // close-on-exec before any fork [parley patch H6]
 	fd, err := syscall.Socket(domain, typ, 0)
+	if err == nil {
+		syscall.CloseOnExec(fd)
+	}
+	syscall.ForkLock.RUnlock()
 	if err != nil {
 		return err
 	}

@@ -39,7 +39,7 @@ func dupStdConn(conn net.Conn) (*Conn, error) {
 
 	var newFd int
 	errCtrl := rc.Control(func(fd uintptr) {
-		newFd, err = syscall.Dup(int(fd))
+		newFd, err = dupCloexec(int(fd))
 	})
 
 	if errCtrl != nil {
@@ -174,4 +174,22 @@ func parseDomainAndType(network, addr string) (int, int, syscall.Sockaddr, net.A
 	default:
 	}
 	return 0, 0, nil, nil, 0, net.UnknownNetworkError(network)
+}
+
+// dupCloexec duplicates fd with close-on-exec set, under syscall.ForkLock so
+// that no child process forked meanwhile inherits it (what package net
+// does). A plain dup is inherited by every child the process starts: the
+// child then holds the socket open after the engine closes it, and the
+// stale epoll registration (an fd number and the description the child
+// keeps alive) makes the next connection given that fd number fail to
+// register, so it is closed at once. [parley patch H6]
+func dupCloexec(fd int) (int, error) {
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
+	newFd, err := syscall.Dup(fd)
+	if err != nil {
+		return -1, err
+	}
+	syscall.CloseOnExec(newFd)
+	return newFd, nil
 }

@@ -466,12 +466,12 @@ func newPoller(g *Engine, isListener bool, index int) (*poller, error) {
 		return p, nil
 	}
 
-	fd, err := syscall.EpollCreate1(0)
+	fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC) // [parley patch H6]
 	if err != nil {
 		return nil, err
 	}
 
-	r0, _, e0 := syscall.Syscall(syscall.SYS_EVENTFD2, 0, syscall.O_NONBLOCK, 0)
+	r0, _, e0 := syscall.Syscall(syscall.SYS_EVENTFD2, 0, syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0) // [parley patch H6]
 	if e0 != 0 {
 		_ = syscall.Close(fd)
 		return nil, e0
