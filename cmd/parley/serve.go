@@ -77,7 +77,7 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 	o := server.Options{
 		Listen: cfg.Listen, DataDir: cfg.DataDir, Node: cfg.NodeID, Auth: authCfg,
 		RunGateway: roles[config.RoleGateway], RunChat: roles[config.RoleChat],
-		Gateway: cfg.GatewayConfig(), Chat: cfg.ChatConfig(), Fanout: cfg.Fanout,
+		Gateway: cfg.GatewayConfig(), Chat: cfg.ChatConfig(), Fanout: cfg.Fanout, Webhooks: cfg.Webhooks,
 		BucketWidth: cfg.Store.BucketWidth, Presence: cfg.Presence,
 		Logger:    log,
 		NoMetrics: !cfg.Metrics.Enabled,

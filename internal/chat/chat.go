@@ -147,7 +147,8 @@ type Service struct {
 	ledger Ledger
 	limits Limiter
 	outbox Outbox
-	pos    *positions // delivered positions (positions.go)
+	pos    *positions  // delivered positions (positions.go)
+	hook   fanout.Hook // webhooks; nil: none (hooks.go)
 }
 
 // Outbox takes stored messages for fan-out after the ACK (fanout.Outbox,
@@ -181,6 +182,8 @@ type Deps struct {
 	// Outbox runs the fan-out; nil runs it inline after the ACK (tests
 	// that build a bare service).
 	Outbox Outbox
+	// Hook receives every fanned-out message (webhooks); nil: none.
+	Hook fanout.Hook
 }
 
 // New returns a service. It starts no goroutines.
@@ -201,7 +204,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 		d.Limiter = newLimiter(d.Now)
 	}
 	s := &Service{cfg: cfg, store: d.Store, reg: d.Registry, bus: d.Bus, ids: d.IDs, now: d.Now, log: d.Logger,
-		obs: d.Observer, online: d.Online, ledger: d.Ledger, limits: d.Limiter, outbox: d.Outbox, pos: newPositions()}
+		obs: d.Observer, online: d.Online, ledger: d.Ledger, limits: d.Limiter, outbox: d.Outbox, pos: newPositions(), hook: d.Hook}
 	if s.outbox == nil {
 		s.outbox = inline{s}
 	}

@@ -142,9 +142,15 @@ func (s *Service) FanOut(ctx context.Context, j fanout.Job) error {
 		}
 	}
 	wm := wireMessage(m)
-	pushed, err := s.pushFrame(ctx, recipients, &protocol.Frame{Type: protocol.TypeMsg, Message: &wm}, m.ConvID, m.Seq, m.CoalesceKey)
+	rc := s.collectReached(m)
+	pushed, err := s.pushFrame(ctx, recipients, &protocol.Frame{Type: protocol.TypeMsg, Message: &wm}, m.ConvID, m.Seq, m.CoalesceKey, rc)
 	if err != nil {
 		return err
+	}
+	if s.hook != nil {
+		if err := s.hookFanned(ctx, m, cv, tier, recipients, rc); err != nil {
+			return err
+		}
 	}
 	if s.obs.Fanout != nil {
 		s.obs.Fanout(TierName(tier), rows, pushed)
@@ -271,7 +277,7 @@ func (s *Service) checkTarget(c Caller, f *protocol.Frame) func(store.Message) (
 // for frames without a seq (receipts, typing, notices): those are best
 // effort, and a failure is only logged.
 func (s *Service) push(ctx context.Context, users []string, frame *protocol.Frame, conv, seq uint64) int {
-	n, err := s.pushFrame(ctx, users, frame, conv, seq, "")
+	n, err := s.pushFrame(ctx, users, frame, conv, seq, "", nil)
 	if err != nil {
 		s.log.Warn("push failed", "type", frame.Type, "conv", conv, "err", err)
 	}
@@ -283,8 +289,9 @@ func (s *Service) push(ctx context.Context, users []string, frame *protocol.Fram
 // a node that cannot be reached right now gets a compensation task, and an
 // error is returned when the registry cannot be read or a task cannot be
 // recorded, so the outbox retries; a node with no subscriber has gone, and
-// its users resync on whichever node they reconnect to.
-func (s *Service) pushFrame(ctx context.Context, users []string, frame *protocol.Frame, conv, seq uint64, key string) (int, error) {
+// its users resync on whichever node they reconnect to. A non-nil rc
+// collects the users whose node took the push (webhooks).
+func (s *Service) pushFrame(ctx context.Context, users []string, frame *protocol.Frame, conv, seq uint64, key string, rc *reached) (int, error) {
 	if len(users) == 0 {
 		return 0, nil
 	}
@@ -318,6 +325,7 @@ func (s *Service) pushFrame(ctx context.Context, users []string, frame *protocol
 	publish := func(node string, us []string) (int, error) {
 		err := s.bus.Publish(ctx, node, bus.Delivery{Users: us, Frame: data, ConvID: conv, Seq: seq, CoalesceKey: key})
 		if err == nil {
+			rc.add(us)
 			return len(us), nil
 		}
 		if s.obs.PushFailed != nil {

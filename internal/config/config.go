@@ -33,6 +33,7 @@ import (
 	"github.com/parley-im/parley/internal/chat"
 	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/gateway"
+	"github.com/parley-im/parley/internal/hooks"
 	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/settings"
 	"github.com/parley-im/parley/internal/snowflake"
@@ -89,6 +90,9 @@ type Config struct {
 	Web      Web             `yaml:"web"`
 	// Cluster names the distributed engines; empty runs on embedded ones.
 	Cluster Cluster `yaml:"cluster"`
+	// Webhooks: endpoints (a list, in the file only) and their retry
+	// policy (docs/webhooks.md).
+	Webhooks hooks.Config `yaml:"webhooks"`
 }
 
 // Cluster configures cluster mode: roles as separate processes on Redis
@@ -180,6 +184,7 @@ func defaults() Config {
 		Limits:     protocol.DefaultLimits,
 		Chat:       ch,
 		Fanout:     fanout.DefaultConfig(),
+		Webhooks:   hooks.DefaultConfig(),
 		Presence:   presence.DefaultConfig(),
 		Store:      Store{BucketWidth: 240 * time.Hour},
 		Metrics:    Metrics{Enabled: true},
@@ -339,6 +344,7 @@ func (c Config) Validate() error {
 	p.Merge("gateway", c.GatewayConfig().Validate())
 	p.Merge("chat", c.ChatConfig().Validate())
 	p.Merge("fanout", c.Fanout.Validate())
+	p.Merge("webhooks", c.Webhooks.Validate())
 	p.Merge("presence", c.Presence.Validate())
 	p.Check(c.Store.BucketWidth >= time.Second, "store.bucket_width", "must be at least 1s, got %v", c.Store.BucketWidth)
 	validateOrigins(&p, "web.cors_origins", c.Web.CORSOrigins)

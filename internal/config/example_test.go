@@ -57,6 +57,16 @@ func exampleYAML() string {
 		}
 		fmt.Fprintf(&b, "%s# %s (%s, --%s)\n%s%s: %s\n", indent, f.Help, f.Env(), f.Flag(), indent, key, v)
 	}
+	b.WriteString(`  # Webhook endpoints are a list, in this file only (docs/webhooks.md):
+  # endpoints:
+  #   - name: push                      # names the endpoint's queue
+  #     url: https://push.internal/parley
+  #     secret_file: /etc/parley/push.secret   # or secret: "..."
+  #     events: [recipient.offline]     # default: every event type
+  #     preview: sender                 # none (default), sender or full
+  #     timeout: 5s                     # per attempt (default 5s)
+  #     concurrency: 8                  # conversations at once (default 8)
+`)
 	return b.String()
 }
 

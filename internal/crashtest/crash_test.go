@@ -32,13 +32,15 @@ type node struct {
 	addr    string
 	dataDir string
 	keyHex  string
+	args    []string // more arguments of serve
 	cmd     *exec.Cmd
 }
 
 func (n *node) start() {
 	n.t.Helper()
-	n.cmd = exec.Command(binary, "serve", "--listen", n.addr, "--data-dir", n.dataDir,
-		"--auth.hs256-key", n.keyHex, "--log.level", "warn")
+	args := append([]string{"serve", "--listen", n.addr, "--data-dir", n.dataDir,
+		"--auth.hs256-key", n.keyHex, "--log.level", "warn"}, n.args...)
+	n.cmd = exec.Command(binary, args...)
 	n.cmd.Stderr = os.Stderr
 	if err := n.cmd.Start(); err != nil {
 		n.t.Fatalf("start parley: %v", err)

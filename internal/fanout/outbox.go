@@ -252,13 +252,18 @@ func (o *Outbox) Stats() Stats {
 }
 
 // Run recovers the store's outbox, then fans out until ctx ends. What is
-// queued then stays in the store's outbox for the next start.
+// queued then stays in the store's outbox for the next start. The workers
+// start once the first scan has queued what a previous process left, so a
+// message sent right after a restart is not fanned out before the older
+// ones of its conversation (the webhooks' per-conversation order relies on
+// it).
 func (o *Outbox) Run(ctx context.Context) {
+	seen := o.scan(ctx, nil)
 	var wg sync.WaitGroup
 	for range o.cfg.Workers {
 		wg.Go(func() { o.work(ctx) })
 	}
-	wg.Go(func() { o.scanLoop(ctx) })
+	wg.Go(func() { o.scanLoop(ctx, seen) })
 	wg.Wait()
 }
 
@@ -413,12 +418,11 @@ func (o *Outbox) fill(ctx context.Context, conv uint64, batch []item) ([]item, e
 	return nil, nil
 }
 
-// scanLoop reads the store's outbox: at once (what a previous process
-// left), then every Scan interval, taking the entries no worker held in
+// scanLoop reads the store's outbox every Scan interval (Run has read it
+// once at the start: what a previous process left), taking the entries no worker held in
 // two scans running (a live entry is cleared in milliseconds; one that
 // stays is left by a crashed process or by a full queue).
-func (o *Outbox) scanLoop(ctx context.Context) {
-	seen := o.scan(ctx, nil)
+func (o *Outbox) scanLoop(ctx context.Context, seen map[store.Pending]bool) {
 	t := time.NewTicker(o.cfg.Scan)
 	defer t.Stop()
 	for {

@@ -40,6 +40,7 @@ import (
 	"github.com/parley-im/parley/internal/cluster"
 	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/gateway"
+	"github.com/parley-im/parley/internal/hooks"
 	"github.com/parley-im/parley/internal/ledger"
 	"github.com/parley-im/parley/internal/metrics"
 	"github.com/parley-im/parley/internal/presence"
@@ -62,11 +63,13 @@ type Options struct {
 	Node    string
 	// NodeNumber is the Snowflake node number of the message ids this
 	// node mints; nil derives it from Node (snowflake.NodeNumber).
-	NodeNumber  *uint16
-	Auth        auth.Config
-	Gateway     gateway.Config
-	Chat        chat.Config
-	Fanout      fanout.Config // outbox workers; zero: defaults
+	NodeNumber *uint16
+	Auth       auth.Config
+	Gateway    gateway.Config
+	Chat       chat.Config
+	Fanout     fanout.Config // outbox workers; zero: defaults
+	// Webhooks: endpoints and retry policy; no endpoints, no webhooks.
+	Webhooks    hooks.Config
 	BucketWidth time.Duration
 	Presence    presence.Config
 	// Gateway and Chat select the roles; both false means both.
@@ -155,6 +158,7 @@ type Server struct {
 
 	chat     *chat.Service
 	outbox   *fanout.Outbox
+	hooks    *hooks.Hooks // nil without webhook endpoints
 	backend  gateway.Backend
 	verifier *auth.Verifier
 	gw       *gateway.Gateway
@@ -347,9 +351,23 @@ func (s *Server) startChat() error {
 	if o.WrapBus != nil {
 		chatBus = o.WrapBus(chatBus)
 	}
+	var hook fanout.Hook
+	if len(o.Webhooks.Endpoints) > 0 {
+		// The webhook queue is a Pebble database of its own in both modes
+		// (docs/webhooks.md); the fan-out only writes to it.
+		h, err := hooks.New(o.Webhooks, hooks.Options{
+			Dir: filepath.Join(o.DataDir, "webhooks"), FS: privatefs.Wrap(o.StoreFS), Members: chatStore, Logger: o.Logger,
+		})
+		if err != nil {
+			return err
+		}
+		s.hooks, hook = h, h
+		s.onClose(h.Close)
+		s.registerHookMetrics(h)
+	}
 	svc, err := chat.New(o.Chat, chat.Deps{
 		Store: chatStore, Registry: chatReg, Bus: chatBus, IDs: snowflake.New(o.nodeNumber(), nil),
-		Logger: o.Logger, Online: online, Ledger: s.ledger, Limiter: lim, Outbox: outbox,
+		Logger: o.Logger, Online: online, Ledger: s.ledger, Limiter: lim, Outbox: outbox, Hook: hook,
 		Observer: chat.Observer{
 			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },
 			StoreFailed: func(op string) { m.StoreErrors.WithLabelValues(op).Inc() },
@@ -369,6 +387,9 @@ func (s *Server) startChat() error {
 	s.chat = svc
 	s.outbox = outbox
 	s.runLoop(outbox.Run)
+	if s.hooks != nil {
+		s.runLoop(s.hooks.Run)
+	}
 	// Delivered positions live in memory; the loop flushes them in batches
 	// and once more when the server stops, before the store closes.
 	s.runLoop(svc.RunPositions)
@@ -392,6 +413,29 @@ func (s *Server) startChat() error {
 	}
 	return nil
 }
+
+// registerHookMetrics exports the webhook endpoints' counters.
+func (s *Server) registerHookMetrics(h *hooks.Hooks) {
+	for i, st := range h.Stats() {
+		l := prometheus.Labels{"endpoint": st.Endpoint}
+		get := func(f func(hooks.Stats) int64) func() float64 {
+			return func() float64 { return float64(f(h.Stats()[i])) }
+		}
+		s.reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "parley_webhook_backlog", Help: "Webhook events queued for the endpoint.", ConstLabels: l},
+				get(func(x hooks.Stats) int64 { return x.Backlog })),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "parley_webhook_delivered_total", Help: "Webhook events the endpoint acknowledged (2xx).", ConstLabels: l},
+				get(func(x hooks.Stats) int64 { return x.Delivered })),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "parley_webhook_failed_attempts_total", Help: "Webhook attempts that failed (error, timeout, not 2xx).", ConstLabels: l},
+				get(func(x hooks.Stats) int64 { return x.Failed })),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "parley_webhook_dead", Help: "Webhook events in the endpoint's dead letters.", ConstLabels: l},
+				get(func(x hooks.Stats) int64 { return x.Dead })),
+		)
+	}
+}
+
+// Hooks exposes the node's webhooks (nil without endpoints).
+func (s *Server) Hooks() *hooks.Hooks { return s.hooks }
 
 // onlineIndex is the chat service's online index in cluster mode: the
 // process's index, with joins and leaves relayed to the other chat

@@ -5,6 +5,8 @@
 // flag is the path with dashes for underscores, and whose default is the
 // value the field holds in the struct the package's DefaultConfig returns.
 // A field tagged `yaml:"-"` is not a setting (it is filled by the program).
+// A slice field without a help tag (a list, such as webhooks.endpoints) is
+// set in the YAML file only: it is not a setting with a variable or flag.
 // A struct field without a help tag is a section: its fields are settings
 // under its key.
 //
@@ -99,6 +101,9 @@ func walk(v reflect.Value, prefix string, out *[]Field) {
 		}
 		help, hasHelp := sf.Tag.Lookup("help")
 		fv := v.Field(i)
+		if !hasHelp && sf.Type.Kind() == reflect.Slice {
+			continue // a list: in the file only
+		}
 		if !hasHelp {
 			if sf.Type.Kind() != reflect.Struct || sf.Type == durationType {
 				panic(fmt.Sprintf("settings: %s (%s.%s) has a yaml tag but no help tag", path, t, sf.Name))
