@@ -28,13 +28,13 @@ func TestKill9WebhooksDelivered(t *testing.T) {
 	}
 	const secret = "crash-test-secret"
 	var (
-		mu    sync.Mutex
-		up    bool
-		first = map[uint64][]uint64{} // conv → seqs in order of first arrival
-		seen  = map[string]bool{}
+		mu        sync.Mutex
+		up        bool
+		first     = map[uint64][]uint64{} // conv → seqs in order of first arrival
+		seen      = map[string]bool{}
 		delivered = map[string]bool{}
-		bad   []error
-		log   []string // every arrival, for a failure's report
+		bad       []error
+		log       []string // every arrival, for a failure's report
 	)
 	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ev, _, err := webhook.VerifyRequest(r, []byte(secret))
