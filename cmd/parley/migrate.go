@@ -3,25 +3,35 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/store/cassandra"
 )
 
+const migrateUsage = "parley migrate [--config FILE] [--<setting> VALUE ...]   (uses the cluster.cassandra_hosts, keyspace, replication_factor and consistency settings)"
+
 // runMigrate is `parley migrate`: it creates or upgrades the Cassandra
 // keyspace and tables of cluster mode. It takes serve's configuration
-// (flags, PARLEY_* variables, --config file) and is safe to run again.
+// (flags, PARLEY_* variables, --config file), checks only the settings it
+// uses (so Redis and NATS need not be configured), and is safe to run
+// again.
 func runMigrate(ctx context.Context, args []string, out io.Writer) error {
-	cfg, err := loadConfig(config.NewFlagSet("parley migrate"), "parley migrate [--config FILE] [--<setting> VALUE ...]   (uses the cluster.* settings)", args)
+	fs := config.NewFlagSet("parley migrate")
+	cfg, err := config.ParseUnchecked(fs, args, os.Environ())
+	if errors.Is(err, flag.ErrHelp) {
+		config.Usage(stdout, migrateUsage, fs)
+	}
 	if err != nil {
 		return err
 	}
-	if cfg.Cluster.CassandraHosts == "" {
-		return errors.New("migrate: cluster.cassandra_hosts is not set: the embedded store needs no migration")
+	if err := cfg.ValidateMigrate(); err != nil {
+		return fmt.Errorf("migrate: %w", err)
 	}
-	cc := cassandraConfig(cfg)
+	cc := cfg.Cassandra()
 	if err := cassandra.Migrate(ctx, cc); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}

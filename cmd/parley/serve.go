@@ -8,13 +8,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/server"
-	"github.com/parley-im/parley/internal/store/cassandra"
 )
 
 const serveUsage = "parley serve [--config FILE] [--<setting> VALUE ...]"
@@ -97,26 +95,12 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 	}
 	if cfg.Cluster.Enabled() {
 		o.Cluster = &server.Cluster{
-			Redis: cfg.Cluster.Redis, NATS: cfg.Cluster.NATS, Cassandra: cassandraConfig(cfg),
+			Redis: cfg.Cluster.Redis, NATS: cfg.Cluster.NATS, Cassandra: cfg.Cassandra(),
 			Namespace: cfg.Cluster.Namespace, JetStreamReplicas: cfg.Cluster.JetStreamReplicas,
 			PresenceResync: cfg.Cluster.PresenceResync,
 		}
 	}
 	return o
-}
-
-func cassandraConfig(cfg config.Config) cassandra.Config {
-	var hosts []string
-	for _, h := range strings.Split(cfg.Cluster.CassandraHosts, ",") {
-		if h = strings.TrimSpace(h); h != "" {
-			hosts = append(hosts, h)
-		}
-	}
-	return cassandra.Config{
-		Hosts: hosts, Keyspace: cfg.Cluster.Keyspace, Consistency: cfg.Cluster.Consistency,
-		SerialConsistency: cfg.Cluster.SerialConsistency,
-		ReplicationFactor: cfg.Cluster.ReplicationFactor, BucketWidth: cfg.Store.BucketWidth,
-	}
 }
 
 // newLogger builds the server's log. Durations are written as Go duration

@@ -37,6 +37,7 @@ import (
 	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/settings"
 	"github.com/parley-im/parley/internal/snowflake"
+	"github.com/parley-im/parley/internal/store/cassandra"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -208,6 +209,34 @@ func (c Config) ChatConfig() chat.Config {
 	return ch
 }
 
+// Cassandra is the Cassandra store's configuration (cluster mode).
+func (c Config) Cassandra() cassandra.Config {
+	var hosts []string
+	for _, h := range strings.Split(c.Cluster.CassandraHosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			hosts = append(hosts, h)
+		}
+	}
+	return cassandra.Config{
+		Hosts: hosts, Keyspace: c.Cluster.Keyspace, Consistency: c.Cluster.Consistency,
+		SerialConsistency: c.Cluster.SerialConsistency,
+		ReplicationFactor: c.Cluster.ReplicationFactor, BucketWidth: c.Store.BucketWidth,
+	}
+}
+
+// ValidateMigrate checks what `parley migrate` uses: the Cassandra
+// settings (and the bucket width the schema is not tied to, but the
+// adapter checks).
+func (c Config) ValidateMigrate() error {
+	var p settings.Problems
+	if c.Cluster.CassandraHosts == "" {
+		p.Add("cluster.cassandra_hosts", "is not set: the embedded store needs no migration")
+	} else {
+		p.Merge("cluster", c.Cassandra().Validate())
+	}
+	return problemsErr(p)
+}
+
 // SnowflakeNode is the node number of the message ids this node mints.
 func (c Config) SnowflakeNode() uint16 {
 	if c.NodeNumber < 0 {
@@ -349,6 +378,10 @@ func (c Config) Validate() error {
 	p.Check(c.Store.BucketWidth >= time.Second, "store.bucket_width", "must be at least 1s, got %v", c.Store.BucketWidth)
 	validateOrigins(&p, "web.cors_origins", c.Web.CORSOrigins)
 	validateOrigins(&p, "web.ws_origins", c.Web.WSOrigins)
+	return problemsErr(p)
+}
+
+func problemsErr(p settings.Problems) error {
 	if len(p) == 0 {
 		return nil
 	}
@@ -366,6 +399,9 @@ func (c Config) validateRoles(p *settings.Problems) {
 		p.Check(validNamespace(c.Cluster.Namespace), "cluster.namespace", "%q must be 1-32 bytes of [a-z0-9_]", c.Cluster.Namespace)
 		if c.RoleSet()[RoleChat] {
 			p.Check(c.Cluster.CassandraHosts != "", "cluster.cassandra_hosts", "the chat role needs Cassandra contact points")
+		}
+		if c.Cluster.CassandraHosts != "" {
+			p.Merge("cluster", c.Cassandra().Validate())
 		}
 	} else if rs := c.RoleSet(); !rs[RoleGateway] || !rs[RoleChat] {
 		p.Add("roles", "%q: separate roles need the cluster engines (cluster.redis, cluster.nats, cluster.cassandra_hosts)", c.Roles)

@@ -554,3 +554,46 @@ func TestResolveAuth(t *testing.T) {
 		}
 	})
 }
+
+// TestValidateMigrate: migrate needs only the Cassandra settings, checked
+// as the adapter would.
+func TestValidateMigrate(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string // "" = valid
+	}{
+		{"cassandra only", []string{"--cluster.cassandra-hosts", "127.0.0.1:9042"}, ""},
+		{"no hosts", nil, "cluster.cassandra_hosts: is not set"},
+		{"bad keyspace", []string{"--cluster.cassandra-hosts", "h", "--cluster.keyspace", "Bad-Name"}, "Keyspace"},
+		{"bad replication", []string{"--cluster.cassandra-hosts", "h", "--cluster.replication-factor", "-1"}, "ReplicationFactor"},
+		{"bad consistency", []string{"--cluster.cassandra-hosts", "h", "--cluster.consistency", "MOST"}, "MOST"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := ParseUnchecked(NewFlagSet("x"), tt.args, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = c.ValidateMigrate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("ValidateMigrate = %v", err)
+				}
+				// serve would refuse it: cluster mode needs Redis and NATS.
+				if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "cluster.redis") {
+					t.Fatalf("Validate = %v, want the cluster.redis problem", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("ValidateMigrate = %v, want %q", err, tt.want)
+			}
+		})
+	}
+	// serve checks the Cassandra settings too.
+	c := Default()
+	c.Cluster.Redis, c.Cluster.NATS, c.Cluster.CassandraHosts, c.Cluster.Keyspace = "r:1", "nats://n:1", "h", "Bad-Name"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "Keyspace") {
+		t.Fatalf("Validate = %v, want the keyspace problem", err)
+	}
+}

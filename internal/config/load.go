@@ -50,6 +50,17 @@ func Load(args, env []string) (Config, error) {
 // are ignored, since other tools (the test harness) share the prefix.
 // errors.Is(err, flag.ErrHelp) after -h or --help; print Usage then.
 func Parse(fs *flag.FlagSet, args, env []string) (Config, error) {
+	return parse(fs, args, env, false)
+}
+
+// ParseUnchecked is Parse without Validate, for a command that uses only
+// part of the configuration and checks that part itself (`parley
+// migrate`: ValidateMigrate).
+func ParseUnchecked(fs *flag.FlagSet, args, env []string) (Config, error) {
+	return parse(fs, args, env, true)
+}
+
+func parse(fs *flag.FlagSet, args, env []string, unchecked bool) (Config, error) {
 	// The flags are parsed once, into a recorder; they are applied after
 	// the file and the environment, in the order given.
 	probe := defaults()
@@ -98,8 +109,10 @@ func Parse(fs *flag.FlagSet, args, env []string) (Config, error) {
 	if c.NodeID == "" {
 		c.NodeID = DeriveNodeID(hostname(), c.Listen)
 	}
-	if err := c.Validate(); err != nil {
-		return Config{}, err
+	if !unchecked {
+		if err := c.Validate(); err != nil {
+			return Config{}, err
+		}
 	}
 	return c, nil
 }
