@@ -66,12 +66,6 @@ func (c *Client) SendFrame(ctx context.Context, f protocol.Frame) (Ack, error) {
 	return c.write(ctx, f)
 }
 
-// RemoveMembers removes members from group convID (owner or admin); an
-// E2E group's members then rotate their sender keys (client/e2eechat).
-func (c *Client) RemoveMembers(ctx context.Context, convID uint64, members []string) (protocol.ConvInfo, error) {
-	return c.conv(ctx, protocol.Frame{Type: protocol.TypeRemove, ConvID: convID, Members: slices.Clone(members)}, idempotent)
-}
-
 // ConvInfo reads conversation convID (members included, up to 1,000)
 // without changing it.
 func (c *Client) ConvInfo(ctx context.Context, convID uint64) (protocol.ConvInfo, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/parley-im/parley/protocol"
 )
@@ -17,6 +18,15 @@ import (
 // sender, the owner leaving a group that still has members), not_found
 // (the user named is not a current member), invalid_argument (not a
 // group, yourself in remove_members or set_role).
+
+// RemoveMembers removes members from group convID (the owner anyone
+// else, an admin plain members); an E2E group's members then rotate their
+// sender keys (client/e2eechat). Removing a user who is already gone
+// answers not_found, so RemoveMembers is not repeated after an unknown
+// outcome: that comes back as ErrDisconnected or ErrTimeout.
+func (c *Client) RemoveMembers(ctx context.Context, convID uint64, members []string) (protocol.ConvInfo, error) {
+	return c.conv(ctx, protocol.Frame{Type: protocol.TypeRemove, ConvID: convID, Members: slices.Clone(members)}, once)
+}
 
 // Leave removes the caller from group convID (member_left). The owner
 // must hand the group over first (SetRole with protocol.RoleOwner) unless
