@@ -21,6 +21,10 @@ var (
 	ErrExists    = errors.New("store: already exists")
 	ErrConflict  = errors.New("store: conflict")
 	ErrClosed    = errors.New("store: closed")
+	// ErrNotOwner: in cluster mode, this process does not own the
+	// conversation's partition (or lost it during the write, which was then
+	// not acknowledged); the caller retries, on the owner.
+	ErrNotOwner = errors.New("store: not the conversation's owner")
 )
 
 // ConvKind tells a 1:1 conversation from a group. Both are channels with

@@ -116,11 +116,15 @@ type idemRecord struct {
 	msgID  uint64
 	bucket int32
 	start  uint64
+	seq    uint64 // owned appends: the message's seq
 }
 
 // appendNew stores a message that this process has not seen before; idem
 // says whether it has a client_msg_id.
 func (s *Store) appendNew(ctx context.Context, st *convState, a store.Append, idem bool) (store.AppendResult, error) {
+	if s.lease != nil {
+		return s.ownedAppend(ctx, st, a, idem)
+	}
 	m := a.Msg
 	m.Seq = 0
 	bucket := s.bucketOf(m.ServerTime)

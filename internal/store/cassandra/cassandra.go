@@ -151,6 +151,12 @@ type Config struct {
 	SeqBlock uint64
 	// Logger receives the store's and the driver's logs. Default: discard.
 	Logger *slog.Logger
+	// Lease, if set, makes appends owned: this process writes only the
+	// conversations whose partition it holds, allocates their seqs in
+	// memory and writes them with plain statements fenced by the lease's
+	// epoch (see "Owned appends"). Every process appending to a keyspace
+	// must use the same mode.
+	Lease Lease
 }
 
 const (
@@ -260,6 +266,7 @@ type Store struct {
 	serial   gocql.Consistency
 	bucketMS int64
 	block    uint64
+	lease    Lease // nil: transactional appends
 
 	// gate is held for reading by every call and for writing by Close, so
 	// Close never closes the session under a call in progress.
@@ -337,6 +344,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		serial:   cluster.SerialConsistency,
 		bucketMS: cfg.BucketWidth.Milliseconds(),
 		block:    cfg.SeqBlock,
+		lease:    cfg.Lease,
 	}
 	s.convs.m = make(map[uint64]*convState)
 	return s, nil

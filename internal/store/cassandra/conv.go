@@ -39,6 +39,9 @@ type convState struct {
 		mu sync.Mutex
 		m  map[string]*pendingAppend
 	}
+
+	// own is the owner's writer (Config.Lease set).
+	own ownedConv
 }
 
 type pendingAppend struct {
@@ -401,7 +404,10 @@ func (s *Store) Conversation(ctx context.Context, id uint64) (store.Conversation
 	}
 	defer s.gate.RUnlock()
 	row, err := s.convRow(ctx, id)
-	if err == nil {
+	if top, owned := s.ownedTop(id); err == nil && owned {
+		// The owner knows the top without reading the index.
+		row.LastSeq = max(row.LastSeq, top)
+	} else if err == nil {
 		row, err = s.withTop(ctx, row)
 	}
 	if err != nil {

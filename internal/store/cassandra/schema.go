@@ -100,6 +100,9 @@ var migrations = []migration{
 			PRIMARY KEY ((conv_id, target_seq), edit_seq)
 		) WITH CLUSTERING ORDER BY (edit_seq DESC)`,
 	}},
+	{5, "owned appends: the seq of an idempotency record", []string{
+		`ALTER TABLE idempotency ADD IF NOT EXISTS seq bigint`,
+	}},
 }
 
 var latestVersion = migrations[len(migrations)-1].version

@@ -1,0 +1,531 @@
+package cassandra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	gocql "github.com/apache/cassandra-gocql-driver/v2"
+
+	"github.com/parley-im/parley/internal/store"
+)
+
+// Lease tells the store under which fencing epoch this process owns a
+// conversation's partition (see "Owned appends" in the package comment).
+// Epochs of one partition grow strictly with every new lease, and each is
+// at most 2^53 / 1000 (a Cassandra write timestamp is derived from it).
+type Lease interface {
+	// Epoch returns the epoch of this process's lease on conv's
+	// partition, or ok false if it holds none or must stop writing under
+	// it (its lease ends too soon).
+	Epoch(conv uint64) (epoch uint64, ok bool)
+	// Confirm returns nil if the lease of conv's partition is still held
+	// at epoch in the lease store (one round trip), an error otherwise.
+	Confirm(ctx context.Context, conv, epoch uint64) error
+}
+
+// Limits of an owned batch: at most maxBatch messages of one conversation
+// go in one write, and a batch never spans two message_seq partitions (a
+// single-partition batch is applied atomically).
+const (
+	maxBatch = 64
+	// maxGen bounds the write generations within one epoch: each failed
+	// batch write moves to the next generation, and the timestamps of
+	// generation g are epoch·1000 + 2g (fence) and + 2g + 1 (writes).
+	maxGen = 499
+	// batchTimeout bounds one batch's writes when the caller that runs it
+	// has gone.
+	batchTimeout = 10 * time.Second
+	// writeAttempts of one batch write before the batch fails.
+	writeAttempts = 3
+)
+
+// ownedConv is the owner's state of one conversation; guarded by mu.
+type ownedConv struct {
+	mu sync.Mutex
+	// epoch under which top was loaded and the fence written (0: none).
+	epoch uint64
+	gen   uint64
+	// top is the highest seq written and confirmed under epoch.
+	top uint64
+	// lost is the highest epoch found to be superseded: never written
+	// under again.
+	lost    uint64
+	queue   []*ownedReq
+	running bool
+}
+
+type ownedReq struct {
+	a    store.Append
+	idem bool
+	res  store.AppendResult
+	err  error
+	done chan struct{}
+}
+
+func fenceTS(epoch, gen uint64) int64 { return int64(epoch*1000 + 2*gen) }
+func writeTS(epoch, gen uint64) int64 { return int64(epoch*1000 + 2*gen + 1) }
+
+// ownedAppend queues a for the conversation's writer and waits for its
+// outcome. The first caller to find the writer idle runs it: it takes the
+// queue in batches until the queue is empty, so appends that arrive while
+// a batch is being written share the next one.
+func (s *Store) ownedAppend(ctx context.Context, st *convState, a store.Append, idem bool) (store.AppendResult, error) {
+	if _, ok := s.lease.Epoch(st.id); !ok {
+		return store.AppendResult{}, store.ErrNotOwner
+	}
+	r := &ownedReq{a: a, idem: idem, done: make(chan struct{})}
+	o := &st.own
+	o.mu.Lock()
+	o.queue = append(o.queue, r)
+	run := !o.running
+	o.running = true
+	o.mu.Unlock()
+	if run {
+		s.runOwned(st)
+	}
+	select {
+	case <-r.done:
+		return r.res, r.err
+	case <-ctx.Done():
+		// The batch goes on; the client's retry finds the outcome.
+		return store.AppendResult{}, fmt.Errorf("%w (the message may be stored)", ctx.Err())
+	}
+}
+
+// runOwned writes the queue of st in batches until it is empty.
+func (s *Store) runOwned(st *convState) {
+	o := &st.own
+	for {
+		o.mu.Lock()
+		if len(o.queue) == 0 {
+			o.running = false
+			o.mu.Unlock()
+			return
+		}
+		n := 1
+		if o.queue[0].a.Msg.TargetSeq == 0 {
+			for n < len(o.queue) && n < maxBatch && o.queue[n].a.Msg.TargetSeq == 0 {
+				n++
+			}
+		}
+		batch := slices.Clone(o.queue[:n])
+		o.queue = slices.Delete(o.queue, 0, n)
+		o.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+		later := s.writeOwned(ctx, st, batch)
+		cancel()
+		for _, r := range batch {
+			if !slices.Contains(later, r) {
+				close(r.done)
+			}
+		}
+	}
+}
+
+func failAll(batch []*ownedReq, err error) {
+	for _, r := range batch {
+		if r.err == nil && r.res.Msg.Seq == 0 {
+			r.err = err
+		}
+	}
+}
+
+// writeOwned writes one batch (see "Owned appends"). Every request of the
+// batch gets a result or an error, except those it returns: they did not
+// fit in the batch's message_seq partition and are back at the head of
+// the queue.
+func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq) (later []*ownedReq) {
+	o := &st.own
+	epoch, ok := s.lease.Epoch(st.id)
+	if !ok {
+		failAll(batch, store.ErrNotOwner)
+		return nil
+	}
+	// st.mu orders the batch against membership changes of the process.
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	o.mu.Lock()
+	loaded, gen, top, lost := o.epoch == epoch, o.gen, o.top, epoch <= o.lost
+	o.mu.Unlock()
+	if lost {
+		failAll(batch, store.ErrNotOwner)
+		return
+	}
+	if !loaded {
+		var err error
+		if top, err = s.takeConv(ctx, st, epoch, gen); err != nil {
+			if errors.Is(err, store.ErrNotOwner) {
+				o.mu.Lock()
+				o.lost = max(o.lost, epoch)
+				o.mu.Unlock()
+			}
+			failAll(batch, err)
+			return
+		}
+		o.mu.Lock()
+		o.epoch, o.top = epoch, top
+		o.mu.Unlock()
+	}
+
+	// Duplicates: the idempotency records, read while the bodies are
+	// written (the bodies of duplicates stay unreferenced, invisible).
+	recs := make([]idemRecord, len(batch))
+	found := make([]bool, len(batch))
+	if err := s.each(ctx, 2*len(batch), func(ctx context.Context, i int) error {
+		r := batch[i%len(batch)]
+		if i < len(batch) {
+			if !r.idem {
+				return nil
+			}
+			rec, f, err := s.readOwnedIdem(ctx, st.id, r.a.Msg)
+			recs[i], found[i] = rec, f
+			return err
+		}
+		if r.a.Msg.TargetSeq != 0 {
+			return nil // written after Check, below
+		}
+		return s.insertBody(ctx, r.a.Msg, s.bucketOf(r.a.Msg.ServerTime))
+	}); err != nil {
+		failAll(batch, err)
+		return
+	}
+	var fresh []*ownedReq
+	for i, r := range batch {
+		if !found[i] {
+			fresh = append(fresh, r)
+			continue
+		}
+		at, err := s.verifyIdem(ctx, st.id, recs[i], top)
+		switch {
+		case err != nil:
+			r.err = err
+		case at == 0:
+			fresh = append(fresh, r) // a record of a write that never counted
+		default:
+			m, err := s.messageAt(ctx, st.id, slot{seq: at, msgID: recs[i].msgID, bucket: recs[i].bucket})
+			if err == nil {
+				// The original may have lost its outbox entry: write it again.
+				err = s.outbox(ctx, st, m)
+			}
+			r.res, r.err = store.AppendResult{Msg: m, Duplicate: true}, err
+		}
+	}
+	if len(fresh) == 0 {
+		return
+	}
+	var target *store.Message // an edit's or recall's target as rewritten
+	if t := fresh[0].a; t.Msg.TargetSeq != 0 {
+		var err error
+		if target, err = s.rewriteTarget(ctx, st, t.Check, t.Msg.TargetSeq); err != nil {
+			if ce, ok := err.(checkError); ok {
+				err = ce.err
+			}
+			fresh[0].err = err
+			return
+		}
+		if err := s.insertBody(ctx, t.Msg, s.bucketOf(t.Msg.ServerTime)); err != nil {
+			fresh[0].err = err
+			return
+		}
+	}
+	// Seqs: dense from top+1, within top+1's message_seq partition (the
+	// rest wait for the next batch).
+	if room := s.block - (top+1)%s.block; uint64(len(fresh)) > room {
+		later = slices.Clone(fresh[room:])
+		o.mu.Lock()
+		o.queue = slices.Insert(o.queue, 0, later...)
+		o.mu.Unlock()
+		fresh = fresh[:room]
+	}
+	msgs := make([]store.Message, len(fresh))
+	for i, r := range fresh {
+		m := r.a.Msg
+		m.Seq = top + 1 + uint64(i)
+		msgs[i] = m
+	}
+	if err := s.writeSlots(ctx, st.id, msgs, epoch, gen); err != nil {
+		// The outcome is unknown: the next batch loads the top again and
+		// fences above it at a new generation, so a late arrival of this
+		// write is shadowed.
+		o.mu.Lock()
+		o.epoch, o.gen = 0, min(gen+1, maxGen)
+		o.mu.Unlock()
+		failAll(fresh, fmt.Errorf("seqs %d..%d: outcome unknown, the messages may be stored: %w",
+			msgs[0].Seq, msgs[len(msgs)-1].Seq, err))
+		return
+	}
+	// Fencing: a write is acknowledged only if the lease still held after
+	// it; a new owner loads the top after taking the lease, so it either
+	// saw these slots or shadows them.
+	if err := s.lease.Confirm(ctx, st.id, epoch); err != nil {
+		o.mu.Lock()
+		o.epoch, o.lost = 0, max(o.lost, epoch)
+		o.mu.Unlock()
+		s.log.Warn("cassandra: lease lost during a write; not acknowledged", logKeyConv, st.id, logKeyErr, err)
+		failAll(fresh, fmt.Errorf("%w: %v", store.ErrNotOwner, err))
+		return
+	}
+	last := msgs[len(msgs)-1].Seq
+	o.mu.Lock()
+	if o.epoch == epoch {
+		o.top = last
+	}
+	o.mu.Unlock()
+	st.raiseHint(last)
+	if target != nil {
+		s.recordEdit(ctx, st.id, last, *target) // as in stored
+	}
+	rows := s.afterOwned(ctx, st, fresh, msgs)
+	for i, r := range fresh {
+		m := msgs[i]
+		m.Mentions = cloneMentions(m.Mentions)
+		if r.err == nil {
+			r.res = store.AppendResult{Msg: m, RowsWritten: r.a.Rows && rows}
+		}
+	}
+	return later
+}
+
+// takeConv loads the conversation's top for a new epoch (or generation)
+// and fences above it: a range tombstone over the seqs above the top in
+// the next seq's partition, timestamped above every write of older epochs
+// and generations, so a stale writer's slots there — landed or still in
+// flight — never show. A stale writer has at most one batch in flight per
+// conversation, and a batch starts at most one above a top that every
+// later owner sees and stays in one partition, so that range is the only
+// one it can write to.
+func (s *Store) takeConv(ctx context.Context, st *convState, epoch, gen uint64) (uint64, error) {
+	if epoch == 0 || epoch*1000 > 1<<53 {
+		return 0, fmt.Errorf("epoch %d out of range", epoch)
+	}
+	row, err := s.convRow(ctx, st.id)
+	if err != nil {
+		return 0, err
+	}
+	top := row.LastSeq // written only after a confirmed write: a real slot
+	var newest int64   // write time of the top slot
+	for b := top / s.block; ; b++ {
+		var seq, wt int64
+		err := s.q(ctx, `SELECT seq, WRITETIME(message_id) FROM message_seq WHERE conv_id = ? AND seq_block = ? ORDER BY seq DESC LIMIT 1`,
+			i64(st.id), i64(b)).Scan(&seq, &wt)
+		if errors.Is(err, gocql.ErrNotFound) {
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+		if u64(seq) >= top {
+			top, newest = u64(seq), wt
+		}
+		if u64(seq) != (b+1)*s.block-1 {
+			break
+		}
+	}
+	// The top slot is its newest writer's: one of a later epoch means
+	// this process lost the partition (it must not write above a newer
+	// owner's slots, where that owner's fence does not reach).
+	if newest > writeTS(epoch, gen) {
+		return 0, fmt.Errorf("%w: seq %d was written after epoch %d", store.ErrNotOwner, top, epoch)
+	}
+	err = s.q(ctx, `DELETE FROM message_seq USING TIMESTAMP ? WHERE conv_id = ? AND seq_block = ? AND seq > ?`,
+		fenceTS(epoch, gen), i64(st.id), s.blockOf(top+1), i64(top)).Exec()
+	if err != nil {
+		return 0, fmt.Errorf("fence: %w", err)
+	}
+	return top, nil
+}
+
+// insertBody writes a message body; msg ids are unique (Snowflake), and a
+// body no slot points to is invisible.
+func (s *Store) insertBody(ctx context.Context, m store.Message, bucket int32) error {
+	return s.q(ctx, `INSERT INTO messages (conv_id, bucket, message_id, sender, sender_device, client_msg_id,
+		kind, body, target_seq, server_time, mentions, mention_all, coalesce_key)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		i64(m.ConvID), bucket, i64(m.MsgID), m.Sender, m.SenderDevice, m.ClientMsgID,
+		m.Kind, m.Body, i64(m.TargetSeq), m.ServerTime, unsetIfEmpty(m.Mentions), m.MentionAll, m.CoalesceKey).Exec()
+}
+
+// readOwnedIdem reads an idempotency record with its seq (0 for a record
+// of a transactional append, which has only start_seq).
+func (s *Store) readOwnedIdem(ctx context.Context, conv uint64, m store.Message) (idemRecord, bool, error) {
+	var (
+		id, start int64
+		seq       *int64
+		rec       idemRecord
+	)
+	err := s.q(ctx, `SELECT message_id, bucket, start_seq, seq FROM idempotency WHERE conv_id = ? AND sender = ? AND client_msg_id = ?`,
+		i64(conv), m.Sender, m.ClientMsgID).Scan(&id, &rec.bucket, &start, &seq)
+	if errors.Is(err, gocql.ErrNotFound) {
+		return idemRecord{}, false, nil
+	}
+	if err != nil {
+		return idemRecord{}, false, err
+	}
+	rec.msgID, rec.start = u64(id), u64(start)
+	if seq != nil {
+		rec.seq = u64(*seq)
+	}
+	return rec, true, nil
+}
+
+// verifyIdem returns the seq at which rec's message is stored, or 0 if it
+// is not: a record whose slot was fenced off or never written (a stale
+// owner's, or one of a failed batch) does not make a duplicate.
+func (s *Store) verifyIdem(ctx context.Context, conv uint64, rec idemRecord, top uint64) (uint64, error) {
+	if rec.seq == 0 {
+		at, _, err := s.find(ctx, conv, max(rec.start, 1), rec.msgID)
+		if at > top {
+			at = 0
+		}
+		return at, err
+	}
+	if rec.seq > top {
+		return 0, nil
+	}
+	ss, err := s.slots(ctx, conv, rec.seq, rec.seq, 1)
+	if err != nil || len(ss) == 0 || ss[0].msgID != rec.msgID {
+		return 0, err
+	}
+	return rec.seq, nil
+}
+
+// writeSlots writes the slots of msgs (dense, one message_seq partition)
+// and their idempotency records in one logged batch at the epoch's write
+// timestamp: the records and the slots land together or not at all, and
+// a later owner's writes and fences win over them. The identical batch is
+// retried, which is idempotent.
+func (s *Store) writeSlots(ctx context.Context, conv uint64, msgs []store.Message, epoch, gen uint64) error {
+	var err error
+	for attempt := range writeAttempts {
+		b := s.sess.Batch(gocql.LoggedBatch).WithContext(ctx).Consistency(s.cons).WithTimestamp(writeTS(epoch, gen))
+		for _, m := range msgs {
+			bucket := s.bucketOf(m.ServerTime)
+			b.Query(`INSERT INTO message_seq (conv_id, seq_block, seq, message_id, bucket) VALUES (?, ?, ?, ?, ?)`,
+				i64(conv), s.blockOf(m.Seq), i64(m.Seq), i64(m.MsgID), bucket)
+			if m.ClientMsgID != "" {
+				b.Query(`INSERT INTO idempotency (conv_id, sender, client_msg_id, message_id, bucket, start_seq, seq)
+					VALUES (?, ?, ?, ?, ?, ?, ?)`,
+					i64(conv), m.Sender, m.ClientMsgID, i64(m.MsgID), bucket, i64(m.Seq), i64(m.Seq))
+			}
+		}
+		if err = b.Exec(); err == nil {
+			return nil
+		}
+		if werr := backoff(ctx, attempt); werr != nil {
+			return errors.Join(err, werr)
+		}
+	}
+	return err
+}
+
+// afterOwned writes, after the lease is confirmed, what the batch's
+// acknowledgements promise: outbox entries and @everyone (a failure fails
+// the requests: the client's retry, a duplicate, writes them again), the
+// last_seq hint and coalesce keys (max-registers; a failure is logged),
+// and, if asked, the members' rows (returned: whether they were written).
+func (s *Store) afterOwned(ctx context.Context, st *convState, reqs []*ownedReq, msgs []store.Message) bool {
+	last := msgs[len(msgs)-1].Seq
+	var everyone uint64
+	keys := map[string]uint64{}
+	wantRows := false
+	for i, m := range msgs {
+		if m.MentionAll {
+			everyone = m.Seq
+		}
+		if m.CoalesceKey != "" {
+			keys[m.CoalesceKey] = m.Seq
+		}
+		wantRows = wantRows || reqs[i].a.Rows
+	}
+	var rowsErr error
+	var outboxErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		b := s.sess.Batch(gocql.UnloggedBatch).WithContext(ctx).Consistency(s.cons)
+		for _, m := range msgs {
+			b.Query(`INSERT INTO fanout_pending (shard, conv_id, seq) VALUES (?, ?, ?)`, outboxShard(st.id), i64(st.id), i64(m.Seq))
+		}
+		outboxErr = b.Exec()
+		if outboxErr == nil && everyone != 0 {
+			outboxErr = s.q(ctx, `UPDATE conversations USING TIMESTAMP ? SET everyone_seq = ? WHERE conv_id = ?`,
+				i64(everyone), i64(everyone), i64(st.id)).Exec()
+		}
+	})
+	wg.Go(func() {
+		err := s.q(ctx, `UPDATE conversations USING TIMESTAMP ? SET last_seq = ? WHERE conv_id = ?`,
+			i64(last), i64(last), i64(st.id)).Exec()
+		for k, seq := range keys {
+			if err != nil {
+				break
+			}
+			err = s.q(ctx, `UPDATE coalesce_latest USING TIMESTAMP ? SET seq = ? WHERE conv_id = ? AND key = ?`,
+				i64(seq), i64(seq), i64(st.id), k).Exec()
+		}
+		if err != nil {
+			s.log.Warn("cassandra: append: hints behind", logKeyConv, st.id, logKeySeq, last, logKeyErr, err)
+		}
+	})
+	if wantRows {
+		wg.Go(func() { rowsErr = s.batchRows(ctx, st.id, msgs) })
+	}
+	wg.Wait()
+	if outboxErr != nil {
+		failAll(reqs, fmt.Errorf("seqs %d..%d are stored but their fan-out could not be recorded; retry to finish it: %w",
+			msgs[0].Seq, last, outboxErr))
+	}
+	if rowsErr != nil {
+		s.log.Warn("cassandra: append: rows left to fan-out", logKeyConv, st.id, logKeySeq, last, logKeyErr, rowsErr)
+	}
+	return wantRows && rowsErr == nil
+}
+
+// batchRows raises the rows of the conversation's current members to the
+// batch's last seq, and the mention seq of the mentioned ones to the last
+// message that mentions them.
+func (s *Store) batchRows(ctx context.Context, conv uint64, msgs []store.Message) error {
+	members, err := s.members(ctx, conv)
+	if err != nil {
+		return err
+	}
+	last := msgs[len(msgs)-1].Seq
+	return s.each(ctx, len(members), func(ctx context.Context, i int) error {
+		u := members[i].UserID
+		var mention uint64
+		for _, m := range msgs {
+			if m.MentionAll || slices.Contains(m.Mentions, u) {
+				mention = m.Seq
+			}
+		}
+		if mention != 0 && mention != last {
+			if err := s.raiseRow(ctx, conv, u, mention, true); err != nil {
+				return err
+			}
+		}
+		return s.raiseRow(ctx, conv, u, last, mention == last)
+	})
+}
+
+// ownedTop returns the top this process wrote as the conversation's
+// owner, if it owns it under the epoch it loaded the top in.
+func (s *Store) ownedTop(conv uint64) (uint64, bool) {
+	if s.lease == nil {
+		return 0, false
+	}
+	epoch, ok := s.lease.Epoch(conv)
+	if !ok {
+		return 0, false
+	}
+	s.convs.mu.Lock()
+	st := s.convs.m[conv]
+	s.convs.mu.Unlock()
+	if st == nil {
+		return 0, false
+	}
+	st.own.mu.Lock()
+	defer st.own.mu.Unlock()
+	return st.own.top, st.own.epoch == epoch
+}

@@ -1,0 +1,184 @@
+package cassandra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/internal/store/storetest"
+)
+
+// leaseTable is a lease store for the tests of owned appends: one epoch
+// per keyspace (one partition), given out in increasing order. Each
+// holder is a view of it, as each chat process is of the Redis leases
+// (internal/cluster.Owner, tested on real Redis in internal/clustertest).
+type leaseTable struct {
+	mu      sync.Mutex
+	current uint64
+}
+
+// grant starts a new lease and returns its holder.
+func (t *leaseTable) grant() *leaseHolder {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// Epochs as the Redis script makes them: milliseconds, strictly
+	// increasing.
+	t.current = max(t.current+1, uint64(time.Now().UnixMilli()))
+	return &leaseHolder{t: t, epoch: t.current}
+}
+
+// leaseHolder believes it holds its epoch until told otherwise (a stalled
+// owner does); Confirm asks the table.
+type leaseHolder struct {
+	t       *leaseTable
+	epoch   uint64
+	stopped atomic.Bool
+}
+
+func (h *leaseHolder) Epoch(uint64) (uint64, bool) { return h.epoch, !h.stopped.Load() }
+
+func (h *leaseHolder) Confirm(_ context.Context, _, epoch uint64) error {
+	h.t.mu.Lock()
+	defer h.t.mu.Unlock()
+	if h.t.current != epoch {
+		return fmt.Errorf("lease at epoch %d, not %d", h.t.current, epoch)
+	}
+	return nil
+}
+
+// TestConformanceOwned runs the store suite with owned appends: one
+// process holds the lease, a reopen takes a new one.
+func TestConformanceOwned(t *testing.T) {
+	var (
+		cfg    Config
+		leases leaseTable
+	)
+	storetest.Run(t, storetest.Harness{
+		Open: func(t *testing.T) store.Store {
+			cfg = fresh(t)
+			cfg.Lease = leases.grant()
+			return openT(t, cfg)
+		},
+		Reopen: func(t *testing.T, old store.Store) store.Store {
+			if err := old.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			cfg.Lease = leases.grant()
+			return openT(t, cfg)
+		},
+	})
+}
+
+// TestStaleOwnerFenced: an owner loses its lease without noticing (a
+// stalled process) while a new owner takes over and writes. The stale
+// owner's later writes are never acknowledged, never show, and leave no
+// hole: the history holds exactly the new owner's and the acknowledged
+// messages, seqs dense.
+func TestStaleOwnerFenced(t *testing.T) {
+	cfg := fresh(t)
+	ctx := context.Background()
+	var leases leaseTable
+	stale := leases.grant()
+	cfgA := cfg
+	cfgA.Lease = stale
+	a := openT(t, cfgA)
+	if err := a.CreateConversation(ctx, store.Conversation{ID: 1, Kind: store.Group, CreatedAt: baseTime},
+		[]store.Member{{UserID: "alice"}}); err != nil {
+		t.Fatalf("CreateConversation: %v", err)
+	}
+	var ids atomic.Uint64
+	send := func(s *Store, cmid string) (store.AppendResult, error) {
+		id := ids.Add(1)
+		return s.Append(ctx, store.Append{Msg: store.Message{ConvID: 1, MsgID: id, Sender: "alice", ClientMsgID: cmid,
+			Kind: "text", Body: "body " + cmid, ServerTime: baseTime + int64(id)}})
+	}
+	acked := map[string]uint64{}
+	for i := range 5 {
+		cmid := fmt.Sprintf("a%d", i)
+		res, err := send(a, cmid)
+		if err != nil {
+			t.Fatalf("owner append %s: %v", cmid, err)
+		}
+		acked[cmid] = res.Msg.Seq
+	}
+
+	// Takeover: B gets a newer epoch and writes 3 messages.
+	cfgB := cfg
+	cfgB.Lease = leases.grant()
+	b := openT(t, cfgB)
+	for i := range 3 {
+		cmid := fmt.Sprintf("b%d", i)
+		res, err := send(b, cmid)
+		if err != nil {
+			t.Fatalf("new owner append %s: %v", cmid, err)
+		}
+		acked[cmid] = res.Msg.Seq
+	}
+
+	// The stale owner still believes it owns the conversation: its
+	// writes (at seqs B holds, and above B's top) must all be refused.
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			cmid := fmt.Sprintf("z%d", i)
+			if res, err := send(a, cmid); err == nil {
+				t.Errorf("stale owner's %s acknowledged at seq %d", cmid, res.Msg.Seq)
+			} else if !errors.Is(err, store.ErrNotOwner) {
+				t.Errorf("stale owner's %s: %v, want ErrNotOwner", cmid, err)
+			}
+		})
+	}
+	wg.Wait()
+	// A retry of an acknowledged message through the stale owner is
+	// refused too; through the new owner it is the original.
+	if _, err := send(a, "b1"); !errors.Is(err, store.ErrNotOwner) {
+		t.Errorf("stale owner's retry of b1: %v, want ErrNotOwner", err)
+	}
+	// The new owner writes on; its seqs continue densely over the fenced
+	// ones, and a retry of a refused message is stored once.
+	for _, cmid := range []string{"b3", "z0", "b4"} {
+		res, err := send(b, cmid)
+		if err != nil || res.Duplicate {
+			t.Fatalf("new owner append %s: %+v, %v", cmid, res, err)
+		}
+		acked[cmid] = res.Msg.Seq
+	}
+	res, err := send(b, "b1")
+	if err != nil || !res.Duplicate || res.Msg.Seq != acked["b1"] {
+		t.Fatalf("retry of b1 = %+v, %v; want the original at seq %d", res, err, acked["b1"])
+	}
+
+	for name, s := range map[string]*Store{"stale": a, "new": b, "reader": openT(t, cfg)} {
+		msgs, err := s.Messages(ctx, 1, 1, 100, 100)
+		if err != nil {
+			t.Fatalf("%s: Messages: %v", name, err)
+		}
+		if len(msgs) != len(acked) {
+			t.Errorf("%s reads %d messages, want the %d acknowledged: %v", name, len(msgs), len(acked), cmids(msgs))
+		}
+		for i, m := range msgs {
+			if m.Seq != uint64(i+1) {
+				t.Fatalf("%s: message %d has seq %d: not dense", name, i, m.Seq)
+			}
+			if want, ok := acked[m.ClientMsgID]; !ok || want != m.Seq {
+				t.Errorf("%s: seq %d holds %s (acknowledged at %d, %v)", name, m.Seq, m.ClientMsgID, want, ok)
+			}
+		}
+		if c, err := s.Conversation(ctx, 1); err != nil || c.LastSeq != uint64(len(acked)) {
+			t.Errorf("%s: LastSeq = %d, %v; want %d", name, c.LastSeq, err, len(acked))
+		}
+	}
+}
+
+func cmids(ms []store.Message) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = fmt.Sprintf("%d:%s", m.Seq, m.ClientMsgID)
+	}
+	return out
+}
