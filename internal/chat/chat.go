@@ -239,6 +239,10 @@ func (s *Service) storeErr(op string, err error) *protocol.Error {
 		return protocol.Errorf(protocol.CodeNotMember, "not a member of this conversation")
 	case errors.Is(err, store.ErrNotFound):
 		return protocol.Errorf(protocol.CodeNotFound, "not found")
+	case errors.Is(err, store.ErrNotOwner):
+		// Cluster mode: the conversation is moving to another chat
+		// process; nothing was acknowledged.
+		return &protocol.Error{Code: protocol.CodeOverloaded, Msg: "the conversation is moving between chat processes; retry", RetryAfter: 200}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return protocol.Errorf(protocol.CodeStoreUnavailable, "%s: timed out", op)
 	}

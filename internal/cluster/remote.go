@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"sync"
 	"time"
 
 	natsio "github.com/nats-io/nats.go"
@@ -20,6 +22,22 @@ import (
 func subjectHandle(ns string) string   { return ns + ".chat.handle" }
 func subjectMayWatch(ns string) string { return ns + ".chat.maywatch" }
 
+// subjectPart carries the writes of partition p's conversations to the
+// partition's owner (see Owner), which alone subscribes to it.
+func subjectPart(ns string, p int) string { return ns + ".chat.p." + strconv.Itoa(p) }
+
+// ownerWrites are the frames that append to their conversation: the
+// gateway sends them to the conversation's owner.
+var ownerWrites = map[string]bool{
+	protocol.TypeSend: true, protocol.TypeEdit: true, protocol.TypeRecall: true,
+	protocol.TypeAddMembers: true, protocol.TypeRemove: true, protocol.TypeLeave: true,
+	protocol.TypeSetRole: true, protocol.TypeMute: true,
+}
+
+// ownerWait bounds how long a gateway waits for a partition to get an
+// owner (a takeover in progress) before it answers overloaded.
+const ownerWait = 3 * time.Second
+
 const chatQueue = "chat"
 
 // request is a gateway's call to the chat tier.
@@ -32,15 +50,22 @@ type request struct {
 
 // Remote is the chat tier as seen from a gateway: gateway.Backend over NATS.
 type Remote struct {
-	nc      *natsio.Conn
-	ns      string
-	timeout time.Duration
+	nc         *natsio.Conn
+	ns         string
+	timeout    time.Duration
+	partitions int
 }
 
 // NewRemote returns a backend that sends requests over nc to the chat tier
 // of namespace ns, each bounded by timeout (and by the caller's context).
-func NewRemote(nc *natsio.Conn, ns string, timeout time.Duration) *Remote {
-	return &Remote{nc: nc, ns: ns, timeout: timeout}
+// Writes to a conversation go to the owner of its partition (of
+// partitions, as the chat processes count them), the rest to any chat
+// process.
+func NewRemote(nc *natsio.Conn, ns string, timeout time.Duration, partitions int) *Remote {
+	if partitions <= 0 {
+		partitions = DefaultPartitions
+	}
+	return &Remote{nc: nc, ns: ns, timeout: timeout, partitions: partitions}
 }
 
 // Handle forwards f to one chat process and relays its single answer.
@@ -53,7 +78,12 @@ func (r *Remote) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, r
 	data, _ := json.Marshal(request{User: c.User, Device: c.Device, Frame: raw})
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	msg, err := r.nc.RequestWithContext(ctx, subjectHandle(r.ns), data)
+	var msg *natsio.Msg
+	if ownerWrites[f.Type] && f.ConvID != 0 {
+		msg, err = r.toOwner(ctx, Partition(f.ConvID, r.partitions), data)
+	} else {
+		msg, err = r.nc.RequestWithContext(ctx, subjectHandle(r.ns), data)
+	}
 	if err != nil {
 		reply(chat.ErrorFrame(f.RID, remoteErr(err)))
 		return
@@ -67,6 +97,23 @@ func (r *Remote) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, r
 		return
 	}
 	reply(&resp)
+}
+
+// toOwner sends a request to partition p's owner, waiting (up to
+// ownerWait) while the partition has none.
+func (r *Remote) toOwner(ctx context.Context, p int, data []byte) (*natsio.Msg, error) {
+	deadline := time.Now().Add(ownerWait)
+	for {
+		msg, err := r.nc.RequestWithContext(ctx, subjectPart(r.ns, p), data)
+		if !errors.Is(err, natsio.ErrNoResponders) || time.Now().After(deadline) {
+			return msg, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // MayWatch asks the chat tier whether a may see b's presence.
@@ -102,7 +149,12 @@ func remoteErr(err error) *protocol.Error {
 // Serve answers gateways' requests with svc until ctx ends. Each request
 // runs on its own goroutine (NATS delivers a subscription's messages one
 // by one), bounded by timeout.
-func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, timeout time.Duration, log *slog.Logger) error {
+//
+// With an owner, the process also answers the writes of the partitions it
+// holds (subjectPart), subscribing and unsubscribing as it takes and
+// gives them up. A write for a partition it no longer holds gets no
+// answer here: the new owner answers it.
+func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, timeout time.Duration, log *slog.Logger, owner *Owner) error {
 	handle := func(m *natsio.Msg) {
 		var req request
 		if err := json.Unmarshal(m.Data, &req); err != nil {
@@ -162,9 +214,87 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 		return fmt.Errorf("cluster: subscribe: %w", err)
 	}
 	defer sub2.Unsubscribe()
+	if owner != nil {
+		ps := &partSubs{nc: nc, ns: ns, owner: owner, log: log, subs: map[int]*natsio.Subscription{}}
+		ps.handle = func(m *natsio.Msg) {
+			var req request
+			var f protocol.Frame
+			if json.Unmarshal(m.Data, &req) != nil || json.Unmarshal(req.Frame, &f) != nil {
+				log.Warn("undecodable chat request")
+				return
+			}
+			if !owner.Holds(Partition(f.ConvID, owner.Partitions())) {
+				return // not (or no longer) the owner: the owner answers
+			}
+			handle(m)
+		}
+		owner.Watch(ps.update)
+		defer ps.close()
+	}
 	if err := nc.Flush(); err != nil {
 		return fmt.Errorf("cluster: subscribe: %w", err)
 	}
 	<-ctx.Done()
 	return nil
+}
+
+// partSubs keeps a subscription to subjectPart for each partition the
+// owner holds.
+type partSubs struct {
+	nc     *natsio.Conn
+	ns     string
+	owner  *Owner
+	log    *slog.Logger
+	handle natsio.MsgHandler
+	mu     sync.Mutex
+	subs   map[int]*natsio.Subscription
+	closed bool
+}
+
+// update makes the subscription of p follow whether the owner holds it.
+func (ps *partSubs) update(p int, _ bool) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	want := ps.owner.Holds(p) && !ps.closed
+	sub := ps.subs[p]
+	switch {
+	case want && sub == nil:
+		s, err := ps.nc.Subscribe(subjectPart(ps.ns, p), ps.handle)
+		if err != nil {
+			ps.log.Error("ownership: subscribe failed", "partition", p, "err", err)
+			return
+		}
+		ps.subs[p] = s
+	case !want && sub != nil:
+		_ = sub.Unsubscribe()
+		delete(ps.subs, p)
+	}
+}
+
+func (ps *partSubs) close() {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	ps.closed = true
+	for p, s := range ps.subs {
+		_ = s.Unsubscribe()
+		delete(ps.subs, p)
+	}
+}
+
+// Routed is the backend of a process that runs both roles in cluster
+// mode: writes to a conversation whose partition another process owns go
+// to that owner over NATS, everything else to the local chat service.
+type Routed struct {
+	Local  *chat.Service
+	Remote *Remote
+	Owner  *Owner
+}
+
+// Handle implements gateway.Backend.
+func (r Routed) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, reply func(*protocol.Frame)) {
+	if ownerWrites[f.Type] && f.ConvID != 0 && !r.Owner.Holds(Partition(f.ConvID, r.Owner.Partitions())) {
+		r.Remote.Handle(ctx, c, f, reply)
+		return
+	}
+	r.Local.Handle(ctx, c, f, reply)
 }

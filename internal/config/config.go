@@ -121,6 +121,13 @@ type Cluster struct {
 	// PresenceResync is how often a process rebuilds its view of who is
 	// online from the gateways.
 	PresenceResync time.Duration `yaml:"presence_resync" help:"how often a process rebuilds its view of who is online from the gateways"`
+	// Partitions: conversations map to this many partitions, each owned
+	// by one chat process at a time (the same in every process of a
+	// deployment, gateways included).
+	Partitions int `yaml:"partitions" help:"conversation partitions, each owned by one chat process at a time (the same in every process, gateways included)"`
+	// PartitionLease is the TTL of a partition lease in Redis: a dead or
+	// stalled owner's partitions move within about 4/3 of it.
+	PartitionLease time.Duration `yaml:"partition_lease" help:"TTL of a partition's ownership lease in Redis; a dead owner's partitions move within about 4/3 of it"`
 }
 
 // Enabled reports whether any cluster engine is configured.
@@ -191,7 +198,8 @@ func defaults() Config {
 		Metrics:    Metrics{Enabled: true},
 		Web:        Web{Page: true},
 		Cluster: Cluster{Keyspace: "parley", ReplicationFactor: 1, Consistency: "QUORUM", SerialConsistency: "SERIAL",
-			JetStreamReplicas: 1, Namespace: "parley", PresenceResync: 15 * time.Second},
+			JetStreamReplicas: 1, Namespace: "parley", PresenceResync: 15 * time.Second,
+			Partitions: 64, PartitionLease: 3 * time.Second},
 	}
 }
 
@@ -397,6 +405,8 @@ func (c Config) validateRoles(p *settings.Problems) {
 		p.Check(c.Cluster.Redis != "", "cluster.redis", "cluster mode needs Redis (host:port)")
 		p.Check(c.Cluster.NATS != "", "cluster.nats", "cluster mode needs NATS (nats://host:port)")
 		p.Check(validNamespace(c.Cluster.Namespace), "cluster.namespace", "%q must be 1-32 bytes of [a-z0-9_]", c.Cluster.Namespace)
+		p.Check(c.Cluster.Partitions >= 1 && c.Cluster.Partitions <= 65536, "cluster.partitions", "must be in [1, 65536], got %d", c.Cluster.Partitions)
+		p.Check(c.Cluster.PartitionLease >= 300*time.Millisecond, "cluster.partition_lease", "must be at least 300ms, got %v", c.Cluster.PartitionLease)
 		if c.RoleSet()[RoleChat] {
 			p.Check(c.Cluster.CassandraHosts != "", "cluster.cassandra_hosts", "the chat role needs Cassandra contact points")
 		}

@@ -118,6 +118,10 @@ type Cluster struct {
 	// PresenceResync is how often a process rebuilds its view of who is
 	// online from the gateways (default 15s).
 	PresenceResync time.Duration
+	// Partitions and PartitionLease configure conversation ownership
+	// (cluster.Owner; defaults 64 and 3s).
+	Partitions     int
+	PartitionLease time.Duration
 }
 
 func (c *Cluster) namespace() string {
@@ -155,6 +159,7 @@ type Server struct {
 	nc       *natsio.Conn
 	redis    goredis.UniversalClient
 	relay    *cluster.Relay
+	owner    *cluster.Owner // chat role in cluster mode
 
 	chat     *chat.Service
 	outbox   *fanout.Outbox
@@ -281,8 +286,12 @@ func (s *Server) openEngines(ctx context.Context) error {
 	}
 	s.bus = b
 	if o.RunChat {
+		s.owner = cluster.NewOwner(s.redis, cluster.OwnerConfig{
+			Namespace: ns, Node: o.Node, Partitions: c.Partitions, LeaseTTL: c.PartitionLease, Logger: o.Logger,
+		})
 		cc := c.Cassandra
 		cc.Logger = o.Logger
+		cc.Lease = s.owner
 		if cc.BucketWidth == 0 {
 			cc.BucketWidth = o.BucketWidth
 		}
@@ -406,10 +415,11 @@ func (s *Server) startChat() error {
 	})
 	if s.nc != nil {
 		s.runLoop(func(ctx context.Context) {
-			if err := cluster.Serve(ctx, s.nc, o.Cluster.namespace(), svc, o.Gateway.RequestTimeout, s.log); err != nil {
+			if err := cluster.Serve(ctx, s.nc, o.Cluster.namespace(), svc, o.Gateway.RequestTimeout, s.log, s.owner); err != nil {
 				s.log.Error("chat service stopped serving", "err", err)
 			}
 		})
+		s.runLoop(s.owner.Run)
 	}
 	return nil
 }
@@ -501,10 +511,14 @@ func (s *Server) startGateway(ctx context.Context) error {
 	}
 	s.verifier = v
 	var mayWatch gateway.MayWatch
-	if s.chat != nil {
+	switch {
+	case s.chat != nil && s.owner != nil:
+		r := cluster.NewRemote(s.nc, o.Cluster.namespace(), o.Gateway.RequestTimeout, o.Cluster.Partitions)
+		s.backend, mayWatch = cluster.Routed{Local: s.chat, Remote: r, Owner: s.owner}, s.chat.SharesConversation
+	case s.chat != nil:
 		s.backend, mayWatch = s.chat, s.chat.SharesConversation
-	} else {
-		r := cluster.NewRemote(s.nc, o.Cluster.namespace(), o.Gateway.RequestTimeout)
+	default:
+		r := cluster.NewRemote(s.nc, o.Cluster.namespace(), o.Gateway.RequestTimeout, o.Cluster.Partitions)
 		s.backend, mayWatch = r, r.MayWatch
 	}
 	gcfg := o.Gateway

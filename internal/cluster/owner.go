@@ -1,0 +1,446 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Conversation ownership. Conversations map to partitions (Partition);
+// each partition is held by one chat process at a time under a lease in
+// Redis with a fencing epoch. The key <ns>:part:<p> holds "<node>/<epoch>"
+// with a TTL; <ns>:partepoch:<p> the partition's last epoch. A new lease's
+// epoch is max(last + 1, Redis time in ms), so epochs grow strictly even
+// when a Redis restart loses the counter (as long as Redis's clock does not
+// go back). Chat processes announce themselves in the sorted set
+// <ns>:chatnodes (score: expiry in ms); each wants the partitions it ranks
+// first for by rendezvous hashing among the live ones, takes them when
+// free, gives up those another live process ranks first for, and takes
+// any partition that stayed free for two rounds (so every partition finds
+// an owner while views of the membership differ).
+//
+// A holder stops writing under a lease a quarter of the TTL before it
+// could have expired in Redis (counted from when its last renewal was
+// sent), and the store confirms the epoch in Redis after each write
+// before acknowledging it (cassandra.Lease), so a stalled holder never
+// gets a write acknowledged after another took over.
+
+// DefaultPartitions and DefaultLeaseTTL are the defaults of OwnerConfig.
+const (
+	DefaultPartitions = 64
+	DefaultLeaseTTL   = 3 * time.Second
+)
+
+// Partition maps a conversation to one of n partitions. Every process of
+// a deployment must use the same n.
+func Partition(conv uint64, n int) int {
+	// Mixed: Snowflake ids' low bits are a per-millisecond counter.
+	return int(mix(conv+0x9e3779b97f4a7c15) % uint64(n))
+}
+
+// OwnerConfig configures an Owner.
+type OwnerConfig struct {
+	Namespace string
+	Node      string
+	// Partitions is the number of partitions (default 64); it must be the
+	// same in every process of the deployment.
+	Partitions int
+	// LeaseTTL of a partition lease (default 3s). A dead owner's
+	// partitions are taken over within about LeaseTTL + LeaseTTL/3.
+	LeaseTTL time.Duration
+	Logger   *slog.Logger
+}
+
+// ErrLeaseLost is returned by Confirm when the partition's lease is no
+// longer this process's at the epoch.
+var ErrLeaseLost = errors.New("cluster: partition lease lost")
+
+// Owner holds this process's partition leases. It implements
+// cassandra.Lease.
+type Owner struct {
+	rdb goredis.UniversalClient
+	cfg OwnerConfig
+	log *slog.Logger
+
+	mu    sync.Mutex
+	held  map[int]*lease
+	free  map[int]int // partition → consecutive rounds seen free
+	watch []func(p int, held bool)
+}
+
+type lease struct {
+	epoch uint64
+	until time.Time // stop writing at this time unless renewed
+}
+
+// NewOwner returns an Owner; Run takes and keeps the leases.
+func NewOwner(rdb goredis.UniversalClient, cfg OwnerConfig) *Owner {
+	if cfg.Partitions <= 0 {
+		cfg.Partitions = DefaultPartitions
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Owner{rdb: rdb, cfg: cfg, log: cfg.Logger, held: map[int]*lease{}, free: map[int]int{}}
+}
+
+// Watch registers f, called when this process takes (held true) or gives
+// up a partition, and at once for the partitions held now. Calls may come
+// from several goroutines and, racing, out of order: f should look at
+// Holds rather than trust held.
+func (o *Owner) Watch(f func(p int, held bool)) {
+	o.mu.Lock()
+	o.watch = append(o.watch, f)
+	now := make([]int, 0, len(o.held))
+	for p := range o.held {
+		now = append(now, p)
+	}
+	o.mu.Unlock()
+	for _, p := range now {
+		f(p, true)
+	}
+}
+
+// Holds reports whether this process holds partition p and may write
+// under it.
+func (o *Owner) Holds(p int) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	l := o.held[p]
+	return l != nil && time.Now().Before(l.until)
+}
+
+// Partitions is the configured number of partitions.
+func (o *Owner) Partitions() int { return o.cfg.Partitions }
+
+// Epoch implements cassandra.Lease.
+func (o *Owner) Epoch(conv uint64) (uint64, bool) {
+	p := Partition(conv, o.cfg.Partitions)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	l := o.held[p]
+	if l == nil || !time.Now().Before(l.until) {
+		return 0, false
+	}
+	return l.epoch, true
+}
+
+// Confirm implements cassandra.Lease: one GET of the partition's key.
+func (o *Owner) Confirm(ctx context.Context, conv, epoch uint64) error {
+	p := Partition(conv, o.cfg.Partitions)
+	v, err := o.rdb.Get(ctx, o.key(p)).Result()
+	if errors.Is(err, goredis.Nil) {
+		v, err = "", nil
+	}
+	if err != nil {
+		return fmt.Errorf("cluster: confirm partition %d: %w", p, err)
+	}
+	if v != o.value(epoch) {
+		o.drop(p, epoch)
+		return fmt.Errorf("%w: partition %d is %q, not %q", ErrLeaseLost, p, v, o.value(epoch))
+	}
+	return nil
+}
+
+func (o *Owner) key(p int) string      { return o.cfg.Namespace + ":part:" + strconv.Itoa(p) }
+func (o *Owner) epochKey(p int) string { return o.cfg.Namespace + ":partepoch:" + strconv.Itoa(p) }
+func (o *Owner) nodesKey() string      { return o.cfg.Namespace + ":chatnodes" }
+func (o *Owner) value(epoch uint64) string {
+	return o.cfg.Node + "/" + strconv.FormatUint(epoch, 10)
+}
+
+var (
+	acquireScript = goredis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local e = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now)
+redis.call('SET', KEYS[2], string.format('%d', e))
+redis.call('SET', KEYS[1], ARGV[1] .. '/' .. string.format('%d', e), 'PX', ARGV[2])
+return string.format('%d', e)`)
+	renewScript = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0`)
+	releaseScript = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`)
+)
+
+// Run takes, renews and rebalances leases every LeaseTTL/3 until ctx
+// ends, then gives them all up.
+func (o *Owner) Run(ctx context.Context) {
+	tick := time.NewTicker(o.cfg.LeaseTTL / 3)
+	defer tick.Stop()
+	for {
+		o.round(ctx)
+		select {
+		case <-ctx.Done():
+			o.releaseAll()
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// round is one pass: announce, renew, take, give up.
+func (o *Owner) round(ctx context.Context) {
+	ttl := o.cfg.LeaseTTL
+	now := time.Now()
+	nodes, err := o.announce(ctx, now)
+	if err != nil {
+		if ctx.Err() == nil {
+			o.log.Warn("ownership: redis unavailable; partitions are given up as their leases end", "err", err)
+		}
+		o.expire(now)
+		return
+	}
+	o.renew(ctx)
+	keys := make([]string, o.cfg.Partitions)
+	for p := range keys {
+		keys[p] = o.key(p)
+	}
+	vals, err := o.rdb.MGet(ctx, keys...).Result()
+	if err != nil {
+		o.expire(now)
+		return
+	}
+	for p, v := range vals {
+		cur, _ := v.(string)
+		want := rendezvous(nodes, p)
+		o.mu.Lock()
+		_, mine := o.held[p]
+		if cur == "" {
+			o.free[p]++
+		} else {
+			delete(o.free, p)
+		}
+		freeRounds := o.free[p]
+		o.mu.Unlock()
+		switch {
+		case cur == "" && (want == o.cfg.Node || freeRounds >= 2):
+			o.acquire(ctx, p, ttl)
+		case mine && want != o.cfg.Node && want != "":
+			o.release(p)
+		}
+	}
+}
+
+// announce refreshes this node's entry and returns the live nodes.
+func (o *Owner) announce(ctx context.Context, now time.Time) ([]string, error) {
+	ms := now.UnixMilli()
+	pipe := o.rdb.TxPipeline()
+	pipe.ZAdd(ctx, o.nodesKey(), goredis.Z{Score: float64(ms + o.cfg.LeaseTTL.Milliseconds()), Member: o.cfg.Node})
+	pipe.ZRemRangeByScore(ctx, o.nodesKey(), "-inf", strconv.FormatInt(ms, 10))
+	live := pipe.ZRangeByScore(ctx, o.nodesKey(), &goredis.ZRangeBy{Min: strconv.FormatInt(ms, 10), Max: "+inf"})
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	return live.Val(), nil
+}
+
+// renew extends every held lease; a lease found gone is dropped at once.
+func (o *Owner) renew(ctx context.Context) {
+	o.mu.Lock()
+	held := make(map[int]uint64, len(o.held))
+	for p, l := range o.held {
+		held[p] = l.epoch
+	}
+	o.mu.Unlock()
+	if len(held) == 0 {
+		return
+	}
+	sent := time.Now()
+	pipe := o.rdb.Pipeline()
+	cmds := make(map[int]*goredis.Cmd, len(held))
+	for p, e := range held {
+		cmds[p] = renewScript.Eval(ctx, pipe, []string{o.key(p)}, o.value(e), o.cfg.LeaseTTL.Milliseconds())
+	}
+	_, _ = pipe.Exec(ctx)
+	for p, c := range cmds {
+		n, err := c.Int64()
+		switch {
+		case err != nil:
+			// Unknown: keep writing until the local deadline passes.
+			if ctx.Err() == nil {
+				o.log.Warn("ownership: renewal failed", "partition", p, "err", err)
+			}
+		case n == 1:
+			o.mu.Lock()
+			if l := o.held[p]; l != nil && l.epoch == held[p] {
+				l.until = sent.Add(o.cfg.LeaseTTL - o.cfg.LeaseTTL/4)
+			}
+			o.mu.Unlock()
+		default:
+			o.drop(p, held[p])
+		}
+	}
+	o.expire(time.Now())
+}
+
+// acquire tries to take partition p.
+func (o *Owner) acquire(ctx context.Context, p int, ttl time.Duration) {
+	sent := time.Now()
+	v, err := acquireScript.Run(ctx, o.rdb, []string{o.key(p), o.epochKey(p)}, o.cfg.Node, ttl.Milliseconds()).Result()
+	if err != nil {
+		if ctx.Err() == nil {
+			o.log.Warn("ownership: acquire failed", "partition", p, "err", err)
+		}
+		return
+	}
+	s, ok := v.(string)
+	if !ok {
+		return // taken meanwhile
+	}
+	epoch, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		o.log.Error("ownership: bad epoch from redis", "partition", p, "epoch", s)
+		return
+	}
+	o.mu.Lock()
+	o.held[p] = &lease{epoch: epoch, until: sent.Add(ttl - ttl/4)}
+	delete(o.free, p)
+	o.mu.Unlock()
+	o.log.Info("ownership: partition taken", "partition", p, "epoch", epoch)
+	o.notify(p, true)
+}
+
+// drop forgets partition p if it is still held at epoch.
+func (o *Owner) drop(p int, epoch uint64) {
+	o.mu.Lock()
+	l := o.held[p]
+	gone := l != nil && l.epoch == epoch
+	if gone {
+		delete(o.held, p)
+	}
+	o.mu.Unlock()
+	if gone {
+		o.log.Warn("ownership: partition lost", "partition", p, "epoch", epoch)
+		o.notify(p, false)
+	}
+}
+
+// expire drops the leases whose local deadline passed.
+func (o *Owner) expire(now time.Time) {
+	o.mu.Lock()
+	var gone []int
+	for p, l := range o.held {
+		if !now.Before(l.until) {
+			gone = append(gone, p)
+			delete(o.held, p)
+		}
+	}
+	o.mu.Unlock()
+	for _, p := range gone {
+		o.log.Warn("ownership: lease could not be renewed in time; partition given up", "partition", p)
+		o.notify(p, false)
+	}
+}
+
+// release gives p up: writes stop first, then (after the writes in
+// flight had time to confirm) the key is deleted so the next owner need
+// not wait for the TTL.
+func (o *Owner) release(p int) {
+	o.mu.Lock()
+	l := o.held[p]
+	delete(o.held, p)
+	o.mu.Unlock()
+	if l == nil {
+		return
+	}
+	o.notify(p, false)
+	time.Sleep(releaseGrace)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := releaseScript.Run(ctx, o.rdb, []string{o.key(p)}, o.value(l.epoch)).Err(); err != nil {
+		o.log.Warn("ownership: release failed; the lease expires instead", "partition", p, "err", err)
+	}
+}
+
+// releaseGrace lets writes in flight under a released lease confirm it.
+const releaseGrace = 100 * time.Millisecond
+
+func (o *Owner) releaseAll() {
+	o.mu.Lock()
+	held := make(map[int]uint64, len(o.held))
+	for p, l := range o.held {
+		held[p] = l.epoch
+	}
+	o.held = map[int]*lease{}
+	o.mu.Unlock()
+	for p := range held {
+		o.notify(p, false)
+	}
+	time.Sleep(releaseGrace)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	pipe := o.rdb.Pipeline()
+	for p, e := range held {
+		releaseScript.Eval(ctx, pipe, []string{o.key(p)}, o.value(e))
+	}
+	pipe.ZRem(ctx, o.nodesKey(), o.cfg.Node)
+	if _, err := pipe.Exec(ctx); err != nil {
+		o.log.Warn("ownership: release at shutdown failed; the leases expire instead", "err", err)
+	}
+}
+
+func (o *Owner) notify(p int, held bool) {
+	o.mu.Lock()
+	watch := o.watch
+	o.mu.Unlock()
+	for _, f := range watch {
+		f(p, held)
+	}
+}
+
+// Held returns the partitions this process holds (tests, metrics).
+func (o *Owner) Held() []int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]int, 0, len(o.held))
+	for p := range o.held {
+		out = append(out, p)
+	}
+	return out
+}
+
+// rendezvous returns the node that ranks first for partition p.
+func rendezvous(nodes []string, p int) string {
+	var (
+		best  string
+		score uint64
+	)
+	for _, n := range nodes {
+		h := fnv64(n + "/" + strconv.Itoa(p))
+		if best == "" || h > score || (h == score && strings.Compare(n, best) < 0) {
+			best, score = n, h
+		}
+	}
+	return best
+}
+
+func fnv64(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	// Mix: FNV's high bits move little with the last bytes.
+	return mix(h)
+}
+
+// mix is splitmix64's finaliser.
+func mix(z uint64) uint64 {
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
