@@ -185,7 +185,7 @@ func (o *Owner) Run(ctx context.Context) {
 		o.round(ctx)
 		select {
 		case <-ctx.Done():
-			o.releaseAll()
+			o.release(nil, true)
 			return
 		case <-tick.C:
 		}
@@ -214,6 +214,7 @@ func (o *Owner) round(ctx context.Context) {
 		o.expire(now)
 		return
 	}
+	var give []int
 	for p, v := range vals {
 		cur, _ := v.(string)
 		want := rendezvous(nodes, p)
@@ -230,9 +231,10 @@ func (o *Owner) round(ctx context.Context) {
 		case cur == "" && (want == o.cfg.Node || freeRounds >= 2):
 			o.acquire(ctx, p, ttl)
 		case mine && want != o.cfg.Node && want != "":
-			o.release(p)
+			give = append(give, p)
 		}
 	}
+	o.release(give, false)
 }
 
 // announce refreshes this node's entry and returns the live nodes.
@@ -346,52 +348,49 @@ func (o *Owner) expire(now time.Time) {
 	}
 }
 
-// release gives p up: writes stop first, then (after the writes in
-// flight had time to confirm) the key is deleted so the next owner need
-// not wait for the TTL.
-func (o *Owner) release(p int) {
+// release gives the partitions ps up (all held ones if all): writes stop
+// first, then, after the writes in flight had time to confirm their
+// lease, the keys are deleted so the next owners need not wait for the
+// TTL. With all, the node also leaves the membership set (shutdown).
+func (o *Owner) release(ps []int, all bool) {
 	o.mu.Lock()
-	l := o.held[p]
-	delete(o.held, p)
+	if all {
+		ps = ps[:0]
+		for p := range o.held {
+			ps = append(ps, p)
+		}
+	}
+	gone := make(map[int]uint64, len(ps))
+	for _, p := range ps {
+		if l := o.held[p]; l != nil {
+			gone[p] = l.epoch
+			delete(o.held, p)
+		}
+	}
 	o.mu.Unlock()
-	if l == nil {
+	if len(gone) == 0 && !all {
 		return
 	}
-	o.notify(p, false)
-	time.Sleep(releaseGrace)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if err := releaseScript.Run(ctx, o.rdb, []string{o.key(p)}, o.value(l.epoch)).Err(); err != nil {
-		o.log.Warn("ownership: release failed; the lease expires instead", "partition", p, "err", err)
-	}
-}
-
-// releaseGrace lets writes in flight under a released lease confirm it.
-const releaseGrace = 100 * time.Millisecond
-
-func (o *Owner) releaseAll() {
-	o.mu.Lock()
-	held := make(map[int]uint64, len(o.held))
-	for p, l := range o.held {
-		held[p] = l.epoch
-	}
-	o.held = map[int]*lease{}
-	o.mu.Unlock()
-	for p := range held {
+	for p := range gone {
 		o.notify(p, false)
 	}
 	time.Sleep(releaseGrace)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	pipe := o.rdb.Pipeline()
-	for p, e := range held {
+	for p, e := range gone {
 		releaseScript.Eval(ctx, pipe, []string{o.key(p)}, o.value(e))
 	}
-	pipe.ZRem(ctx, o.nodesKey(), o.cfg.Node)
+	if all {
+		pipe.ZRem(ctx, o.nodesKey(), o.cfg.Node)
+	}
 	if _, err := pipe.Exec(ctx); err != nil {
-		o.log.Warn("ownership: release at shutdown failed; the leases expire instead", "err", err)
+		o.log.Warn("ownership: release failed; the leases expire instead", "err", err)
 	}
 }
+
+// releaseGrace lets writes in flight under a released lease confirm it.
+const releaseGrace = 100 * time.Millisecond
 
 func (o *Owner) notify(p int, held bool) {
 	o.mu.Lock()

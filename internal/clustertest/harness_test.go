@@ -49,7 +49,8 @@ type Cluster struct {
 	mu       sync.Mutex
 	procs    map[string]*Proc
 	cass     string // Cassandra contact point
-	keyspace string
+	redis    string
+	keyspace string // also the NATS and Redis namespace
 	Gateways []*Proc
 	Chats    []*Proc
 }
@@ -86,7 +87,7 @@ func Start(t *testing.T, o Options) *Cluster {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	ks := "t" + strings.ToLower(hex.EncodeToString(key[:6]))
-	c := &Cluster{t: t, dir: t.TempDir(), key: key, procs: make(map[string]*Proc), cass: cass, keyspace: ks}
+	c := &Cluster{t: t, dir: t.TempDir(), key: key, procs: make(map[string]*Proc), cass: cass, redis: redis, keyspace: ks}
 	c.common = append([]string{
 		"--cluster.redis", redis, "--cluster.nats", nats, "--cluster.cassandra-hosts", cass,
 		"--cluster.keyspace", ks, "--cluster.namespace", ks, "--auth.hs256-key", hex.EncodeToString(key), "--log.level", "warn",

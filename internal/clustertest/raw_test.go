@@ -77,11 +77,26 @@ func (r *rawConn) close() { r.ws.Close() }
 type acked struct {
 	mu      sync.Mutex
 	seqs    map[uint64]map[uint64]string
+	times   map[uint64][]time.Time // conv → when each ack arrived
 	errs    []string
 	retries int // raw sends repeated after an error, a timeout or a lost connection
 }
 
-func newAcked() *acked { return &acked{seqs: make(map[uint64]map[uint64]string)} }
+func newAcked() *acked {
+	return &acked{seqs: make(map[uint64]map[uint64]string), times: make(map[uint64][]time.Time)}
+}
+
+// firstAfter returns the time of conv's first ack after t (zero if none).
+func (a *acked) firstAfter(conv uint64, t time.Time) time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, at := range a.times[conv] {
+		if at.After(t) {
+			return at
+		}
+	}
+	return time.Time{}
+}
 
 func (a *acked) record(conv, seq uint64, cmid string) {
 	a.mu.Lock()
@@ -95,6 +110,7 @@ func (a *acked) record(conv, seq uint64, cmid string) {
 		a.errs = append(a.errs, fmt.Sprintf("conv %d seq %d acknowledged for %q and for %q: seq reused", conv, seq, prev, cmid))
 	}
 	m[seq] = cmid
+	a.times[conv] = append(a.times[conv], time.Now())
 }
 
 func (a *acked) fail(format string, args ...any) {

@@ -1,0 +1,167 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// redisT returns a client of the test Redis ($PARLEY_TEST_REDIS) and a
+// fresh namespace, or skips (fails under CI).
+func redisT(t *testing.T) (*goredis.Client, string) {
+	t.Helper()
+	addr := os.Getenv("PARLEY_TEST_REDIS")
+	if addr == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI requires PARLEY_TEST_REDIS")
+		}
+		t.Skip("PARLEY_TEST_REDIS not set")
+	}
+	rdb := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	ns := "owner_" + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		keys, _ := rdb.Keys(ctx, ns+":*").Result()
+		if len(keys) > 0 {
+			rdb.Del(ctx, keys...)
+		}
+	})
+	return rdb, ns
+}
+
+// run starts o until the test ends (or stop is called).
+func run(t *testing.T, o *Owner) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { o.Run(ctx) })
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// convIn returns a conversation id of partition p.
+func convIn(p, n int) uint64 {
+	for c := uint64(1); ; c++ {
+		if Partition(c, n) == p {
+			return c
+		}
+	}
+}
+
+// TestOwnersShareAndTakeOver: two owners split the partitions, each
+// partition held by exactly one, leases renewed (held well past the TTL);
+// when one stops, the other takes its partitions at higher epochs, and
+// the stopped one's epochs no longer confirm.
+func TestOwnersShareAndTakeOver(t *testing.T) {
+	rdb, ns := redisT(t)
+	const n = 16
+	ttl := 2 * time.Second
+	a := NewOwner(rdb, OwnerConfig{Namespace: ns, Node: "a", Partitions: n, LeaseTTL: ttl})
+	b := NewOwner(rdb, OwnerConfig{Namespace: ns, Node: "b", Partitions: n, LeaseTTL: ttl})
+	stopA := run(t, a)
+	run(t, b)
+	split := func() bool {
+		ha, hb := a.Held(), b.Held()
+		return len(ha) > 0 && len(hb) > 0 && len(ha)+len(hb) == n
+	}
+	waitFor(t, "the partitions to be split", split)
+	// Held over several TTLs: renewals work, nothing flaps.
+	epochs := map[int]uint64{}
+	for p := range n {
+		conv := convIn(p, n)
+		ea, oka := a.Epoch(conv)
+		eb, okb := b.Epoch(conv)
+		if oka == okb {
+			t.Fatalf("partition %d: held by a %v, by b %v", p, oka, okb)
+		}
+		epochs[p] = ea + eb
+	}
+	time.Sleep(2 * ttl)
+	for p := range n {
+		conv := convIn(p, n)
+		ea, _ := a.Epoch(conv)
+		eb, _ := b.Epoch(conv)
+		if ea+eb != epochs[p] {
+			t.Errorf("partition %d changed hands or epoch (%d → %d) while both owners ran", p, epochs[p], ea+eb)
+		}
+		o := a
+		if eb != 0 {
+			o = b
+		}
+		if err := o.Confirm(context.Background(), conv, epochs[p]); err != nil {
+			t.Errorf("partition %d: Confirm: %v", p, err)
+		}
+	}
+	heldA := a.Held()
+	stopA() // releases: b takes over without waiting for the TTL
+	waitFor(t, "b to hold every partition", func() bool { return len(b.Held()) == n })
+	for _, p := range heldA {
+		conv := convIn(p, n)
+		eb, ok := b.Epoch(conv)
+		if !ok || eb <= epochs[p] {
+			t.Errorf("partition %d: b's epoch %d (held %v), a's was %d", p, eb, ok, epochs[p])
+		}
+		if err := a.Confirm(context.Background(), conv, epochs[p]); !errors.Is(err, ErrLeaseLost) {
+			t.Errorf("partition %d: a's old epoch confirms: %v", p, err)
+		}
+	}
+}
+
+// TestOwnerStopsWritingBeforeExpiry: an owner cut off from Redis stops
+// claiming its partitions before its lease can have expired, and a new
+// lease after the keys are lost (a Redis restart) has a higher epoch.
+func TestOwnerStopsWritingBeforeExpiry(t *testing.T) {
+	rdb, ns := redisT(t)
+	ttl := 800 * time.Millisecond
+	dead := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	defer dead.Close()
+	o := NewOwner(rdb, OwnerConfig{Namespace: ns, Node: "a", Partitions: 1, LeaseTTL: ttl})
+	o.round(context.Background())
+	e1, ok := o.Epoch(7)
+	if !ok {
+		t.Fatal("no lease after a round on an empty namespace")
+	}
+	taken := time.Now()
+	// Redis becomes unreachable: renewals fail. Whatever the rounds do,
+	// by the time the lease could have expired in Redis the owner has
+	// stopped claiming the partition.
+	o.rdb = dead
+	for time.Since(taken) < ttl {
+		o.round(context.Background())
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, ok := o.Epoch(7); ok {
+		t.Errorf("still claims the partition %v after taking the lease, TTL %v", time.Since(taken), ttl)
+	}
+	// Redis loses every key (restart): the next lease's epoch is higher.
+	o.rdb = rdb
+	keys, _ := rdb.Keys(context.Background(), ns+":*").Result()
+	rdb.Del(context.Background(), keys...)
+	o.round(context.Background())
+	e2, ok := o.Epoch(7)
+	if !ok || e2 <= e1 {
+		t.Fatalf("epoch after the keys were lost: %d (held %v), before %d", e2, ok, e1)
+	}
+}

@@ -1,0 +1,173 @@
+package clustertest
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/parley-im/parley/internal/cluster"
+)
+
+// The ownership fault tests run a send storm (every acknowledged message
+// must end stored once at its acknowledged seq, seqs dense) while the chat
+// process that owns the storm's group conversation dies, stalls or
+// restarts. Takeover times are logged (performance is reported, not
+// asserted; docs/benchmarks.md "Ownership").
+
+// owner returns the node holding conv's partition lease and its epoch
+// ("" if none).
+func (c *Cluster) owner(conv uint64) (string, uint64) {
+	c.t.Helper()
+	rdb := goredis.NewClient(&goredis.Options{Addr: c.redis})
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	p := cluster.Partition(conv, cluster.DefaultPartitions)
+	v, err := rdb.Get(ctx, c.keyspace+":part:"+strconv.Itoa(p)).Result()
+	if err != nil {
+		if !errors.Is(err, goredis.Nil) {
+			c.t.Logf("read lease of partition %d: %v", p, err)
+		}
+		return "", 0
+	}
+	node, e, _ := strings.Cut(v, "/")
+	epoch, _ := strconv.ParseUint(e, 10, 64)
+	return node, epoch
+}
+
+// leaseLeft returns the time left on conv's partition lease in Redis.
+func (c *Cluster) leaseLeft(conv uint64) time.Duration {
+	rdb := goredis.NewClient(&goredis.Options{Addr: c.redis})
+	defer rdb.Close()
+	p := cluster.Partition(conv, cluster.DefaultPartitions)
+	d, _ := rdb.PTTL(context.Background(), c.keyspace+":part:"+strconv.Itoa(p)).Result()
+	return d
+}
+
+// waitOwner waits until conv's partition has an owner other than not and
+// returns it.
+func (c *Cluster) waitOwner(conv uint64, not string, timeout time.Duration) (string, uint64) {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if node, epoch := c.owner(conv); node != "" && node != not {
+			return node, epoch
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("conv %d: no new owner within %v", conv, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (c *Cluster) chat(name string) *Proc {
+	c.t.Helper()
+	for _, p := range c.Chats {
+		if p.Name == name {
+			return p
+		}
+	}
+	c.t.Fatalf("no chat process %q", name)
+	return nil
+}
+
+// stormOwner starts a storm and returns it with the owner of its group.
+func stormOwner(t *testing.T, c *Cluster) (*rawStorm, *Proc, uint64) {
+	t.Helper()
+	s := startRawStorm(t, c, 8)
+	time.Sleep(2 * time.Second)
+	node, epoch := c.waitOwner(s.cs.group, "", 10*time.Second)
+	return s, c.chat(node), epoch
+}
+
+// TestKillOwnerDuringSendStorm: the owner of the storm's group is killed
+// with SIGKILL; another chat process takes the partition over after the
+// lease expires, and the senders' retries land there.
+func TestKillOwnerDuringSendStorm(t *testing.T) {
+	c := Start(t, Options{Gateways: 2, Chats: 3})
+	s, victim, epoch := stormOwner(t, c)
+	left := c.leaseLeft(s.cs.group)
+	killed := time.Now()
+	c.Kill9(victim)
+	node, newEpoch := c.waitOwner(s.cs.group, victim.Name, 30*time.Second)
+	moved := time.Since(killed)
+	if newEpoch <= epoch {
+		t.Errorf("new lease epoch %d is not above the dead owner's %d", newEpoch, epoch)
+	}
+	time.Sleep(3 * time.Second)
+	first := s.got.firstAfter(s.cs.group, killed)
+	if first.IsZero() {
+		t.Errorf("no message of the group acknowledged within 3s of the takeover by %s", node)
+	}
+	t.Logf("takeover after kill -9 of %s (lease had %v left): lease at %s after %v, first ACK in the group %v after the kill",
+		victim.Name, left, node, moved.Round(time.Millisecond), first.Sub(killed).Round(time.Millisecond))
+	c.Restart(victim)
+	time.Sleep(2 * time.Second)
+	s.finish()
+}
+
+// TestStalledOwnerFenced: the owner of the storm's group is stopped with
+// SIGSTOP past its lease; another process takes over and the storm goes
+// on; then the stalled process resumes (SIGCONT) with requests and writes
+// in flight. Nothing it writes after the takeover is acknowledged or
+// shows: every acknowledged message is stored once at its seq, seqs
+// dense, no seq acknowledged twice.
+func TestStalledOwnerFenced(t *testing.T) {
+	c := Start(t, Options{Gateways: 2, Chats: 2})
+	s, victim, epoch := stormOwner(t, c)
+	left := c.leaseLeft(s.cs.group)
+	stopped := time.Now()
+	if err := victim.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			_ = victim.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	node, newEpoch := c.waitOwner(s.cs.group, victim.Name, 30*time.Second)
+	moved := time.Since(stopped)
+	if newEpoch <= epoch {
+		t.Errorf("new lease epoch %d is not above the stalled owner's %d", newEpoch, epoch)
+	}
+	time.Sleep(3 * time.Second)
+	first := s.got.firstAfter(s.cs.group, stopped)
+	t.Logf("takeover after SIGSTOP of %s (lease had %v left): lease at %s after %v, first ACK in the group after the stop %v later",
+		victim.Name, left, node, moved.Round(time.Millisecond), first.Sub(stopped).Round(time.Millisecond))
+	if err := victim.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	// The zombie wakes with a backlog; the storm goes on around it.
+	time.Sleep(4 * time.Second)
+	s.finish()
+}
+
+// TestRollingRestartOfChats: under a send storm every chat process in
+// turn is stopped with SIGTERM (it gives its partitions up) and started
+// again.
+func TestRollingRestartOfChats(t *testing.T) {
+	c := Start(t, Options{Gateways: 2, Chats: 3})
+	s := startRawStorm(t, c, 8)
+	time.Sleep(1500 * time.Millisecond)
+	for _, p := range c.Chats {
+		owned, _ := c.owner(s.cs.group)
+		start := time.Now()
+		c.Stop(p)
+		if owned == p.Name {
+			node, _ := c.waitOwner(s.cs.group, p.Name, 30*time.Second)
+			t.Logf("%s stopped (owner of the group); %s took it over %v after SIGTERM", p.Name, node, time.Since(start).Round(time.Millisecond))
+		}
+		c.Restart(p)
+		time.Sleep(1500 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	s.finish()
+}
