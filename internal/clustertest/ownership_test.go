@@ -101,7 +101,7 @@ func TestKillOwnerDuringSendStorm(t *testing.T) {
 		t.Errorf("new lease epoch %d is not above the dead owner's %d", newEpoch, epoch)
 	}
 	time.Sleep(3 * time.Second)
-	first := s.got.firstAfter(s.cs.group, killed)
+	first := s.got.firstAfter(s.cs.group, killed.Add(100*time.Millisecond))
 	if first.IsZero() {
 		t.Errorf("no message of the group acknowledged within 3s of the takeover by %s", node)
 	}
@@ -138,7 +138,7 @@ func TestStalledOwnerFenced(t *testing.T) {
 		t.Errorf("new lease epoch %d is not above the stalled owner's %d", newEpoch, epoch)
 	}
 	time.Sleep(3 * time.Second)
-	first := s.got.firstAfter(s.cs.group, stopped)
+	first := s.got.firstAfter(s.cs.group, stopped.Add(100*time.Millisecond))
 	t.Logf("takeover after SIGSTOP of %s (lease had %v left): lease at %s after %v, first ACK in the group after the stop %v later",
 		victim.Name, left, node, moved.Round(time.Millisecond), first.Sub(stopped).Round(time.Millisecond))
 	if err := victim.cmd.Process.Signal(syscall.SIGCONT); err != nil {
