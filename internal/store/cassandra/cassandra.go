@@ -43,6 +43,25 @@
 // is read from the hint and then from the index (the hint may lag a crashed
 // appender).
 //
+// # Owned appends
+//
+// With Config.Lease (cluster mode), the seq allocation above is replaced:
+// the conversation's partition is held by one process under a lease with
+// a fencing epoch, and that process allocates seqs in memory and writes
+// them with plain statements (owned.go). On first use under an epoch (or
+// generation g within it, after a write of unknown outcome) it loads the
+// top and writes a range tombstone over the seqs above it in the next
+// seq's message_seq partition at timestamp epoch·1000+2g; its slots and
+// idempotency records (which then carry the seq) go in one logged batch
+// at epoch·1000+2g+1, batched per conversation (up to 64, within one
+// message_seq partition); it confirms the lease (Lease.Confirm) before
+// acknowledging and only then writes the outbox entries, hints and rows.
+// A stale owner's late slots are shadowed by the newer owner's fence or
+// lose to its later timestamps, an idempotency record counts only if its
+// slot holds its message, and a process that sees a newer epoch's top slot
+// or fails a confirmation never writes under that epoch again.
+// docs/decisions.md "Conversation ownership" has the argument.
+//
 // # Memberships
 //
 // Joins, leaves, role and mute changes run under the conversation's mutex
