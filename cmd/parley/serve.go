@@ -98,7 +98,7 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 			Redis: cfg.Cluster.Redis, NATS: cfg.Cluster.NATS, Cassandra: cfg.Cassandra(),
 			Namespace: cfg.Cluster.Namespace, JetStreamReplicas: cfg.Cluster.JetStreamReplicas,
 			PresenceResync: cfg.Cluster.PresenceResync,
-			Partitions: cfg.Cluster.Partitions, PartitionLease: cfg.Cluster.PartitionLease,
+			Partitions:     cfg.Cluster.Partitions, PartitionLease: cfg.Cluster.PartitionLease,
 		}
 	}
 	return o
