@@ -230,6 +230,11 @@ func (inline) Wait(context.Context, uint64, uint64) {}
 // storeErr turns a store failure into the client-facing error. Conditions
 // the client can act on keep their meaning; anything else means the engine
 // failed and nothing was done.
+// MovingMsg is the message of the overloaded error that answers a write
+// to a conversation this process does not (or no longer) own in cluster
+// mode; the gateway retries such a write on the new owner.
+const MovingMsg = "the conversation is moving between chat processes; retry"
+
 func (s *Service) storeErr(op string, err error) *protocol.Error {
 	var pe *protocol.Error
 	switch {
@@ -242,7 +247,7 @@ func (s *Service) storeErr(op string, err error) *protocol.Error {
 	case errors.Is(err, store.ErrNotOwner):
 		// Cluster mode: the conversation is moving to another chat
 		// process; nothing was acknowledged.
-		return &protocol.Error{Code: protocol.CodeOverloaded, Msg: "the conversation is moving between chat processes; retry", RetryAfter: 200}
+		return &protocol.Error{Code: protocol.CodeOverloaded, Msg: MovingMsg, RetryAfter: 200}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return protocol.Errorf(protocol.CodeStoreUnavailable, "%s: timed out", op)
 	}

@@ -99,13 +99,18 @@ func (r *Remote) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, r
 	reply(&resp)
 }
 
+// headerMoved marks the answer of a chat process that refused a write
+// because the conversation's partition just moved away from it.
+const headerMoved = "Parley-Moved"
+
 // toOwner sends a request to partition p's owner, waiting (up to
-// ownerWait) while the partition has none.
+// ownerWait) while the partition has none or is moving.
 func (r *Remote) toOwner(ctx context.Context, p int, data []byte) (*natsio.Msg, error) {
 	deadline := time.Now().Add(ownerWait)
 	for {
 		msg, err := r.nc.RequestWithContext(ctx, subjectPart(r.ns, p), data)
-		if !errors.Is(err, natsio.ErrNoResponders) || time.Now().After(deadline) {
+		retry := errors.Is(err, natsio.ErrNoResponders) || err == nil && msg.Header.Get(headerMoved) != ""
+		if !retry || time.Now().After(deadline) {
 			return msg, err
 		}
 		select {
@@ -171,6 +176,14 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 				}
 				answered = true
 				data, _ := json.Marshal(resp)
+				if resp.Type == protocol.TypeError && resp.Code == protocol.CodeOverloaded && resp.Error == chat.MovingMsg {
+					// Tell the gateway to retry on the new owner.
+					r := natsio.NewMsg(m.Reply)
+					r.Data = data
+					r.Header.Set(headerMoved, "1")
+					_ = m.RespondMsg(r)
+					return
+				}
 				_ = m.Respond(data)
 			}
 			// The gateway validated the frame (protocol.DecodeClient)
