@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"regexp"
 	"strings"
@@ -17,6 +18,8 @@ import (
 	"github.com/prometheus/common/model"
 	"gopkg.in/yaml.v3"
 
+	"github.com/parley-im/parley/internal/hooks"
+	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
 )
 
@@ -102,7 +105,13 @@ func checkExpr(expr string, fams map[string]family) []string {
 
 func scrape(t *testing.T) map[string]family {
 	t.Helper()
-	srv := servertest.Start(t)
+	// A webhook endpoint, so that the node exports the per-endpoint
+	// webhook metrics too.
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	t.Cleanup(recv.Close)
+	srv := servertest.Start(t, func(o *server.Options) {
+		o.Webhooks.Endpoints = []hooks.Endpoint{{Name: "ops", URL: recv.URL, Secret: "ops-test-secret"}}
+	})
 	resp, err := http.Get(srv.HTTPURL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
