@@ -175,3 +175,19 @@ func TestStartedLine(t *testing.T) {
 		t.Errorf("gateway only: %q", got)
 	}
 }
+
+// TestClusterOptionsFromConfig: the cluster settings reach the server,
+// the presence resync interval among them.
+func TestClusterOptionsFromConfig(t *testing.T) {
+	cfg, err := config.Load([]string{"--cluster.redis", "127.0.0.1:1", "--cluster.nats", "nats://127.0.0.1:2", "--cluster.cassandra-hosts", "h1, h2",
+		"--cluster.presence-resync", "7s", "--cluster.namespace", "ns1", "--cluster.keyspace", "ks1", "--store.bucket-width", "48h"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := serverOptions(cfg, auth.Config{}, nil)
+	c := o.Cluster
+	if c == nil || c.PresenceResync != 7*time.Second || c.Namespace != "ns1" || c.Redis != "127.0.0.1:1" || c.NATS != "nats://127.0.0.1:2" ||
+		c.Cassandra.Keyspace != "ks1" || len(c.Cassandra.Hosts) != 2 || c.Cassandra.Hosts[1] != "h2" || c.Cassandra.BucketWidth != 48*time.Hour || o.BucketWidth != 48*time.Hour {
+		t.Fatalf("cluster options %+v", c)
+	}
+}
