@@ -116,6 +116,17 @@ func (s *Service) FanOut(ctx context.Context, j fanout.Job) error {
 	if err != nil {
 		return fmt.Errorf("recipients: %w", err)
 	}
+	// Pushes first, rows after: no read path takes last_seq from a row
+	// (sync, conv_list and unread read the conversation), so the
+	// recipients need not wait for the rows' durable write — in the medium
+	// tier one row per member online, synced — to get the message. The
+	// entry is cleared only once both are done or recorded, as before.
+	wm := wireMessage(m)
+	rc := s.collectReached(m)
+	pushed, err := s.pushFrame(ctx, recipients, &protocol.Frame{Type: protocol.TypeMsg, Message: &wm}, m.ConvID, m.Seq, m.CoalesceKey, rc)
+	if err != nil {
+		return err
+	}
 	rows := 0
 	if j.RowsWritten {
 		// The append wrote every member's row with the message (direct
@@ -140,12 +151,6 @@ func (s *Service) FanOut(ctx context.Context, j fanout.Job) error {
 				return err
 			}
 		}
-	}
-	wm := wireMessage(m)
-	rc := s.collectReached(m)
-	pushed, err := s.pushFrame(ctx, recipients, &protocol.Frame{Type: protocol.TypeMsg, Message: &wm}, m.ConvID, m.Seq, m.CoalesceKey, rc)
-	if err != nil {
-		return err
 	}
 	if s.hook != nil {
 		if err := s.hookFanned(ctx, m, cv, tier, recipients, rc); err != nil {

@@ -148,12 +148,15 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	}()
 	bucket := bucketOf(m.ServerTime, s.bucketMS)
 	mkey := msgKey(conv, bucket, m.MsgID)
-	taken, err := s.exists(mkey)
-	if err != nil {
-		return res, err
-	}
-	if taken {
-		return res, fmt.Errorf("msg id %d: %w", m.MsgID, store.ErrConflict)
+	if s.idTakenMaybe(m.MsgID) {
+		// At or below the watermark (idmark.go): look the id up.
+		taken, err := s.exists(mkey)
+		if err != nil {
+			return res, err
+		}
+		if taken {
+			return res, fmt.Errorf("msg id %d: %w", m.MsgID, store.ErrConflict)
+		}
 	}
 
 	b := s.db.NewBatch()
@@ -208,12 +211,24 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 		}
 	}
 
+	markDone := func(bool) {}
+	if !s.idTakenMaybe(m.MsgID) {
+		var mark []byte
+		if mark, markDone = s.raiseIDMark(m.MsgID); mark != nil {
+			if err = b.Set(idMarkKey, mark, nil); err != nil {
+				markDone(false)
+				return res, err
+			}
+		}
+	}
 	var p *pendingAppend
 	if idem != "" {
 		p = &pendingAppend{done: make(chan struct{})}
 		st.inflight[idem] = p
 	}
-	if err = s.db.ApplyNoSyncWait(b, syncWrite); err != nil {
+	err = s.db.ApplyNoSyncWait(b, syncWrite)
+	markDone(err == nil)
+	if err != nil {
 		if p != nil {
 			delete(st.inflight, idem)
 			p.err = err

@@ -19,7 +19,11 @@ const (
 	tagCoalesce  = 'K'
 	tagOutbox    = 'O'
 	tagVersion   = 'H'
+	tagIDMark    = 'N'
 )
+
+// idMarkKey is N: the message id watermark (idmark.go).
+var idMarkKey = []byte{tagIDMark}
 
 // bucketOf maps a message's server time to its time bucket. Times before the
 // epoch land in bucket 0 and times past the u32 range in the last bucket, so

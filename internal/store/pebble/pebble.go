@@ -61,8 +61,8 @@
 //
 // Store is safe for concurrent use. Lock order: Store.gate (read side, per
 // call) → direct-pair stripe → convState.mu → convState.rowsMu →
-// convState.ov.mu; Store.convs.mu and position stripes are leaves. Close
-// waits for calls in progress.
+// convState.ov.mu → Store.idMark.mu (idmark.go); Store.convs.mu and
+// position stripes are leaves. Close waits for calls in progress.
 package pebble
 
 import (
@@ -76,6 +76,7 @@ import (
 	"time"
 
 	cpebble "github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/parley-im/parley/internal/store"
@@ -174,6 +175,9 @@ type Store struct {
 	// broken is set once a WAL fsync failed; after that no write is
 	// acknowledged because its durability can no longer be known.
 	broken atomic.Pointer[error]
+
+	// idMark lets an append skip the msg-id uniqueness lookup (idmark.go).
+	idMark idMark
 }
 
 var _ store.Store = (*Store)(nil)
@@ -195,6 +199,13 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		Logger:             pebbleLogger{cfg.Logger.With(logKeyComponent, "pebble")},
 		FormatMajorVersion: cpebble.FormatNewest,
 	}
+	// Bloom filters on every level: most point lookups an append makes
+	// (the idempotency key, a seq's message) are for keys that are not
+	// there, and without a filter each probes every sstable that could
+	// hold the key.
+	for i := range opts.Levels {
+		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
 	db, err := cpebble.Open(cfg.Dir, opts)
 	if err != nil {
 		return nil, fmt.Errorf("pebble: open %s: %w", cfg.Dir, err)
@@ -206,6 +217,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		seed:     maphash.MakeSeed(),
 	}
 	s.convs.m = make(map[uint64]*convState)
+	if err := s.loadIDMark(); err != nil {
+		return nil, errors.Join(fmt.Errorf("pebble: open %s: %w", cfg.Dir, err), db.Close())
+	}
 	return s, nil
 }
 
