@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -56,6 +57,9 @@ func EngineConfig(cfg Config, ln net.Listener, h http.Handler) nbhttp.Config {
 		MaxHTTPBodySize: cfg.Limits.MaxFrameBytes,
 		ReadLimit:       cfg.MaxHeaderBytes + cfg.Limits.MaxFrameBytes + readSlack,
 		ErrorBody:       edgeErrorBody,
+		// Request handlers run on workers that outlive one task
+		// (executor.go).
+		ServerExecutor: newExecutor(func(msg string, args ...any) { slog.Error(msg, args...) }).Go,
 	}
 }
 

@@ -62,17 +62,19 @@ func (s *Store) Members(ctx context.Context, convID uint64) ([]store.Member, err
 		return nil, err
 	}
 	defer s.gate.RUnlock()
+	// A loaded conversation exists (conversations are never deleted): its
+	// cached members need no lookup of the C key.
+	if st := s.peek(convID); st != nil && st.exists.Load() {
+		if p := st.members.Load(); p != nil {
+			return slices.Clone(*p), nil
+		}
+	}
 	found, err := s.exists(convKey(convID))
 	if err == nil && !found {
 		err = store.ErrNotFound
 	}
 	var out []store.Member
 	if err == nil {
-		if st := s.peek(convID); st != nil {
-			if p := st.members.Load(); p != nil {
-				return slices.Clone(*p), nil
-			}
-		}
 		out, err = s.currentMembers(convID)
 	}
 	if err != nil {
