@@ -6,6 +6,12 @@ package protocol
 type Caller struct {
 	User   string
 	Device string
+	// Admin marks a request of the server API (internal/admin), made with
+	// the operator's authority: User is then the admin's actor id, not a
+	// member. Only the admin API sets it, in process; it never crosses
+	// the wire (the gateway and the cluster codec fill User and Device
+	// only).
+	Admin bool
 }
 
 // ErrorFrame builds the error frame answering the request rid with e.

@@ -92,6 +92,11 @@ func peekRID(data []byte) string {
 	return probe.RID
 }
 
+// Validate checks a frame built in process (the server API builds client
+// frames from its requests) exactly as DecodeClient checks a decoded one;
+// it may fill defaults (a send's kind) as DecodeClient does.
+func Validate(f *Frame, lim Limits) *Error { return validate(f, lim) }
+
 func validate(f *Frame, lim Limits) *Error {
 	if len(f.RID) > 64 {
 		return Errorf(CodeInvalidArgument, "rid is over 64 bytes")

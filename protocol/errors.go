@@ -24,6 +24,8 @@ const (
 	CodeInternal         Code = "internal"             // a server bug; nothing is promised about the request
 	CodeTimeout          Code = "timeout"              // no answer in time; the outcome is unknown, retry (sends are idempotent)
 	CodeOverloaded       Code = "overloaded"           // admission control refused; retry after retry_after_ms
+	CodeTokenRevoked     Code = "token_revoked"        // the token was issued before the user's (or device's) revocation time: get a new one
+	CodeBanned           Code = "banned"               // the user is banned by the operator
 )
 
 // Retryable reports whether the same request may succeed if sent again
@@ -34,6 +36,32 @@ func (c Code) Retryable() bool {
 		return true
 	}
 	return false
+}
+
+// HTTPStatus is the HTTP status an HTTP answer carrying c has
+// (docs/protocol.md, HTTP endpoints).
+func HTTPStatus(c Code) int {
+	switch c {
+	case CodeUnauthorized, CodeTokenExpired, CodeTokenRevoked:
+		return 401
+	case CodeNotMember, CodeForbidden, CodeBanned:
+		return 403
+	case CodeNotFound:
+		return 404
+	case CodeConflict, CodeRecallExpired:
+		return 409
+	case CodeTooLarge:
+		return 413
+	case CodeRateLimited:
+		return 429
+	case CodeStoreUnavailable, CodeOverloaded:
+		return 503
+	case CodeInternal:
+		return 500
+	case CodeTimeout:
+		return 504
+	}
+	return 400
 }
 
 // WebSocket close codes used by the server. 1000–1011 are RFC 6455's; 4000–4999
@@ -48,6 +76,9 @@ const (
 	CloseInternal        = 1011 // the server failed
 	CloseIdleTimeout     = 4000 // nothing received for idle_timeout_ms
 	CloseTokenExpired    = 4001 // the connection's token expired: reconnect with a new token
+	CloseTokenRevoked    = 4002 // the connection's token was revoked (issued before a revocation time): reconnect with a new token
+	CloseBanned          = 4003 // the user was banned: do not reconnect
+	CloseDisconnected    = 4004 // the operator disconnected this device: reconnect with backoff
 	CloseReplaced        = 4009 // the same user and device connected again elsewhere
 	CloseTooManyErrors   = 4010 // too many bad frames in a row
 	CloseRateLimited     = 4029 // too many requests refused rate_limited in a row: reconnect after a pause

@@ -235,6 +235,11 @@ type SystemEvent struct {
 	// Device is the device of device_added, device_removed and
 	// identity_changed (E2E conversations only).
 	Device string `json:"device,omitempty"`
+	// Admin marks an event made through the server API (the operator),
+	// whose Actor is then the admin actor id, not a member.
+	Admin bool `json:"admin,omitempty"`
+	// Text is a notice's text (event "notice", server API only).
+	Text string `json:"text,omitempty"`
 }
 
 // ConvSnapshot is one conversation in a snapshot (the answer to sync). A

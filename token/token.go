@@ -81,6 +81,10 @@ type Identity struct {
 	// User may use it.
 	Device  string
 	Expires time.Time
+	// IssuedAt is the token's iat (second precision); zero when the token
+	// has none. The server's revocations refuse tokens issued before a
+	// time.
+	IssuedAt time.Time
 }
 
 // CheckDevice reports whether a connection announcing device may use this
@@ -158,7 +162,11 @@ func (v *Verifier) Verify(token string, now time.Time) (Identity, error) {
 	if c.Device != "" && !protocol.ValidID(c.Device) {
 		return Identity{}, fmt.Errorf("verify: dev %q is not a valid device id: %w", c.Device, ErrInvalid)
 	}
-	return Identity{User: c.Subject, Device: c.Device, Expires: c.ExpiresAt.Time}, nil
+	id := Identity{User: c.Subject, Device: c.Device, Expires: c.ExpiresAt.Time}
+	if c.IssuedAt != nil {
+		id.IssuedAt = c.IssuedAt.Time
+	}
+	return id, nil
 }
 
 // key hands the parser the key for the token's algorithm. The type switch

@@ -33,11 +33,22 @@ func runServe(ctx context.Context, args []string) error {
 	if cfg.UsesDevKey() {
 		log.Warn("using the development token key in the data directory; configure auth.hs256_key_file or auth.ed25519_public_key_file for production", "data_dir", cfg.DataDir)
 	}
-	srv, err := server.Start(ctx, serverOptions(cfg, authCfg, log))
+	opts := serverOptions(cfg, authCfg, log)
+	adminKey, err := cfg.ResolveAdminKey()
+	if err != nil {
+		return err
+	}
+	if adminKey != nil {
+		opts.Admin = &server.Admin{Listen: cfg.Admin.Listen, Key: adminKey, Actor: cfg.Admin.Actor}
+	}
+	srv, err := server.Start(ctx, opts)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(os.Stderr, startedLine(cfg, srv.Addr()))
+	if a := srv.AdminAddr(); a != "" {
+		fmt.Fprintf(os.Stderr, "parley: admin API on http://%s/v1/admin/\n", a)
+	}
 	<-ctx.Done()
 	log.Info("stopping: draining connections", "timeout", cfg.Gateway.DrainTimeout)
 	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Gateway.DrainTimeout+5*time.Second)

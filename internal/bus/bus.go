@@ -34,9 +34,12 @@ type Delivery struct {
 }
 
 // Kick names a session to close because the same user and device connected
-// again (possibly on another node).
+// again (possibly on another node). With Code set it is an operator's
+// disconnect instead: every session of User (of Device, if set) on the
+// node is closed with Code.
 type Kick struct {
 	User, Device, Session string
+	Code                  int
 }
 
 // Handler consumes deliveries for a node. It must not block for long: it

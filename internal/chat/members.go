@@ -27,7 +27,11 @@ func roleName(r store.Role) string {
 
 // group returns a group the caller is a current member of, with the
 // caller's membership.
-func (s *Service) group(ctx context.Context, user string, convID uint64) (store.Conversation, store.Member, *protocol.Error) {
+func (s *Service) group(ctx context.Context, c Caller, convID uint64) (store.Conversation, store.Member, *protocol.Error) {
+	if c.Admin {
+		return s.adminGroup(ctx, convID)
+	}
+	user := c.User
 	m, perr := s.member(ctx, user, convID)
 	if perr != nil {
 		return store.Conversation{}, m, perr
@@ -52,7 +56,7 @@ const leaveFanoutWait = 5 * time.Second
 // systemEvent stores a membership change as a message of its own (it takes
 // a seq) and fans it out like any message.
 func (s *Service) systemEvent(ctx context.Context, c Caller, cv store.Conversation, ev protocol.SystemEvent) (uint64, *protocol.Error) {
-	ev.Actor = c.User
+	ev.Actor, ev.Admin = c.User, c.Admin
 	body, err := json.Marshal(ev)
 	if err != nil {
 		return 0, protocol.Errorf(protocol.CodeInternal, "encode event")
@@ -75,7 +79,7 @@ func (s *Service) systemEvent(ctx context.Context, c Caller, cv store.Conversati
 // addMembers: owner or admin only. New members join at last_seq + 1 and
 // see the member_added event, nothing before it.
 func (s *Service) addMembers(ctx context.Context, c Caller, convID uint64, users []string) (*protocol.Frame, *protocol.Error) {
-	cv, m, perr := s.group(ctx, c.User, convID)
+	cv, m, perr := s.group(ctx, c, convID)
 	if perr != nil {
 		return nil, perr
 	}
@@ -105,7 +109,7 @@ func (s *Service) addMembers(ctx context.Context, c Caller, convID uint64, users
 // with event member_left, the caller. Removed members receive the event
 // and nothing after their leave_seq.
 func (s *Service) removeMembers(ctx context.Context, c Caller, convID uint64, users []string, event string) (*protocol.Frame, *protocol.Error) {
-	cv, m, perr := s.group(ctx, c.User, convID)
+	cv, m, perr := s.group(ctx, c, convID)
 	if perr != nil {
 		return nil, perr
 	}
@@ -117,7 +121,7 @@ func (s *Service) removeMembers(ctx context.Context, c Caller, convID uint64, us
 	}
 	if event == "member_removed" {
 		for _, u := range users {
-			if u == c.User {
+			if u == c.User && !c.Admin {
 				return nil, protocol.Errorf(protocol.CodeInvalidArgument, "use leave to remove yourself")
 			}
 			target, err := s.store.Member(ctx, convID, u)
@@ -154,20 +158,25 @@ func outranks(actor, target store.Role) bool {
 }
 
 func (s *Service) setRole(ctx context.Context, c Caller, convID uint64, user, role string) (*protocol.Frame, *protocol.Error) {
-	cv, m, perr := s.group(ctx, c.User, convID)
+	cv, m, perr := s.group(ctx, c, convID)
 	if perr != nil {
 		return nil, perr
 	}
 	if m.Role != store.RoleOwner {
 		return nil, protocol.Errorf(protocol.CodeForbidden, "only the owner can change roles")
 	}
-	if user == c.User {
+	if user == c.User && !c.Admin {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "the owner's role cannot change; transfer ownership with role owner")
 	}
 	// A non-member answers as mute and remove do.
 	target, err := s.store.Member(ctx, convID, user)
 	if err != nil || target.LeaveSeq != 0 {
 		return nil, protocol.Errorf(protocol.CodeNotFound, "%s is not a member", user)
+	}
+	if c.Admin && target.Role == store.RoleOwner {
+		// As for the owner itself: the owner's role changes only by
+		// handing the group to another member.
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "the owner's role cannot change; transfer ownership with role owner")
 	}
 	r := store.RoleMember
 	switch role {
@@ -182,8 +191,18 @@ func (s *Service) setRole(ctx context.Context, c Caller, convID uint64, user, ro
 	if r == store.RoleOwner {
 		// Ownership moves: the new owner first, so that a failure between
 		// the two writes leaves two owners, never none.
-		if err := s.store.SetRole(ctx, convID, c.User, store.RoleAdmin); err != nil {
-			return nil, s.storeErr("set role", err)
+		former := []string{c.User}
+		if c.Admin {
+			// The admin hands the group to user: the owner (not the admin)
+			// becomes an admin.
+			if former, perr = s.owners(ctx, convID, user); perr != nil {
+				return nil, perr
+			}
+		}
+		for _, u := range former {
+			if err := s.store.SetRole(ctx, convID, u, store.RoleAdmin); err != nil {
+				return nil, s.storeErr("set role", err)
+			}
 		}
 	}
 	if _, perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: "role_changed", Users: []string{user}, Role: role}); perr != nil {
@@ -193,7 +212,7 @@ func (s *Service) setRole(ctx context.Context, c Caller, convID uint64, user, ro
 }
 
 func (s *Service) mute(ctx context.Context, c Caller, convID uint64, user string, muted bool) (*protocol.Frame, *protocol.Error) {
-	cv, m, perr := s.group(ctx, c.User, convID)
+	cv, m, perr := s.group(ctx, c, convID)
 	if perr != nil {
 		return nil, perr
 	}

@@ -155,6 +155,11 @@ func (s *Service) conversations(ctx context.Context, c Caller) ([]protocol.ConvS
 	if err != nil {
 		return nil, s.storeErr("conversations", err)
 	}
+	return s.summaries(ctx, c, rows)
+}
+
+// summaries are the conversation list entries of rows, c's own.
+func (s *Service) summaries(ctx context.Context, c Caller, rows []store.ConvRow) ([]protocol.ConvSummary, *protocol.Error) {
 	out := make([]protocol.ConvSummary, 0, len(rows))
 	for _, r := range rows {
 		cv, err := s.store.Conversation(ctx, r.ConvID)

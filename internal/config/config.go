@@ -89,6 +89,7 @@ type Config struct {
 	Store    Store           `yaml:"store"`
 	Metrics  Metrics         `yaml:"metrics"`
 	Web      Web             `yaml:"web"`
+	Admin    Admin           `yaml:"admin"`
 	// Cluster names the distributed engines; empty runs on embedded ones.
 	Cluster Cluster `yaml:"cluster"`
 	// Webhooks: endpoints (a list, in the file only) and their retry
@@ -169,6 +170,49 @@ type Web struct {
 	WSOrigins string `yaml:"ws_origins" help:"origins (comma-separated, or *) allowed to open the WebSocket besides the same origin"`
 }
 
+// Admin configures the server API (docs/admin.md), off unless Listen is
+// set; it needs the chat role and a key (hex, at least 32 bytes) in Key or
+// KeyFile. Actor names the admin in the events it makes.
+type Admin struct {
+	Listen  string `yaml:"listen" help:"host:port of the server API (docs/admin.md; needs the chat role); empty: off"`
+	Key     string `yaml:"key" help:"the server API's key, hex (at least 32 bytes); requests send it as Authorization: Bearer"`
+	KeyFile string `yaml:"key_file" help:"file holding the server API's hex key"`
+	Actor   string `yaml:"actor" help:"actor id of the server API's events, notices and moderation"`
+}
+
+// ResolveAdminKey returns the admin key (nil when the API is off).
+func (c Config) ResolveAdminKey() ([]byte, error) {
+	a := c.Admin
+	switch {
+	case a.Listen == "":
+		return nil, nil
+	case a.Key != "":
+		return auth.ParseHS256Key(a.Key)
+	case a.KeyFile != "":
+		return auth.LoadHS256KeyFile(a.KeyFile)
+	}
+	return nil, fmt.Errorf("config: admin.listen needs admin.key or admin.key_file: %w", ErrInvalid)
+}
+
+func (c Config) validateAdmin(p *settings.Problems) {
+	a := c.Admin
+	p.Check(protocol.ValidID(a.Actor), "admin.actor", "%q must be 1-64 bytes of [A-Za-z0-9._@-]", a.Actor)
+	if a.Listen == "" {
+		return
+	}
+	if _, _, err := net.SplitHostPort(a.Listen); err != nil {
+		p.Add("admin.listen", "%q is not host:port: %v", a.Listen, err)
+	}
+	p.Check(a.Key != "" || a.KeyFile != "", "admin.key", "admin.listen needs admin.key or admin.key_file")
+	p.Check(a.Key == "" || a.KeyFile == "", "admin.key_file", "set either admin.key or admin.key_file, not both")
+	if a.Key != "" {
+		if _, err := auth.ParseHS256Key(a.Key); err != nil {
+			p.Add("admin.key", "%v", err)
+		}
+	}
+	p.Check(c.RoleSet()[RoleChat], "admin.listen", "the server API needs the chat role on this node")
+}
+
 // Metrics configures the Prometheus endpoint.
 type Metrics struct {
 	Enabled bool `yaml:"enabled" help:"serve Prometheus metrics on /metrics"`
@@ -197,6 +241,7 @@ func defaults() Config {
 		Store:      Store{BucketWidth: 240 * time.Hour},
 		Metrics:    Metrics{Enabled: true},
 		Web:        Web{Page: true},
+		Admin:      Admin{Actor: "admin"},
 		Cluster: Cluster{Keyspace: "parley", ReplicationFactor: 1, Consistency: "QUORUM", SerialConsistency: "SERIAL",
 			JetStreamReplicas: 1, Namespace: "parley", PresenceResync: 15 * time.Second,
 			Partitions: 64, PartitionLease: 3 * time.Second},
@@ -377,6 +422,7 @@ func (c Config) Validate() error {
 	p.Check(c.Log.Format == LogText || c.Log.Format == LogJSON, "log.format", "%q is not %s or %s", c.Log.Format, LogText, LogJSON)
 
 	c.validateAuth(&p)
+	c.validateAdmin(&p)
 	c.validateLimits(&p)
 	p.Merge("gateway", c.GatewayConfig().Validate())
 	p.Merge("chat", c.ChatConfig().Validate())

@@ -116,6 +116,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.edge.ws.Add(1)
 	s := g.newSession(id.User, device, nil)
 	s.expiresMS = expiresMS(id)
+	s.iatMS = issuedMS(id)
 	s.tr = newWSTransport(conn, g.cfg.OutboundQueueBytes)
 	conn.SetSession(s)
 	g.open(s)
@@ -148,6 +149,9 @@ func (g *Gateway) admitRequest(w http.ResponseWriter, r *http.Request, poll bool
 		g.logRefusal(slog.LevelInfo, "device_not_in_token", r, id.User)
 		httpError(w, http.StatusBadRequest, protocol.CodeInvalidArgument, "device does not match the token", 0)
 		return id, "", false
+	}
+	if !g.Authorize(w, r, id, device) {
+		return auth.Identity{}, "", false
 	}
 	if !g.sessionCap(w, r, id.User, device, poll) {
 		return auth.Identity{}, "", false
@@ -198,6 +202,12 @@ func (g *Gateway) open(s *session) {
 	// (hello is the first frame), and those skipped precede the client's
 	// first sync, which brings them.
 	g.add(s)
+	// A ban or revocation applied between the handshake's check and the
+	// add above found no session to close: check again now that the
+	// session is indexed (Enforce runs after the list changes).
+	if g.refusal(s) != nil {
+		g.enforce(s)
+	}
 	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.RequestTimeout)
 	defer cancel()
 	old, err := g.reg.Register(ctx, registry.Entry{User: s.user, Device: s.device, Node: g.cfg.Node, Session: s.id, Since: now.UnixMilli()})

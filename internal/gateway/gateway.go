@@ -25,6 +25,7 @@ import (
 
 	"github.com/lesismal/nbio/nbhttp/websocket"
 
+	"github.com/parley-im/parley/internal/access"
 	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/presence"
@@ -50,6 +51,12 @@ type Presence interface {
 // MayWatch reports whether user a may see b's presence (they share a
 // conversation).
 type MayWatch func(ctx context.Context, a, b string) (bool, error)
+
+// Access is the operator's access list (access.List): banned users and
+// revoked tokens.
+type Access interface {
+	Check(user, device string, iatMS int64) *access.Refusal
+}
 
 // Verifier checks handshake tokens.
 type Verifier interface {
@@ -203,6 +210,7 @@ type Gateway struct {
 	bus      bus.Bus
 	presence Presence
 	mayWatch MayWatch
+	access   Access
 	log      *slog.Logger
 	obs      Observer
 	now      func() time.Time
@@ -244,6 +252,8 @@ type Deps struct {
 	Bus      bus.Bus
 	Presence Presence
 	MayWatch MayWatch
+	// Access, if set, refuses banned users and revoked tokens (access.go).
+	Access   Access
 	Logger   *slog.Logger
 	Observer Observer
 	Now      func() time.Time
@@ -265,7 +275,7 @@ func New(cfg Config, d Deps) (*Gateway, error) {
 		d.Now = time.Now
 	}
 	g := &Gateway{cfg: cfg, backend: d.Backend, verifier: d.Verifier, reg: d.Registry, bus: d.Bus,
-		presence: d.Presence, mayWatch: d.MayWatch, log: d.Logger, obs: d.Observer, now: d.Now}
+		presence: d.Presence, mayWatch: d.MayWatch, access: d.Access, log: d.Logger, obs: d.Observer, now: d.Now}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.admit = newBucket(cfg.HandshakeRate, cfg.HandshakeBurst, d.Now())
 	g.syncs = newBucket(cfg.SyncRate, cfg.SyncBurst, d.Now())
@@ -364,6 +374,10 @@ func (g *Gateway) each(f func(*session)) {
 
 // deliver writes a bus delivery to the local sessions of its users.
 func (g *Gateway) deliver(d bus.Delivery) {
+	if d.Kick != nil && d.Kick.Code != 0 {
+		g.Disconnect(d.Kick.User, d.Kick.Device, d.Kick.Code)
+		return
+	}
 	if d.Kick != nil {
 		for _, s := range g.sessionsOf(d.Kick.User) {
 			if s.id == d.Kick.Session {

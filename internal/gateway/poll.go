@@ -142,6 +142,7 @@ func (g *Gateway) ServePoll(w http.ResponseWriter, r *http.Request) {
 		}
 		s := g.newSession(id.User, device, nil)
 		s.expiresMS = expiresMS(id)
+		s.iatMS = issuedMS(id)
 		m := &mailbox{g: g, s: s, ready: make(chan struct{}, 1)}
 		s.tr = m
 		g.polls.Store(s.id, m)
@@ -151,7 +152,7 @@ func (g *Gateway) ServePoll(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, reason := g.authenticate(w, r, g.now())
-	if reason != "" {
+	if reason != "" || !g.Authorize(w, r, id, r.URL.Query().Get("device")) {
 		return
 	}
 	s, m := g.pollSession(id, r)
@@ -172,6 +173,12 @@ func (g *Gateway) ServePoll(w http.ResponseWriter, r *http.Request) {
 	frames, closed := m.take(wait, g.MaxHTTPAnswer())
 	s.lastSeen.Store(g.now().UnixMilli())
 	if closed && len(frames) == 0 {
+		if r := g.refusal(s); r != nil {
+			// Closed by a ban or revocation while waiting: say so, as the
+			// WebSocket's close code does.
+			refuse(w, r)
+			return
+		}
 		httpError(w, http.StatusNotFound, protocol.CodeNotFound, "poll session gone: open a new one and sync", 0)
 		return
 	}
@@ -212,6 +219,9 @@ func (g *Gateway) ServeRPC(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusBadRequest, protocol.CodeInvalidArgument, "device missing, invalid, or not the token's", 0)
 		return
 	}
+	if !g.Authorize(w, r, id, device) {
+		return
+	}
 	if r.ContentLength > int64(g.cfg.Limits.MaxFrameBytes) {
 		httpError(w, http.StatusRequestEntityTooLarge, protocol.CodeTooLarge, "frame over max_frame_bytes", 0)
 		return
@@ -228,6 +238,7 @@ func (g *Gateway) ServeRPC(w http.ResponseWriter, r *http.Request) {
 	s, _ := g.pollSession(id, r)
 	if s == nil {
 		s = g.newSession(id.User, device, discard{})
+		s.iatMS = issuedMS(id)
 	} else {
 		s.lastSeen.Store(g.now().UnixMilli())
 	}

@@ -23,6 +23,9 @@ type session struct {
 	// expiresMS is the token's exp (unix ms, 0: none), set before the
 	// session is indexed; the sweeper closes the session once it passes.
 	expiresMS int64
+	// iatMS is the token's iat (unix ms, 0: none), which revocations
+	// compare with (access.go).
+	iatMS     int64
 	closed    atomic.Bool
 	closeCode atomic.Int32 // the code the server closed with, 0: not the server
 	present   atomic.Bool  // counted by the presence tracker

@@ -32,11 +32,13 @@ const (
 	ResultUserRate      = "user_rate"      // the user's handshake rate (429)
 	ResultUserCap       = "user_cap"       // the user's session cap (429)
 	ResultUpgradeFailed = "upgrade_failed" // the WebSocket upgrade itself failed
+	ResultBanned        = "banned"         // the user is banned (403, server API)
+	ResultRevoked       = "revoked"        // the token is revoked (401, server API)
 )
 
 // handshakeResults are every result, created up front.
 var handshakeResults = []string{ResultOK, ResultUnauthorized, ResultExpired, ResultBadRequest, ResultRateLimited,
-	ResultFull, ResultDraining, ResultUserRate, ResultUserCap, ResultUpgradeFailed}
+	ResultFull, ResultDraining, ResultUserRate, ResultUserCap, ResultUpgradeFailed, ResultBanned, ResultRevoked}
 
 // errorCodes are every client-facing error code, the values of the code
 // label of parley_errors_total, created up front.
@@ -46,6 +48,7 @@ var errorCodes = []protocol.Code{
 	protocol.CodeNotFound, protocol.CodeConflict, protocol.CodeRecallExpired, protocol.CodeRateLimited,
 	protocol.CodeStoreUnavailable, protocol.CodeInternal, protocol.CodeTimeout, protocol.CodeOverloaded,
 	protocol.CodeE2ERequired, protocol.CodeE2EUnsupported, protocol.CodeBadKey,
+	protocol.CodeTokenRevoked, protocol.CodeBanned,
 }
 
 // Values of the kind label of parley_compensations_total (ledger.KindRows,

@@ -29,6 +29,9 @@ func (s *Server) handleSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeError(w, protocol.Errorf(protocol.CodeInvalidArgument, "device must be 1-64 bytes of [A-Za-z0-9._@-]"))
 		return
 	}
+	if !s.gw.Authorize(w, r, id, device) {
+		return
+	}
 	if perr := s.gw.AdmitSync(); perr != nil {
 		w.Header().Set("Retry-After", strconv.FormatInt((perr.RetryAfter+999)/1000, 10))
 		writeError(w, perr)
@@ -124,29 +127,7 @@ func parseUintList(s, name string, maxN int) ([]uint64, *protocol.Error) {
 }
 
 // httpStatus maps error codes to HTTP statuses (docs/protocol.md).
-func httpStatus(c protocol.Code) int {
-	switch c {
-	case protocol.CodeUnauthorized, protocol.CodeTokenExpired:
-		return http.StatusUnauthorized
-	case protocol.CodeNotMember, protocol.CodeForbidden:
-		return http.StatusForbidden
-	case protocol.CodeNotFound:
-		return http.StatusNotFound
-	case protocol.CodeConflict, protocol.CodeRecallExpired:
-		return http.StatusConflict
-	case protocol.CodeTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case protocol.CodeRateLimited:
-		return http.StatusTooManyRequests
-	case protocol.CodeStoreUnavailable, protocol.CodeOverloaded:
-		return http.StatusServiceUnavailable
-	case protocol.CodeInternal:
-		return http.StatusInternalServerError
-	case protocol.CodeTimeout:
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusBadRequest
-}
+func httpStatus(c protocol.Code) int { return protocol.HTTPStatus(c) }
 
 func writeError(w http.ResponseWriter, e *protocol.Error) {
 	w.Header().Set("Content-Type", "application/json")

@@ -95,6 +95,7 @@ func TestHTTPStatusOfEveryCode(t *testing.T) {
 		protocol.CodeRateLimited: 429, protocol.CodeStoreUnavailable: 503, protocol.CodeOverloaded: 503,
 		protocol.CodeInternal: 500, protocol.CodeTimeout: 504,
 		protocol.CodeE2ERequired: 400, protocol.CodeE2EUnsupported: 400, protocol.CodeBadKey: 400,
+		protocol.CodeTokenRevoked: 401, protocol.CodeBanned: 403,
 	}
 	for code, status := range want {
 		if got := httpStatus(code); got != status {

@@ -32,6 +32,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/parley-im/parley/internal/access"
+	"github.com/parley-im/parley/internal/admin"
 	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/bus/local"
@@ -80,6 +82,9 @@ type Options struct {
 	// Web configures what browsers get: the chat page, CORS and the
 	// WebSocket origin allowlist, development tokens.
 	Web Web
+	// Admin, when set, serves the server API (internal/admin) on a
+	// listener of its own; it needs the chat role.
+	Admin *Admin
 	// WrapStore, if set, wraps the store the chat service uses (tests
 	// inject faults with it).
 	WrapStore func(store.Store) store.Store
@@ -103,6 +108,13 @@ type Web struct {
 	// DevKey, set only while the node runs on the development key, enables
 	// POST /v1/dev/token, which mints a token for any user name.
 	DevKey []byte
+}
+
+// Admin configures the server API.
+type Admin struct {
+	Listen string // host:port; port 0 picks a free one
+	Key    []byte // at least admin.MinKeyBytes
+	Actor  string // actor id of the admin's events (default "admin")
 }
 
 // Cluster names the distributed engines.
@@ -162,6 +174,8 @@ type Server struct {
 	owner    *cluster.Owner // chat role in cluster mode
 
 	chat     *chat.Service
+	access   *access.Manager // banned users and revoked tokens
+	admin    *admin.Server
 	outbox   *fanout.Outbox
 	hooks    *hooks.Hooks // nil without webhook endpoints
 	backend  gateway.Backend
@@ -210,6 +224,9 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 	if err := s.openEngines(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.openAccess(ctx); err != nil {
+		return nil, err
+	}
 	if o.RunChat {
 		if err := s.startChat(); err != nil {
 			return nil, err
@@ -221,6 +238,9 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 		}
 	}
 	if err := s.listen(o); err != nil {
+		return nil, err
+	}
+	if err := s.startAdmin(); err != nil {
 		return nil, err
 	}
 	s.log.Info("parley node started", "node", o.Node, "addr", s.Addr(), "gateway", o.RunGateway, "chat", o.RunChat, "cluster", o.Cluster != nil)
@@ -529,7 +549,7 @@ func (s *Server) startGateway(ctx context.Context) error {
 	}
 	s.gw, err = gateway.New(gcfg, gateway.Deps{
 		Backend: s.backend, Verifier: v, Registry: s.registry, Bus: s.bus, Logger: o.Logger,
-		Presence: hub{s.presence, s.online, s.relay}, MayWatch: mayWatch,
+		Presence: hub{s.presence, s.online, s.relay}, MayWatch: mayWatch, Access: s.access.List(),
 		Observer: gateway.Observer{
 			Connections: func(d int) { m.Connections.Add(float64(d)) },
 			Handshake:   func(r string) { m.Handshakes.WithLabelValues(r).Inc() },
@@ -543,6 +563,9 @@ func (s *Server) startGateway(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Bans and revocations close the node's sessions as soon as the list
+	// changes here, whoever changed it.
+	s.access.OnChange(s.gw.Enforce)
 	if rr, ok := s.registry.(*rredis.Registry); ok {
 		s.runLoop(func(ctx context.Context) { s.refreshLease(ctx, rr) })
 	}
@@ -620,6 +643,88 @@ func (s *Server) listen(o Options) error {
 	return nil
 }
 
+// openAccess loads the access list: a file in the data directory for an
+// embedded node, a Redis hash shared by the cluster's processes (polled,
+// so a change made anywhere reaches every gateway within
+// access.PollEvery).
+func (s *Server) openAccess(ctx context.Context) error {
+	var st access.Store
+	if s.redis != nil {
+		st = access.NewRedis(s.redis, s.opts.Cluster.namespace()+":")
+	} else {
+		fst, err := access.OpenFile(filepath.Join(s.opts.DataDir, "access.json"))
+		if err != nil {
+			return fmt.Errorf("server: %w", err)
+		}
+		st = fst
+	}
+	m, err := access.NewManager(ctx, st, s.now, s.log)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	s.access = m
+	if s.redis != nil {
+		s.runLoop(m.Run)
+	}
+	return nil
+}
+
+// startAdmin serves the server API if configured.
+func (s *Server) startAdmin() error {
+	o := s.opts.Admin
+	if o == nil {
+		return nil
+	}
+	if s.chat == nil {
+		return errors.New("server: the admin API needs the chat role on this node")
+	}
+	a, err := admin.New(admin.Config{Listen: o.Listen, Key: o.Key, Actor: o.Actor, RequestTimeout: s.opts.Gateway.RequestTimeout}, admin.Deps{
+		Chat: s.chat, Access: s.access, Disconnect: s.disconnect, Limits: s.opts.Chat.Limits, Logger: s.log, Now: s.now,
+	})
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	if err := a.Start(); err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	s.admin = a
+	s.log.Info("admin API listening", "addr", a.Addr())
+	return nil
+}
+
+// AdminAddr is the admin API's address ("" when it is off).
+func (s *Server) AdminAddr() string {
+	if s.admin == nil {
+		return ""
+	}
+	return s.admin.Addr()
+}
+
+// disconnect closes user's sessions (of device, if set) on every gateway
+// the registry knows them on, through the bus (the node's own included).
+func (s *Server) disconnect(ctx context.Context, user, device string) (int, error) {
+	online, err := s.registry.Lookup(ctx, []string{user})
+	if err != nil {
+		return 0, err
+	}
+	nodes := map[string]bool{}
+	n := 0
+	for _, e := range online[user] {
+		if device == "" || e.Device == device {
+			nodes[e.Node] = true
+			n++
+		}
+	}
+	var errs []error
+	for node := range nodes {
+		err := s.bus.Publish(ctx, node, bus.Delivery{Kick: &bus.Kick{User: user, Device: device, Code: protocol.CloseDisconnected}})
+		if err != nil && !errors.Is(err, bus.ErrNoSubscriber) {
+			errs = append(errs, err)
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
 // Addr is the address the node listens on.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
@@ -650,6 +755,13 @@ func (s *Server) Drain(ctx context.Context) {
 // Drain first for a graceful stop. It is idempotent.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutOnce.Do(func() {
+		if s.admin != nil {
+			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if err := s.admin.Shutdown(actx); err != nil {
+				s.log.Warn("admin API: shutdown", "err", err)
+			}
+			cancel()
+		}
 		var errGW error
 		if s.gw != nil {
 			errGW = s.gw.Shutdown(ctx)

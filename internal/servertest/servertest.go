@@ -6,6 +6,7 @@ package servertest
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"log/slog"
 	"os"
 	"testing"
@@ -23,8 +24,12 @@ type Server struct {
 	URL     string // ws://127.0.0.1:PORT
 	HTTPURL string // http://127.0.0.1:PORT
 	DataDir string
-	key     []byte
-	t       testing.TB
+	// AdminURL (http://127.0.0.1:PORT) and AdminKey are the server API's,
+	// with WithAdmin.
+	AdminURL string
+	AdminKey string
+	key      []byte
+	t        testing.TB
 }
 
 // Option adjusts the node's options before it starts.
@@ -54,6 +59,15 @@ func WithDataDir(dir string) Option {
 // WithKey signs and verifies tokens with key instead of a random one.
 func WithKey(key []byte) Option {
 	return func(o *server.Options) { o.Auth.HS256Key = key }
+}
+
+// WithAdmin serves the server API on a free port with a random key.
+func WithAdmin() Option {
+	return func(o *server.Options) {
+		key := make([]byte, 32)
+		_, _ = rand.Read(key)
+		o.Admin = &server.Admin{Listen: "127.0.0.1:0", Key: key}
+	}
 }
 
 // Options returns the options Start uses before applying opts.
@@ -99,6 +113,9 @@ func Start(t testing.TB, opts ...Option) *Server {
 		t.Fatalf("servertest: start: %v", err)
 	}
 	s := &Server{Server: srv, URL: "ws://" + srv.Addr(), HTTPURL: "http://" + srv.Addr(), DataDir: o.DataDir, key: o.Auth.HS256Key, t: t}
+	if o.Admin != nil {
+		s.AdminURL, s.AdminKey = "http://"+srv.AdminAddr(), hex.EncodeToString(o.Admin.Key)
+	}
 	t.Cleanup(s.Close)
 	return s
 }

@@ -13,7 +13,7 @@ def obj(props, required, desc=None, closed=True):
     if closed: o["additionalProperties"]=False
     if desc: o["description"]=desc
     return o
-CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized","token_expired","not_member","forbidden","not_found","conflict","recall_window_passed","rate_limited","store_unavailable","overloaded","internal","timeout","e2e_required","e2e_unsupported","bad_key"]
+CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized","token_expired","not_member","forbidden","not_found","conflict","recall_window_passed","rate_limited","store_unavailable","overloaded","internal","timeout","e2e_required","e2e_unsupported","bad_key","token_revoked","banned"]
 defs={
  "ConvID":U64S,"MsgID":U64S,"UserID":ID,
  "Message":obj({"conv_id":ref("ConvID"),"seq":SEQ,"msg_id":ref("MsgID"),"sender":ID,"sender_device":ID,

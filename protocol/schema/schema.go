@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,17 +22,21 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
-// FramesJSON is frames.json; OpenAPIJSON is openapi.json.
+// FramesJSON is frames.json; OpenAPIJSON is openapi.json; AdminOpenAPIJSON
+// is admin-openapi.json (the server API, docs/admin.md).
 var (
 	//go:embed frames.json
 	FramesJSON []byte
 	//go:embed openapi.json
 	OpenAPIJSON []byte
+	//go:embed admin-openapi.json
+	AdminOpenAPIJSON []byte
 )
 
 const (
 	framesURL  = "file:///parley/frames.json"
 	openapiURL = "file:///parley/openapi.json"
+	adminURL   = "file:///parley/admin-openapi.json"
 )
 
 var (
@@ -46,7 +51,7 @@ func load() (*jsonschema.Compiler, error) {
 	compileOnce.Do(func() {
 		c := jsonschema.NewCompiler()
 		c.DefaultDraft(jsonschema.Draft2020)
-		for url, data := range map[string][]byte{framesURL: FramesJSON, openapiURL: OpenAPIJSON} {
+		for url, data := range map[string][]byte{framesURL: FramesJSON, openapiURL: OpenAPIJSON, adminURL: AdminOpenAPIJSON} {
 			doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
 			if err != nil {
 				compileErr = fmt.Errorf("schema: %s: %w", url, err)
@@ -159,6 +164,77 @@ func Def(name string, data []byte) error { return validate(framesURL+"#/$defs/"+
 // An answer the document does not list (path, method, status or media type)
 // is an error.
 func HTTPAnswer(method, path string, status int, contentType string, body []byte) error {
+	return answer(openapiURL, "openapi.json", method, path, status, contentType, body)
+}
+
+// AdminAnswer validates an answer of the server API against
+// admin-openapi.json; path is the request's path, matched against the
+// document's path templates.
+func AdminAnswer(method, path string, status int, contentType string, body []byte) error {
+	tmpl, ok := adminTemplate(path)
+	if !ok || !slices.Contains(AdminOperations(), strings.ToUpper(method)+" "+tmpl) {
+		// Any other path or method: 404 with the error body.
+		if status != http.StatusNotFound {
+			return fmt.Errorf("schema: %s %s is no operation of admin-openapi.json, answered %d", method, path, status)
+		}
+		return validate(adminURL+"#/components/schemas/Error", body)
+	}
+	return answer(adminURL, "admin-openapi.json", method, tmpl, status, contentType, body)
+}
+
+// AdminOperations lists the server API's operations as "METHOD template".
+func AdminOperations() []string {
+	var doc struct {
+		Paths map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	if json.Unmarshal(AdminOpenAPIJSON, &doc) != nil {
+		return nil
+	}
+	var out []string
+	for p, ops := range doc.Paths {
+		for m := range ops {
+			out = append(out, strings.ToUpper(m)+" "+p)
+		}
+	}
+	return out
+}
+
+// adminTemplate finds the document's path template that path instantiates
+// (a literal segment beats a parameter).
+func adminTemplate(path string) (string, bool) {
+	segs := strings.Split(path, "/")
+	best, bestLit := "", -1
+	seen := map[string]bool{}
+	for _, op := range AdminOperations() {
+		_, tmpl, _ := strings.Cut(op, " ")
+		if seen[tmpl] {
+			continue
+		}
+		seen[tmpl] = true
+		ts := strings.Split(tmpl, "/")
+		if len(ts) != len(segs) {
+			continue
+		}
+		lit, ok := 0, true
+		for i, t := range ts {
+			switch {
+			case strings.HasPrefix(t, "{") && strings.HasSuffix(t, "}"):
+				ok = ok && segs[i] != ""
+			case t == segs[i]:
+				lit++
+			default:
+				ok = false
+			}
+		}
+		if ok && lit > bestLit {
+			best, bestLit = tmpl, lit
+		}
+	}
+	return best, bestLit >= 0
+}
+
+func answer(docURL, docName, method, path string, status int, contentType string, body []byte) error {
+	openapiURL := docURL
 	op := "/paths/" + escape(path) + "/" + strings.ToLower(method)
 	media, _, _ := strings.Cut(contentType, ";")
 	media = strings.TrimSpace(media)
@@ -171,7 +247,7 @@ func HTTPAnswer(method, path string, status int, contentType string, body []byte
 	}
 	loc := openapiURL + "#" + resp + "/content/" + escape(media) + "/schema"
 	if _, err := compile(loc); err != nil {
-		return fmt.Errorf("schema: %s %s answered %d %s, which openapi.json does not document: %w", method, path, status, media, err)
+		return fmt.Errorf("schema: %s %s answered %d %s, which %s does not document: %w", method, path, status, media, docName, err)
 	}
 	if media != "application/json" {
 		return nil

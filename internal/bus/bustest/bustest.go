@@ -49,8 +49,15 @@ func Run(t *testing.T, open func(t *testing.T) bus.Bus) {
 		if err := b.Publish(ctx, "n1", bus.Delivery{Kick: &bus.Kick{User: "u", Device: "d", Session: "s"}}); err != nil {
 			t.Fatal(err)
 		}
-		if d := recv(t, got); d.Kick == nil || d.Kick.Session != "s" {
+		if d := recv(t, got); d.Kick == nil || d.Kick.Session != "s" || d.Kick.Code != 0 {
 			t.Fatalf("got %+v, want kick of session s", d)
+		}
+		// An operator's disconnect carries its close code.
+		if err := b.Publish(ctx, "n1", bus.Delivery{Kick: &bus.Kick{User: "u", Device: "d", Code: 4004}}); err != nil {
+			t.Fatal(err)
+		}
+		if d := recv(t, got); d.Kick == nil || d.Kick.User != "u" || d.Kick.Device != "d" || d.Kick.Code != 4004 {
+			t.Fatalf("got %+v, want disconnect of u/d with 4004", d.Kick)
 		}
 	})
 	t.Run("NoSubscriber", func(t *testing.T) {

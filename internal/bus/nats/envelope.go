@@ -11,13 +11,14 @@ import (
 // The envelope of a Delivery on the wire, all integers uvarint:
 //
 //	version(1) flags ConvID Seq {len CoalesceKey} len(Users) {len user}...
-//	[3×{len string} if kick] Frame...
+//	[3×{len string} if kick] [code if kick code] Frame...
 //
 // Frame is already encoded JSON and goes last, unframed, so it is never
 // copied into another encoding or escaped.
 const (
 	envelopeVersion = 1
 	flagKick        = 1
+	flagKickCode    = 2
 )
 
 var errEnvelope = errors.New("bad envelope")
@@ -30,7 +31,10 @@ func encodeDelivery(d bus.Delivery) []byte {
 	var flags byte
 	if d.Kick != nil {
 		flags |= flagKick
-		n += 3*binary.MaxVarintLen64 + len(d.Kick.User) + len(d.Kick.Device) + len(d.Kick.Session)
+		n += 4*binary.MaxVarintLen64 + len(d.Kick.User) + len(d.Kick.Device) + len(d.Kick.Session)
+		if d.Kick.Code != 0 {
+			flags |= flagKickCode
+		}
 	}
 	b := make([]byte, 0, n)
 	b = append(b, envelopeVersion, flags)
@@ -45,6 +49,9 @@ func encodeDelivery(d bus.Delivery) []byte {
 		b = appendString(b, d.Kick.User)
 		b = appendString(b, d.Kick.Device)
 		b = appendString(b, d.Kick.Session)
+		if d.Kick.Code != 0 {
+			b = binary.AppendUvarint(b, uint64(d.Kick.Code))
+		}
 	}
 	return append(b, d.Frame...)
 }
@@ -82,6 +89,9 @@ func decodeDelivery(b []byte) (bus.Delivery, error) {
 	}
 	if flags&flagKick != 0 {
 		d.Kick = &bus.Kick{User: r.string(), Device: r.string(), Session: r.string()}
+		if flags&flagKickCode != 0 {
+			d.Kick.Code = int(min(r.uvarint(), 4999))
+		}
 	}
 	if r.err != nil {
 		return bus.Delivery{}, r.err
