@@ -397,6 +397,9 @@ func (s *Service) pushFrame(ctx context.Context, users []string, frame *protocol
 // silently. A failure is logged and the message stays stored: the next
 // `read` or send repairs the position.
 func (s *Service) readOwn(ctx context.Context, c Caller, conv, seq uint64) bool {
+	if c.Admin {
+		return false // the admin authority is no member: it has no read position
+	}
 	dev := s.readDevice(c)
 	before, err := s.store.Read(ctx, c.User, dev, conv)
 	if err == nil && before >= seq {

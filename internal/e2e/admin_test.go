@@ -326,6 +326,16 @@ func TestAdminMembers(t *testing.T) {
 		t.Fatalf("the new owner's role: %q", r)
 	}
 
+	// The admin is no member: it has no conversations, hence no read
+	// positions, after all these events.
+	var adminConvs struct {
+		Conversations []protocol.ConvSummary `json:"conversations"`
+	}
+	a.ok("GET", "/v1/admin/users/admin/conversations", nil, &adminConvs)
+	if len(adminConvs.Conversations) != 0 {
+		t.Fatalf("the admin actor has conversations: %+v", adminConvs)
+	}
+
 	// Seqs stay dense across client and admin writes.
 	h := alice.history(conv)
 	for i, m := range h {
