@@ -192,6 +192,9 @@ which beat the file, which beats the defaults. Durations are Go durations
 		}
 		fmt.Fprintf(w, "  %s (%s, default %s)\n      %s\n      %s  --%s\n", f.Path, f.Kind(), def, f.Help, f.Env(), f.Flag())
 	}
+	if lists := settings.Lists(&c); len(lists) > 0 {
+		fmt.Fprintf(w, "\nLists, set in the --config file only (docs/ describes each): %s\n", strings.Join(lists, ", "))
+	}
 }
 
 func loadFile(path string, c *Config) error {

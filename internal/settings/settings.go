@@ -84,6 +84,34 @@ func Fields(ptr any) []Field {
 	return out
 }
 
+// Lists returns the paths of the list fields of the struct ptr points to
+// (slices without a help tag): set in the YAML file only, so that help can
+// name them next to the settings.
+func Lists(ptr any) []string {
+	var out []string
+	var walkLists func(t reflect.Type, prefix string)
+	walkLists = func(t reflect.Type, prefix string) {
+		for i := 0; i < t.NumField(); i++ {
+			sf := t.Field(i)
+			key, _, _ := strings.Cut(sf.Tag.Get("yaml"), ",")
+			if !sf.IsExported() || key == "-" || key == "" {
+				continue
+			}
+			if _, hasHelp := sf.Tag.Lookup("help"); hasHelp {
+				continue
+			}
+			switch {
+			case sf.Type.Kind() == reflect.Slice:
+				out = append(out, prefix+key)
+			case sf.Type.Kind() == reflect.Struct && sf.Type != durationType:
+				walkLists(sf.Type, prefix+key+".")
+			}
+		}
+	}
+	walkLists(reflect.TypeOf(ptr).Elem(), "")
+	return out
+}
+
 func walk(v reflect.Value, prefix string, out *[]Field) {
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {

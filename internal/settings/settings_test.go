@@ -2,6 +2,7 @@ package settings
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -14,11 +15,12 @@ type inner struct {
 }
 
 type outer struct {
-	Name  string `yaml:"name" help:"a name"`
-	On    bool   `yaml:"on" help:"a switch"`
-	N     int    `yaml:"n" help:"a count"`
-	Big   int64  `yaml:"big" help:"a big count"`
-	Inner inner  `yaml:"inner"`
+	Items []string `yaml:"items"`
+	Name  string   `yaml:"name" help:"a name"`
+	On    bool     `yaml:"on" help:"a switch"`
+	N     int      `yaml:"n" help:"a count"`
+	Big   int64    `yaml:"big" help:"a big count"`
+	Inner inner    `yaml:"inner"`
 	skip  int
 }
 
@@ -46,7 +48,7 @@ func TestFields(t *testing.T) {
 			}
 		}
 	}
-	if o != (outer{Name: "x", On: true, N: 7, Big: 9000000000, Inner: inner{Rate: 2.5, Wait: 3 * time.Second}, skip: o.skip}) {
+	if !reflect.DeepEqual(o, outer{Name: "x", On: true, N: 7, Big: 9000000000, Inner: inner{Rate: 2.5, Wait: 3 * time.Second}, skip: o.skip}) {
 		t.Fatalf("struct after sets: %+v", o)
 	}
 	for _, f := range fs {
@@ -87,5 +89,11 @@ func TestProblemsMerge(t *testing.T) {
 	}
 	if (Problems{}).Err("x") != nil {
 		t.Fatal("no problems, yet an error")
+	}
+}
+
+func TestLists(t *testing.T) {
+	if got := Lists(&outer{}); len(got) != 1 || got[0] != "items" {
+		t.Fatalf("Lists = %v, want [items]", got)
 	}
 }
