@@ -231,7 +231,7 @@ func TestDeliveryFailStallRecover(t *testing.T) {
 		return http.StatusNoContent
 	})
 	h, _ := start(t, testConfig(r.srv.URL), t.TempDir(), nil)
-	want := produce(t, h, 6, 40)
+	want := produce(t, h, 4, 30)
 	time.Sleep(300 * time.Millisecond) // some attempts against the down receiver
 	mu.Lock()
 	down = false
