@@ -162,12 +162,16 @@ func (c *rawConn) nextTimeout(typ string, d time.Duration) *protocol.Frame {
 	}
 }
 
+// callTimeout bounds the wait for one answer: longer than the server's own
+// 10 s request timeout, so a slow request shows as the server's answer.
+const callTimeout = 30 * time.Second
+
 // call sends f with a fresh rid and returns the response with that rid.
 func (c *rawConn) call(f protocol.Frame) *protocol.Frame {
 	c.t.Helper()
 	f.RID = strconv.FormatInt(c.rid.Add(1), 10)
 	c.send(f)
-	timeout := time.After(10 * time.Second)
+	timeout := time.After(callTimeout)
 	for {
 		select {
 		case r, ok := <-c.in:
@@ -179,7 +183,7 @@ func (c *rawConn) call(f protocol.Frame) *protocol.Frame {
 			}
 			c.held = append(c.held, r)
 		case <-timeout:
-			c.t.Fatalf("no response to %s rid %s within 10s", f.Type, f.RID)
+			c.t.Fatalf("no response to %s rid %s within %v", f.Type, f.RID, callTimeout)
 		}
 	}
 }
