@@ -62,7 +62,7 @@ func run(ctx context.Context, args []string) error {
 		return runMigrate(ctx, rest, os.Stdout)
 	case "version":
 		bi := buildinfo.Get()
-		fmt.Printf("parley %s (commit %s, %s)\n", bi.Version, bi.Commit, bi.Go)
+		fmt.Fprintf(stdout, "parley %s (commit %s, %s)\n", bi.Version, bi.Commit, bi.Go)
 		return nil
 	case "-h", "-help", "--help", "help":
 		fmt.Print(usage)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/internal/auth"
+	"github.com/parley-im/parley/internal/buildinfo"
 	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/server"
 )
@@ -52,9 +53,15 @@ func TestHelpListsEverySetting(t *testing.T) {
 	}
 }
 
+// TestVersion: `parley version` prints what parley_build_info exports.
 func TestVersion(t *testing.T) {
+	out := captureStdout(t)
 	if err := run(context.Background(), []string{"version"}); err != nil {
 		t.Fatal(err)
+	}
+	bi := buildinfo.Get()
+	if want := "parley " + bi.Version + " (commit " + bi.Commit + ", " + bi.Go + ")\n"; out.String() != want {
+		t.Fatalf("version printed %q, want %q", out.String(), want)
 	}
 }
 
