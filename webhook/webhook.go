@@ -46,8 +46,8 @@ const (
 // Event types.
 const (
 	// MessageCreated: a message took a seq (kinds text, state, edit,
-	// recall). In an end-to-end encrypted conversation the event carries
-	// no body.
+	// recall, and system notices of the server API). In an end-to-end
+	// encrypted conversation the event carries no body.
 	MessageCreated = "message.created"
 	// RecipientOffline: the members of the conversation who should see a
 	// text message and had no device reached by its push.
@@ -125,6 +125,9 @@ type MemberData struct {
 	Actor string   `json:"actor"`
 	Users []string `json:"users"`
 	Role  string   `json:"role,omitempty"`
+	// Admin: the change was made through the server API; Actor is then
+	// the operator's actor id, not a member.
+	Admin bool `json:"admin,omitempty"`
 }
 
 // Errors of Verify.

@@ -244,8 +244,13 @@ func (h *Hooks) Fanned(ctx context.Context, f fanout.Fanned) error {
 	case protocol.KindSystem:
 		var ev protocol.SystemEvent
 		if json.Unmarshal([]byte(m.Body), &ev) == nil {
-			if typ := typeOf(ev.Event); typ != "" {
-				err = add(typ, webhook.MemberData{Actor: ev.Actor, Users: nonNil(ev.Users), Role: ev.Role}, nil)
+			switch typ := typeOf(ev.Event); {
+			case typ != "":
+				err = add(typ, webhook.MemberData{Actor: ev.Actor, Users: nonNil(ev.Users), Role: ev.Role, Admin: ev.Admin}, nil)
+			case ev.Event == "notice":
+				// A notice of the server API is a message for the
+				// members (never in E2E conversations).
+				err = add(webhook.MessageCreated, webhook.MessageData{ConvKind: convKind(f.Conv.Kind), Message: wire(m)}, nil)
 			}
 		}
 	default:

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -351,6 +352,11 @@ func TestOfflinePreviewAndE2E(t *testing.T) {
 	e2e := store.Conversation{ID: 2, Kind: store.Direct, E2E: true}
 	large := store.Conversation{ID: 3, Kind: store.Group, Tier: 2}
 	for _, f := range []fanout.Fanned{
+		// A notice of the server API is a message.created; an admin's
+		// membership change says so; device events produce nothing.
+		{Msg: systemMsg(3, 1, protocol.SystemEvent{Event: "notice", Actor: "ops", Users: []string{}, Admin: true, Text: "maintenance"}), Conv: large},
+		{Msg: systemMsg(3, 2, protocol.SystemEvent{Event: "member_added", Actor: "ops", Users: []string{"dan"}, Admin: true}), Conv: large},
+		{Msg: systemMsg(3, 3, protocol.SystemEvent{Event: "device_added", Actor: "dan", Users: []string{"dan"}, Device: "d9"}), Conv: large},
 		{Msg: textMsg(1, 1, "alice", "hello bob"), Conv: direct, Recipients: []string{"alice", "bob"}, AllRecipients: true, Reached: []string{"alice"}},
 		{Msg: textMsg(1, 2, "alice", "all reached"), Conv: direct, Recipients: []string{"alice", "bob"}, AllRecipients: true, Reached: []string{"bob"}},
 		{Msg: textMsg(2, 1, "alice", "ciphertext-envelope"), Conv: e2e, Recipients: []string{"alice", "bob"}, AllRecipients: true},
@@ -366,7 +372,8 @@ func TestOfflinePreviewAndE2E(t *testing.T) {
 	for range cfg.Endpoints {
 		want = append(want, webhook.ID(1, 1, webhook.MessageCreated), webhook.ID(1, 1, webhook.RecipientOffline),
 			webhook.ID(1, 2, webhook.MessageCreated), webhook.ID(2, 1, webhook.MessageCreated),
-			webhook.ID(2, 1, webhook.RecipientOffline), webhook.ID(3, 5, webhook.MessageCreated), webhook.ID(3, 5, webhook.RecipientOffline))
+			webhook.ID(2, 1, webhook.RecipientOffline), webhook.ID(3, 5, webhook.MessageCreated), webhook.ID(3, 5, webhook.RecipientOffline),
+			webhook.ID(3, 1, webhook.MessageCreated), webhook.ID(3, 2, webhook.MemberAdded))
 	}
 	// Three endpoints receive the same ids; count arrivals per path instead.
 	deadline := time.Now().Add(20 * time.Second)
@@ -398,10 +405,23 @@ func TestOfflinePreviewAndE2E(t *testing.T) {
 					t.Fatal(err)
 				}
 				offline[ev.ID] = append(offline[ev.ID], d)
+			}
+			if ev.ConvID == 3 && ev.Seq == 3 {
+				t.Fatalf("device event produced %s", ev.ID)
+			}
+			switch ev.Type {
+			case webhook.MemberAdded:
+				var d webhook.MemberData
+				if err := json.Unmarshal(ev.Data, &d); err != nil || !d.Admin || d.Actor != "ops" {
+					t.Fatalf("admin member.added %+v (%v)", d, err)
+				}
 			case webhook.MessageCreated:
 				var d webhook.MessageData
 				if err := json.Unmarshal(ev.Data, &d); err != nil {
 					t.Fatal(err)
+				}
+				if ev.Seq == 1 && ev.ConvID == 3 && (d.Message.Kind != protocol.KindSystem || !strings.Contains(d.Message.Body, "maintenance")) {
+					t.Fatalf("notice message.created %+v", d.Message)
 				}
 				if (ev.ConvID == 2) != (d.Message.Body == "" && d.E2E) {
 					t.Fatalf("message.created %s: e2e %v body %q", ev.ID, d.E2E, d.Message.Body)
