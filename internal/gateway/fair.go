@@ -95,6 +95,9 @@ func (g *Gateway) admitFrame(s *session, f *protocol.Frame) *protocol.Error {
 }
 
 func (g *Gateway) fairShare(s *session, f *protocol.Frame) *protocol.Error {
+	if !limited(f.Type) && !isSend(f.Type) {
+		return nil // acks and pings: no budget, and no clock read
+	}
 	now := g.now()
 	if limited(f.Type) {
 		b := s.requests.Load()
