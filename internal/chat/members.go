@@ -69,9 +69,7 @@ func (s *Service) systemEvent(ctx context.Context, c Caller, cv store.Conversati
 	if err != nil {
 		return 0, s.storeErr("append", err)
 	}
-	if s.readOwn(ctx, c, cv.ID, res.Msg.Seq) { // the actor's own event is not unread for it
-		s.receipt(ctx, c, cv, res.Msg.Seq, protocol.StateRead, true)
-	}
+	s.readOwnEvent(ctx, c, cv.ID, res.Msg.Seq)
 	s.outbox.Enqueue(fanout.Job{Msg: res.Msg, RowsWritten: res.RowsWritten})
 	return res.Msg.Seq, nil
 }

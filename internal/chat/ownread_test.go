@@ -111,6 +111,7 @@ func TestOwnMessagesNeverUnread(t *testing.T) {
 // TestOwnMessagesNeverUnreadEveryTier: in a small, a medium and a large
 // group (tiny thresholds), the sender's own messages and the membership
 // events it causes are never unread for it; the other members count them.
+// A membership event after others' unread messages does not mark them read.
 func TestOwnMessagesNeverUnreadEveryTier(t *testing.T) {
 	r := newReceiptRig(t)
 	cfg := DefaultConfig()
@@ -154,8 +155,21 @@ func TestOwnMessagesNeverUnreadEveryTier(t *testing.T) {
 		}
 		expectUnread(t, r, svc, tc.tier+" b's send", "b", conv, 0, 5)
 		expectUnread(t, r, svc, tc.tier+" b's send", "a", conv, 1, 4)
-		// z joined at 4: its own member_added event and b's message.
-		expectUnread(t, r, svc, tc.tier+" b's send", "z", conv, 2, 0)
+		// a's next membership change comes after b's unread message: it
+		// does not mark b's message read (nor send a receipt), so a counts
+		// both until it reads.
+		r.receipts()
+		if resp := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeMute, ConvID: conv, UserID: "b", Muted: false}); resp == nil || resp.Type != protocol.TypeConv {
+			t.Fatalf("%s: mute answered %+v", tc.tier, resp)
+		}
+		expectUnread(t, r, svc, tc.tier+" mute after b's send", "a", conv, 2, 4)
+		if got := r.receipts(); len(got) != 0 {
+			t.Fatalf("%s: a membership change pushed receipts %+v", tc.tier, got)
+		}
+		r.call(svc, "a", &protocol.Frame{Type: protocol.TypeRead, ConvID: conv, Seq: 6})
+		expectUnread(t, r, svc, tc.tier+" a's read", "a", conv, 0, 6)
+		// z joined at 4: its own member_added event, b's message, the unmute.
+		expectUnread(t, r, svc, tc.tier+" b's send", "z", conv, 3, 0)
 	}
 }
 

@@ -388,8 +388,9 @@ func (s *Service) pushFrame(ctx context.Context, users []string, frame *protocol
 }
 
 // readOwn raises the caller's read position (per user, or per device
-// under ReadPerDevice) to seq, a message or event the caller has just
-// stored, so that a user's own messages never count as unread. It
+// under ReadPerDevice) to seq, a message (text, state, edit, recall) the
+// caller has just stored, so that a user's own messages never count as
+// unread. It
 // reports whether the position passed over earlier messages (it was below
 // seq-1): the user answered without reading them first, and the caller
 // then sends the `read` receipt a `read` frame would. A position already
@@ -413,4 +414,20 @@ func (s *Service) readOwn(ctx context.Context, c Caller, conv, seq uint64) bool 
 		return false
 	}
 	return before+1 < seq
+}
+
+// readOwnEvent moves the caller's read position over a system event the
+// caller caused (a membership change, a device's key change) only when
+// the caller had read everything before it: an administrative action, or
+// a key upload running in the background, is no sign of having read
+// others' messages, so it never marks them read and sends no receipt.
+func (s *Service) readOwnEvent(ctx context.Context, c Caller, conv, seq uint64) {
+	dev := s.readDevice(c)
+	before, err := s.store.Read(ctx, c.User, dev, conv)
+	if err == nil && before+1 == seq {
+		_, err = s.store.SetRead(ctx, c.User, dev, conv, seq)
+	}
+	if err != nil {
+		s.log.Warn("own read position not raised", "conv", conv, "seq", seq, "user", c.User, "err", err)
+	}
 }
