@@ -422,6 +422,9 @@ func (s *Service) readOwn(ctx context.Context, c Caller, conv, seq uint64) bool 
 // a key upload running in the background, is no sign of having read
 // others' messages, so it never marks them read and sends no receipt.
 func (s *Service) readOwnEvent(ctx context.Context, c Caller, conv, seq uint64) {
+	if c.Admin {
+		return // the admin authority is no member: it has no read position
+	}
 	dev := s.readDevice(c)
 	before, err := s.store.Read(ctx, c.User, dev, conv)
 	if err == nil && before+1 == seq {
