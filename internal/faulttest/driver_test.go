@@ -266,7 +266,11 @@ func (w *world) edit(recall bool) {
 	if recall {
 		target.recalled, target.body = true, ""
 	} else {
+		if len(target.versions) == 0 {
+			target.orig = target.body
+		}
 		target.edited, target.body = true, f.Body
+		target.versions = append(target.versions, version{at: ev.seq, body: f.Body})
 	}
 }
 
@@ -458,9 +462,9 @@ func (w *world) verify() []string {
 						got = s.Messages
 					}
 				}
-				w.compare(&bad, c, fmt.Sprintf("%s/%s sync", u, d.id), got, J, T)
+				w.compare(&bad, c, fmt.Sprintf("%s/%s sync", u, d.id), got, J, T, L)
 				h := d.must(protocol.Frame{Type: protocol.TypeHistory, ConvID: c.id, AfterSeq: &after, Limit: 200})
-				w.compare(&bad, c, fmt.Sprintf("%s/%s history", u, d.id), h.Messages, J, T)
+				w.compare(&bad, c, fmt.Sprintf("%s/%s history", u, d.id), h.Messages, J, T, L)
 				w.checkPushes(&bad, d, c, J, L, T)
 			}
 			// The HTTP snapshot agrees.
@@ -474,7 +478,7 @@ func (w *world) verify() []string {
 						got = s.Messages
 					}
 				}
-				w.compare(&bad, c, u+" HTTP snapshot", got, J, T)
+				w.compare(&bad, c, u+" HTTP snapshot", got, J, T, L)
 			}
 		}
 	}
@@ -482,8 +486,8 @@ func (w *world) verify() []string {
 }
 
 // compare checks msgs is exactly seqs from..to, each acknowledged one as
-// acknowledged and in its final state.
-func (w *world) compare(bad *[]string, c *convModel, who string, msgs []protocol.Message, from, to uint64) {
+// acknowledged and in its final state as of leave (0: a current member).
+func (w *world) compare(bad *[]string, c *convModel, who string, msgs []protocol.Message, from, to, leave uint64) {
 	want := to - min(to, max(from, 1)-1)
 	if uint64(len(msgs)) != want {
 		*bad = append(*bad, fmt.Sprintf("conv %d: %s has %d messages, want seqs %d..%d", c.id, who, len(msgs), from, to))
@@ -503,8 +507,11 @@ func (w *world) compare(bad *[]string, c *convModel, who string, msgs []protocol
 		switch {
 		case m.ClientMsgID != rec.cmid || m.Sender != rec.sender:
 			*bad = append(*bad, fmt.Sprintf("conv %d: %s: seq %d is %s/%s, acknowledged for %s/%s", c.id, who, m.Seq, m.Sender, m.ClientMsgID, rec.sender, rec.cmid))
-		case rec.kind == protocol.KindText && (m.Recalled != rec.recalled || m.Edited != rec.edited || m.Body != rec.body):
-			*bad = append(*bad, fmt.Sprintf("conv %d: %s: seq %d reads %q edited=%v recalled=%v, want %q %v %v", c.id, who, m.Seq, m.Body, m.Edited, m.Recalled, rec.body, rec.edited, rec.recalled))
+		case rec.kind == protocol.KindText:
+			body, edited, recalled := rec.asOf(leave)
+			if m.Recalled != recalled || m.Edited != edited || m.Body != body {
+				*bad = append(*bad, fmt.Sprintf("conv %d: %s: seq %d reads %q edited=%v recalled=%v, want %q %v %v (leave_seq %d)", c.id, who, m.Seq, m.Body, m.Edited, m.Recalled, body, edited, recalled, leave))
+			}
 		}
 	}
 }

@@ -63,6 +63,36 @@ type msgRec struct {
 	step       int // the driver step at which the send was issued
 	edited     bool
 	recalled   bool
+	// versions are the edits of a text message in order: the edit's seq and
+	// the body it set; orig is the body before the first edit. A former
+	// member reads the message as of its leave_seq (docs/protocol.md).
+	versions []version
+	orig     string
+}
+
+// version is one edit of a message: at the edit event's seq, the new body.
+type version struct {
+	at   uint64
+	body string
+}
+
+// asOf is what a member who left at leave (0: still a member) reads of a
+// text message: a recall hides it whenever it came; an edit after leave is
+// not shown.
+func (m *msgRec) asOf(leave uint64) (body string, edited, recalled bool) {
+	if m.recalled || leave == 0 {
+		return m.body, m.edited, m.recalled
+	}
+	body = m.body
+	if len(m.versions) > 0 {
+		body = m.orig
+	}
+	for _, v := range m.versions {
+		if v.at <= leave {
+			body, edited = v.body, true
+		}
+	}
+	return body, edited, false
 }
 
 // membership is one user's (single) membership of a conversation, bounded
