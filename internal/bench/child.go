@@ -246,4 +246,5 @@ var Unthrottled = []string{
 	"--gateway.conn-request-rate", "1e9", "--gateway.conn-request-burst", "1000000000",
 	"--gateway.max-sessions-per-user", "1000000", "--gateway.max-poll-sessions-per-user", "1000000",
 	"--gateway.user-handshake-rate", "1e9", "--gateway.user-handshake-burst", "1000000000",
+	"--gateway.source-accept-rate", "0",
 }

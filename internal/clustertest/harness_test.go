@@ -97,6 +97,7 @@ func Start(t *testing.T, o Options) *Cluster {
 		"--gateway.conn-request-rate", "1e9", "--gateway.conn-request-burst", "1000000000",
 		"--gateway.max-sessions-per-user", "1000000", "--gateway.max-poll-sessions-per-user", "1000000",
 		"--gateway.user-handshake-rate", "1e9", "--gateway.user-handshake-burst", "1000000000",
+		"--gateway.source-accept-rate", "0",
 	}, o.Extra...)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

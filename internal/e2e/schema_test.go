@@ -17,6 +17,9 @@ import (
 // an answer it does not describe fails the test that made the request.
 // Frames read by rawConn are validated against frames.json there.
 func TestMain(m *testing.M) {
+	if role := os.Getenv(floodRoleEnv); role != "" {
+		os.Exit(floodChildMain(role)) // this process is a flood test's victim or attacker
+	}
 	http.DefaultClient.Transport = validating{http.DefaultTransport}
 	os.Exit(m.Run())
 }

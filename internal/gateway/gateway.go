@@ -121,6 +121,12 @@ type Config struct {
 	// sessions per second on this node.
 	UserHandshakeRate  float64 `yaml:"user_handshake_rate" help:"new sessions per second per user on this node"`
 	UserHandshakeBurst int     `yaml:"user_handshake_burst" help:"new sessions one user may open at once above the rate"`
+	// SourceAcceptRate and SourceAcceptBurst pace the TCP connections
+	// one source address opens (pace.go): over them a connection waits
+	// before the node reads it. 0 turns the pacing off (behind a proxy
+	// that hides client addresses).
+	SourceAcceptRate  float64 `yaml:"source_accept_rate" help:"TCP connections per second one source address may open before they are paced (0: off; set 0 behind a proxy that hides client addresses)"`
+	SourceAcceptBurst int     `yaml:"source_accept_burst" help:"TCP connections one source address may open at once above the rate (as many more wait their turn; past that they are reset)"`
 }
 
 // DefaultConfig returns the defaults documented in docs/protocol.md.
@@ -155,6 +161,8 @@ func DefaultConfig() Config {
 		MaxPollSessionsPerUser: 4,
 		UserHandshakeRate:      5,
 		UserHandshakeBurst:     20,
+		SourceAcceptRate:       200,
+		SourceAcceptBurst:      1000,
 	}
 }
 
@@ -187,6 +195,8 @@ func (c Config) Validate() error {
 	p.Check(c.MaxSessionsPerUser > 0, "max_sessions_per_user", "must be positive, got %d", c.MaxSessionsPerUser)
 	p.Check(c.MaxPollSessionsPerUser > 0, "max_poll_sessions_per_user", "must be positive, got %d", c.MaxPollSessionsPerUser)
 	p.Check(c.UserHandshakeRate > 0 && c.UserHandshakeBurst > 0, "user_handshake_rate", "rate and burst must be positive, got %v and %d", c.UserHandshakeRate, c.UserHandshakeBurst)
+	p.Check(c.SourceAcceptRate >= 0, "source_accept_rate", "must not be negative (0: off), got %v", c.SourceAcceptRate)
+	p.Check(c.SourceAcceptRate == 0 || c.SourceAcceptBurst >= 1, "source_accept_burst", "must be at least 1 when source_accept_rate is set, got %d", c.SourceAcceptBurst)
 	return p.Err("gateway")
 }
 

@@ -609,6 +609,11 @@ func (s *Server) listen(o Options) error {
 	}
 	s.ln = ln
 	s.onClose(func() error { _ = ln.Close(); return nil })
+	if s.gw != nil {
+		// Per-source pacing before anything reads the connection.
+		ln = gateway.PaceSources(ln, o.Gateway, s.log)
+		s.onClose(func() error { _ = ln.Close(); return nil })
+	}
 	mux := http.NewServeMux()
 	if s.gw != nil {
 		mux.Handle("GET /v1/ws", s.gw)

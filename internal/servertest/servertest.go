@@ -89,6 +89,7 @@ func options(dataDir string) server.Options {
 	gw.ConnRequestRate, gw.ConnRequestBurst = 1e9, 1e9
 	gw.MaxSessionsPerUser, gw.MaxPollSessionsPerUser = 1e6, 1e6
 	gw.UserHandshakeRate, gw.UserHandshakeBurst = 1e9, 1e9
+	gw.SourceAcceptRate = 0 // every test client is 127.0.0.1
 	return server.Options{
 		Listen:      "127.0.0.1:0",
 		DataDir:     dataDir,

@@ -20,7 +20,8 @@ pport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); p
 unthrottled=(--gateway.user-send-rate 1e9 --gateway.user-send-burst 1000000000
 	--gateway.conn-request-rate 1e9 --gateway.conn-request-burst 1000000000
 	--gateway.max-sessions-per-user 1000000 --gateway.max-poll-sessions-per-user 1000000
-	--gateway.user-handshake-rate 1e9 --gateway.user-handshake-burst 1000000000)
+	--gateway.user-handshake-rate 1e9 --gateway.user-handshake-burst 1000000000
+	--gateway.source-accept-rate 0)
 start() {
 	PARLEY_PPROF=127.0.0.1:$pport "$server" serve --listen 127.0.0.1:$port --data-dir "$dir/data" "$@" 2>"$dir/server.log" &
 	pid=$!
