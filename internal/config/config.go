@@ -19,6 +19,7 @@
 package config
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -187,11 +188,31 @@ func (c Config) ResolveAdminKey() ([]byte, error) {
 	case a.Listen == "":
 		return nil, nil
 	case a.Key != "":
-		return auth.ParseHS256Key(a.Key)
+		return parseAdminKey(a.Key)
 	case a.KeyFile != "":
-		return auth.LoadHS256KeyFile(a.KeyFile)
+		b, err := os.ReadFile(a.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("config: admin.key_file: %w", err)
+		}
+		key, err := parseAdminKey(string(b))
+		if err != nil {
+			return nil, fmt.Errorf("config: admin.key_file %s: %w", a.KeyFile, err)
+		}
+		return key, nil
 	}
 	return nil, fmt.Errorf("config: admin.listen needs admin.key or admin.key_file: %w", ErrInvalid)
+}
+
+// parseAdminKey reads a hex admin key of at least 32 bytes.
+func parseAdminKey(s string) ([]byte, error) {
+	key, err := hex.DecodeString(strings.TrimSpace(s))
+	if err != nil {
+		return nil, errors.New("the admin key is not hex")
+	}
+	if len(key) < 32 {
+		return nil, fmt.Errorf("the admin key is %d bytes, need at least 32 (64 hex digits)", len(key))
+	}
+	return key, nil
 }
 
 func (c Config) validateAdmin(p *settings.Problems) {
@@ -206,7 +227,7 @@ func (c Config) validateAdmin(p *settings.Problems) {
 	p.Check(a.Key != "" || a.KeyFile != "", "admin.key", "admin.listen needs admin.key or admin.key_file")
 	p.Check(a.Key == "" || a.KeyFile == "", "admin.key_file", "set either admin.key or admin.key_file, not both")
 	if a.Key != "" {
-		if _, err := auth.ParseHS256Key(a.Key); err != nil {
+		if _, err := parseAdminKey(a.Key); err != nil {
 			p.Add("admin.key", "%v", err)
 		}
 	}
