@@ -312,7 +312,15 @@ func TestAdminMembers(t *testing.T) {
 	a.ok("PUT", convPath(conv, "/members/dave/mute"), map[string]any{"muted": false}, nil)
 	mustOK(t, dave.sendText(conv, "d2", "thanks"), protocol.TypeAck)
 
+	bob := dialRaw(t, srv, "bob", "d")
 	a.ok("DELETE", convPath(conv, "/members/bob"), nil, &c)
+	removal := msgAt(t, bob, c.Conv.LastSeq)
+	if ev := systemEvent(t, removal); ev.Event != "member_removed" || ev.Users[0] != "bob" || !ev.Admin {
+		t.Fatalf("bob's removal event %+v", ev)
+	}
+	if f := bob.sendText(conv, "b-late", "still here?"); f.Code != protocol.CodeNotMember {
+		t.Fatalf("a removed member's send: %+v", f)
+	}
 	if c.Conv.MemberCount != 3 || strings.Contains(strings.Join(c.Conv.Members, ","), "bob") {
 		t.Fatalf("after remove: %+v", c.Conv)
 	}
@@ -418,6 +426,9 @@ func TestAdminMessages(t *testing.T) {
 		t.Fatalf("recall event %+v", rc)
 	}
 	a.ok("PATCH", convPath(conv, "/messages/2"), map[string]any{"client_msg_id": "mod-2", "body": "[edited by moderation]"}, &ack)
+	if e := msgAt(t, bob, ack.Ack.Seq); e.Kind != protocol.KindEdit || e.TargetSeq != 2 || e.Body != "[edited by moderation]" || e.Sender != "admin" {
+		t.Fatalf("edit event pushed to bob: %+v", e)
+	}
 	h := bob.history(conv)
 	if !h[0].Recalled || h[0].Body != "" || !h[1].Edited || h[1].Body != "[edited by moderation]" {
 		t.Fatalf("history after moderation: %+v %+v", h[0], h[1])
@@ -563,9 +574,11 @@ func TestAdminRevoke(t *testing.T) {
 	}
 	d2 := startRaw(t, ws2)
 	p := &pollClient{t: t, base: srv.HTTPURL, token: old, device: "d3"}
-	if st, _ := p.poll(0); st != 200 {
+	st, frames := p.poll(0)
+	if st != 200 || len(frames) != 1 {
 		t.Fatalf("poll open %d", st)
 	}
+	p.session = frames[0].Hello.SessionID
 
 	// One device first.
 	a.ok("POST", "/v1/admin/users/alice/revoke", map[string]any{"device": "d1"}, nil)
@@ -584,6 +597,10 @@ func TestAdminRevoke(t *testing.T) {
 	st, body := p.do("POST", "/v1/rpc?device=d3", []byte(`{"type":"ping"}`))
 	if st != 401 || !strings.Contains(string(body), `"token_revoked"`) {
 		t.Fatalf("rpc with a revoked token: %d %s", st, body)
+	}
+	st, body = p.do("GET", "/v1/poll?device=d3&session="+p.session+"&wait_ms=0", nil)
+	if st != 401 || !strings.Contains(string(body), `"token_revoked"`) {
+		t.Fatalf("poll of a revoked token's session: %d %s", st, body)
 	}
 	// A token issued after the revocation (iat has second precision: the
 	// next second) works.
