@@ -163,6 +163,14 @@ func (s *Server) handle(pattern string, h handler) {
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 		defer cancel()
 		out, perr := h(ctx, r, body)
+		if r.Method != http.MethodGet {
+			// An audit line for every call that may change something.
+			code := protocol.Code("")
+			if perr != nil {
+				code = perr.Code
+			}
+			s.d.Logger.Info("admin API call", "method", r.Method, "path", r.URL.Path, "ok", perr == nil, "code", code, "remote", r.RemoteAddr)
+		}
 		if perr != nil {
 			writeError(w, perr)
 			return
