@@ -16,16 +16,34 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
+// networked is implemented by stores whose reads cross the network
+// (Cassandra): the service then overlaps independent reads.
+type networked interface{ Networked() bool }
+
 // send stores a message or an edit/recall event and acknowledges it.
 // Order of work: membership → seq + durable write → ack → fan-out.
 // A failed write is reported and nothing is acknowledged; a failed fan-out
 // never undoes the stored message.
 func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply func(*protocol.Frame)) *protocol.Error {
 	start := s.now()
+	var (
+		cv   store.Conversation
+		err  error
+		read chan struct{}
+	)
+	if _, ok := s.store.(networked); ok {
+		// Over the network the conversation is read alongside the
+		// membership: one round trip less before the append.
+		read = make(chan struct{})
+		go func() { cv, err = s.store.Conversation(ctx, f.ConvID); close(read) }()
+	}
 	if !c.Admin {
 		// The admin (moderation edit and recall, admin.go) is no member:
 		// its authority replaces the membership check.
 		m, perr := s.member(ctx, c.User, f.ConvID)
+		if read != nil {
+			<-read
+		}
 		if perr != nil {
 			return perr
 		}
@@ -35,8 +53,12 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 		case m.Muted:
 			return protocol.Errorf(protocol.CodeForbidden, "muted in this conversation")
 		}
+	} else if read != nil {
+		<-read
 	}
-	cv, err := s.store.Conversation(ctx, f.ConvID)
+	if read == nil {
+		cv, err = s.store.Conversation(ctx, f.ConvID)
+	}
 	if err != nil {
 		return s.storeErr("conversation", err)
 	}

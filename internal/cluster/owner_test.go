@@ -5,12 +5,15 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/parley-im/parley/internal/snowflake"
 )
 
 // redisT returns a client of the test Redis ($PARLEY_TEST_REDIS) and a
@@ -163,5 +166,52 @@ func TestOwnerStopsWritingBeforeExpiry(t *testing.T) {
 	e2, ok := o.Epoch(7)
 	if !ok || e2 <= e1 {
 		t.Fatalf("epoch after the keys were lost: %d (held %v), before %d", e2, ok, e1)
+	}
+}
+
+// TestNodeNumbersLeased: a configured node number held by another live
+// node refuses the lease (the process does not start); the same node
+// restarting takes its number back; without a configured number two nodes
+// whose names hash to the same number get different ones.
+func TestNodeNumbersLeased(t *testing.T) {
+	rdb, ns := redisT(t)
+	ctx := context.Background()
+	a, err := LeaseNodeNumber(ctx, rdb, ns, "a", 5, nil)
+	if err != nil || a.Number() != 5 {
+		t.Fatalf("lease 5 for a: %v, %v", a, err)
+	}
+	if _, err := LeaseNodeNumber(ctx, rdb, ns, "b", 5, nil); !errors.Is(err, ErrNodeNumberTaken) {
+		t.Fatalf("lease 5 for b while a holds it: %v, want ErrNodeNumberTaken", err)
+	}
+	if again, err := LeaseNodeNumber(ctx, rdb, ns, "a", 5, nil); err != nil || again.Number() != 5 {
+		t.Fatalf("a restarting takes 5 back: %v, %v", again, err)
+	}
+	// Two names with the same hashed number.
+	first := "n0"
+	var twin string
+	for i := 1; twin == ""; i++ {
+		if name := fmt.Sprintf("n%d", i); snowflake.NodeNumber(name) == snowflake.NodeNumber(first) {
+			twin = name
+		}
+	}
+	x, err := LeaseNodeNumber(ctx, rdb, ns, first, -1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := LeaseNodeNumber(ctx, rdb, ns, twin, -1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.Number() == y.Number() {
+		t.Fatalf("%s and %s (same hash) both got node number %d", first, twin, x.Number())
+	}
+	// Released at the end of Run: another node may take it.
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { x.Run(runCtx); close(done) }()
+	cancel()
+	<-done
+	if z, err := LeaseNodeNumber(ctx, rdb, ns, "z", int(x.Number()), nil); err != nil {
+		t.Fatalf("number %d after its holder stopped: %v, %v", x.Number(), z, err)
 	}
 }

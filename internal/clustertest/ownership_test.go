@@ -3,6 +3,7 @@ package clustertest
 import (
 	"context"
 	"errors"
+	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -170,4 +171,22 @@ func TestRollingRestartOfChats(t *testing.T) {
 	}
 	time.Sleep(time.Second)
 	s.finish()
+}
+
+// TestNodeNumberCollisionRefused: a chat process configured with the
+// Snowflake node number of a live chat process refuses to start.
+func TestNodeNumberCollisionRefused(t *testing.T) {
+	c := Start(t, Options{Gateways: 1, Chats: 1, Extra: []string{"--node-number", "7"}})
+	name := "c2-" + c.keyspace
+	args := append([]string{"serve", "--roles", "chat", "--node-id", name, "--listen", freeAddr(t),
+		"--data-dir", t.TempDir()}, c.common...)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, binary, args...).CombinedOutput()
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("second chat process with node number 7: %v (context %v); output:\n%s", err, ctx.Err(), out)
+	}
+	if !strings.Contains(string(out), "node number in use") {
+		t.Errorf("refusal does not name the cause:\n%s", out)
+	}
 }

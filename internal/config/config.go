@@ -77,7 +77,7 @@ type Config struct {
 	NodeID string `yaml:"node_id" help:"this node's id, unique in the cluster (empty: host name and listen port)"`
 	// NodeNumber is the Snowflake node number in the message ids this node
 	// mints; -1 derives it from NodeID by a hash, which can collide.
-	NodeNumber int `yaml:"node_number" help:"Snowflake node number (0-1023) of the message ids this node mints, unique among chat nodes (-1: a hash of node_id, which can collide)"`
+	NodeNumber int `yaml:"node_number" help:"Snowflake node number (0-1023) of the message ids this node mints, unique among chat nodes; in cluster mode leased in Redis, and a start refused if another live node holds it (-1: a hash of node_id, which can collide; in cluster mode the first free number from that hash on)"`
 	// Roles is "all" or a comma-separated list of roles.
 	Roles    string          `yaml:"roles" help:"roles to run: all, or a comma-separated list of gateway, chat"`
 	Log      Log             `yaml:"log"`

@@ -367,6 +367,24 @@ func (s *Server) startChat() error {
 	if s.redis != nil {
 		lim = cluster.NewLimiter(rredis.NewLimiter(s.redis, o.Cluster.namespace()+":lim:"))
 	}
+	// In cluster mode the Snowflake node number is leased in Redis: a
+	// configured one held by another live node refuses the start.
+	nodeNumber := o.nodeNumber()
+	if s.redis != nil {
+		want := -1
+		if o.NodeNumber != nil {
+			want = int(*o.NodeNumber)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		nn, err := cluster.LeaseNodeNumber(ctx, s.redis, o.Cluster.namespace(), o.Node, want, o.Logger)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("server: %w", err)
+		}
+		nodeNumber = nn.Number()
+		s.log.Info("snowflake node number leased", "node_number", nodeNumber)
+		s.runLoop(nn.Run)
+	}
 	// The outbox runs the fan-out of every stored message after its ACK;
 	// its handler is the service's, set once the service exists.
 	var svc *chat.Service
@@ -395,7 +413,7 @@ func (s *Server) startChat() error {
 		s.registerHookMetrics(h)
 	}
 	svc, err := chat.New(o.Chat, chat.Deps{
-		Store: chatStore, Registry: chatReg, Bus: chatBus, IDs: snowflake.New(o.nodeNumber(), nil),
+		Store: chatStore, Registry: chatReg, Bus: chatBus, IDs: snowflake.New(nodeNumber, nil),
 		Logger: o.Logger, Online: online, Ledger: s.ledger, Limiter: lim, Outbox: outbox, Hook: hook,
 		Observer: chat.Observer{
 			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },

@@ -369,6 +369,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// Networked tells the chat service that reads cross the network, so it
+// overlaps independent ones.
+func (s *Store) Networked() bool { return true }
+
 // Close closes the session after the calls in progress return. Later calls
 // fail with store.ErrClosed. Closing twice is a no-op.
 func (s *Store) Close() error {
