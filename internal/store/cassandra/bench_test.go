@@ -3,20 +3,25 @@ package cassandra
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/parley-im/parley/internal/cluster"
 	"github.com/parley-im/parley/internal/store"
 )
 
 // benchStore returns a Store on an emptied test keyspace with convs
 // conversations of two members each.
-func benchStore(b *testing.B, convs int) *Store {
+func benchStore(b *testing.B, convs int, lease Lease) *Store {
 	b.Helper()
 	cfg := fresh(b)
 	cfg.SeqBlock, cfg.BucketWidth = 0, 0 // production defaults
+	cfg.Lease = lease
 	s := openT(b, cfg)
 	members := []store.Member{{UserID: "user0"}, {UserID: "user1"}}
 	for c := 1; c <= convs; c++ {
@@ -27,53 +32,84 @@ func benchStore(b *testing.B, convs int) *Store {
 	return s
 }
 
-// BenchmarkAppend measures appends with a client_msg_id (idempotency
-// record, body, seq claim: two lightweight transactions) from one process.
-// One conversation's appends claim their seqs one after another; across
+// BenchmarkAppend measures appends with a client_msg_id from one process,
+// transactional (lwt: idempotency record, body, seq claim: two lightweight
+// transactions) and owned (owned: the conversation's partition leased in
+// Redis — $PARLEY_TEST_REDIS, else skipped — seqs in memory, plain batched
+// writes, one Redis check per batch). One conversation's appends take
+// their seqs one after another (lwt) or share batches (owned); across
 // conversations they run in parallel.
 func BenchmarkAppend(b *testing.B) {
-	for _, bc := range []struct {
-		name    string
-		senders int // goroutines per GOMAXPROCS; 0: one sender
-		convs   int
-	}{
-		{"serial", 0, 1},
-		{"one-conv-16-senders", 8, 1},
-		{"64-convs-64-senders", 32, 64},
-	} {
-		b.Run(bc.name, func(b *testing.B) {
-			ctx := context.Background()
-			s := benchStore(b, bc.convs)
-			var ids atomic.Uint64
-			appendOne := func() {
-				id := ids.Add(1)
-				m := store.Message{
-					ConvID: id%uint64(bc.convs) + 1, MsgID: id, Sender: "user0", SenderDevice: "d",
-					ClientMsgID: fmt.Sprintf("c%d", id), Kind: "text", Body: "hello, this is a benchmark message",
-					ServerTime: time.Now().UnixMilli(),
-				}
-				if _, err := s.Append(ctx, store.Append{Msg: m}); err != nil {
-					b.Error(err)
-				}
+	for _, mode := range []string{"lwt", "owned"} {
+		for _, bc := range []struct {
+			name    string
+			senders int // goroutines per GOMAXPROCS; 0: one sender
+			convs   int
+		}{
+			{"serial", 0, 1},
+			{"one-conv-16-senders", 8, 1},
+			{"64-convs-64-senders", 32, 64},
+		} {
+			b.Run(mode+"/"+bc.name, func(b *testing.B) { benchAppend(b, mode, bc.senders, bc.convs) })
+		}
+	}
+}
+
+func benchAppend(b *testing.B, mode string, senders, convs int) {
+	var lease Lease
+	if mode == "owned" {
+		lease = benchLease(b)
+	}
+	ctx := context.Background()
+	s := benchStore(b, convs, lease)
+	var ids atomic.Uint64
+	appendOne := func() {
+		id := ids.Add(1)
+		m := store.Message{
+			ConvID: id%uint64(convs) + 1, MsgID: id, Sender: "user0", SenderDevice: "d",
+			ClientMsgID: fmt.Sprintf("c%d", id), Kind: "text", Body: "hello, this is a benchmark message",
+			ServerTime: time.Now().UnixMilli(),
+		}
+		if _, err := s.Append(ctx, store.Append{Msg: m}); err != nil {
+			b.Error(err)
+		}
+	}
+	start := time.Now()
+	b.ResetTimer()
+	if senders == 0 {
+		for b.Loop() {
+			appendOne()
+		}
+	} else {
+		b.SetParallelism(senders)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				appendOne()
 			}
-			start := time.Now()
-			b.ResetTimer()
-			if bc.senders == 0 {
-				for b.Loop() {
-					appendOne()
-				}
-			} else {
-				b.SetParallelism(bc.senders)
-				b.RunParallel(func(pb *testing.PB) {
-					for pb.Next() {
-						appendOne()
-					}
-				})
-			}
-			b.StopTimer()
-			b.ReportMetric(float64(ids.Load())/time.Since(start).Seconds(), "appends/s")
 		})
 	}
+	b.StopTimer()
+	b.ReportMetric(float64(ids.Load())/time.Since(start).Seconds(), "appends/s")
+}
+
+// benchLease holds every partition of a fresh namespace on the test
+// Redis, as a chat process would.
+func benchLease(b *testing.B) Lease {
+	addr := os.Getenv("PARLEY_TEST_REDIS")
+	if addr == "" {
+		b.Skip("PARLEY_TEST_REDIS not set")
+	}
+	rdb := goredis.NewClient(&goredis.Options{Addr: addr})
+	b.Cleanup(func() { _ = rdb.Close() })
+	o := cluster.NewOwner(rdb, cluster.OwnerConfig{Namespace: fmt.Sprintf("bench_%d", time.Now().UnixNano()), Node: "bench", Partitions: 4})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { o.Run(ctx); close(done) }()
+	b.Cleanup(func() { cancel(); <-done })
+	for len(o.Held()) < o.Partitions() {
+		time.Sleep(50 * time.Millisecond)
+	}
+	return o
 }
 
 // BenchmarkLatest50 measures the history read a client does on opening a
@@ -82,7 +118,7 @@ func BenchmarkAppend(b *testing.B) {
 func BenchmarkLatest50(b *testing.B) {
 	const stored = 300
 	ctx := context.Background()
-	s := benchStore(b, 1)
+	s := benchStore(b, 1, nil)
 	for id := uint64(1); id <= stored; id++ {
 		m := store.Message{ConvID: 1, MsgID: id, Sender: "user0", Kind: "text",
 			Body: "hello, this is a benchmark message", ServerTime: time.Now().UnixMilli()}
