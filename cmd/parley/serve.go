@@ -110,6 +110,7 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 			Namespace: cfg.Cluster.Namespace, JetStreamReplicas: cfg.Cluster.JetStreamReplicas,
 			PresenceResync: cfg.Cluster.PresenceResync,
 			Partitions:     cfg.Cluster.Partitions, PartitionLease: cfg.Cluster.PartitionLease,
+			ChatMaxInflight: cfg.Cluster.ChatMaxInflight,
 		}
 	}
 	return o

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -33,6 +34,9 @@ var ownerWrites = map[string]bool{
 	protocol.TypeAddMembers: true, protocol.TypeRemove: true, protocol.TypeLeave: true,
 	protocol.TypeSetRole: true, protocol.TypeMute: true,
 }
+
+// DefaultMaxInflight is Serve's default bound on requests in progress.
+const DefaultMaxInflight = 1024
 
 // ownerWait bounds how long a gateway waits for a partition to get an
 // owner (a takeover in progress) before it answers overloaded.
@@ -151,53 +155,91 @@ func remoteErr(err error) *protocol.Error {
 	return &protocol.Error{Code: protocol.CodeOverloaded, Msg: "the chat service is unreachable", RetryAfter: 1000}
 }
 
-// Serve answers gateways' requests with svc until ctx ends. Each request
-// runs on its own goroutine (NATS delivers a subscription's messages one
-// by one), bounded by timeout.
+// Serve answers gateways' requests with svc until ctx ends. Requests run
+// on at most maxInflight goroutines at once (default 1024), each bounded by
+// timeout; past that a request is answered at once with overloaded and a
+// jittered retry_after_ms (admission control: nothing queues without
+// bound). When ctx ends, Serve unsubscribes and waits for the requests in
+// progress, which keep their own timeout.
 //
 // With an owner, the process also answers the writes of the partitions it
 // holds (subjectPart), subscribing and unsubscribing as it takes and
 // gives them up. A write for a partition it no longer holds gets no
 // answer here: the new owner answers it.
-func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, timeout time.Duration, log *slog.Logger, owner *Owner) error {
-	handle := func(m *natsio.Msg) {
-		var req request
-		if err := json.Unmarshal(m.Data, &req); err != nil {
-			log.Warn("undecodable chat request", "err", err)
-			return
+func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, timeout time.Duration, log *slog.Logger, owner *Owner, maxInflight int) error {
+	if maxInflight <= 0 {
+		maxInflight = DefaultMaxInflight
+	}
+	var (
+		sem = make(chan struct{}, maxInflight)
+		wg  sync.WaitGroup
+	)
+	// admit runs fn on a goroutine of its own unless maxInflight are
+	// running; it reports whether it did.
+	admit := func(fn func(ctx context.Context)) bool {
+		select {
+		case sem <- struct{}{}:
+		default:
+			return false
 		}
+		wg.Add(1)
 		go func() {
-			rctx, cancel := context.WithTimeout(ctx, timeout)
+			defer func() { <-sem; wg.Done() }()
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 			defer cancel()
-			var answered bool
-			reply := func(resp *protocol.Frame) {
-				if answered {
-					return
-				}
-				answered = true
-				data, _ := json.Marshal(resp)
-				if resp.Type == protocol.TypeError && resp.Code == protocol.CodeOverloaded && resp.Error == chat.MovingMsg {
-					// Tell the gateway to retry on the new owner.
-					r := natsio.NewMsg(m.Reply)
-					r.Data = data
-					r.Header.Set(headerMoved, "1")
-					_ = m.RespondMsg(r)
-					return
-				}
-				_ = m.Respond(data)
-			}
-			// The gateway validated the frame (protocol.DecodeClient)
-			// before forwarding it.
-			var f protocol.Frame
-			if err := json.Unmarshal(req.Frame, &f); err != nil {
-				reply(chat.ErrorFrame("", protocol.Errorf(protocol.CodeBadFrame, "undecodable frame")))
+			fn(rctx)
+		}()
+		return true
+	}
+	serve := func(m *natsio.Msg, req request, f *protocol.Frame) {
+		var answered bool
+		reply := func(resp *protocol.Frame) {
+			if answered {
 				return
 			}
-			svc.Handle(rctx, chat.Caller{User: req.User, Device: req.Device}, &f, reply)
+			answered = true
+			data, _ := json.Marshal(resp)
+			if resp.Type == protocol.TypeError && resp.Code == protocol.CodeOverloaded && resp.Error == chat.MovingMsg {
+				// Tell the gateway to retry on the new owner.
+				r := natsio.NewMsg(m.Reply)
+				r.Data = data
+				r.Header.Set(headerMoved, "1")
+				_ = m.RespondMsg(r)
+				return
+			}
+			_ = m.Respond(data)
+		}
+		ok := admit(func(rctx context.Context) {
+			svc.Handle(rctx, chat.Caller{User: req.User, Device: req.Device}, f, reply)
 			if !answered {
 				_ = m.Respond(nil)
 			}
-		}()
+		})
+		if !ok {
+			reply(chat.ErrorFrame(f.RID, &protocol.Error{Code: protocol.CodeOverloaded,
+				Msg: "the chat process is at capacity; retry", RetryAfter: 100 + rand.Int64N(400)}))
+		}
+	}
+	// decode reads a request; the gateway validated the frame
+	// (protocol.DecodeClient) before forwarding it.
+	decode := func(m *natsio.Msg) (request, *protocol.Frame, bool) {
+		var req request
+		var f protocol.Frame
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			log.Warn("undecodable chat request", "err", err)
+			return req, nil, false
+		}
+		if err := json.Unmarshal(req.Frame, &f); err != nil {
+			data, _ := json.Marshal(chat.ErrorFrame("", protocol.Errorf(protocol.CodeBadFrame, "undecodable frame")))
+			_ = m.Respond(data)
+			return req, nil, false
+		}
+		return req, &f, true
+	}
+	handle := func(m *natsio.Msg) {
+		if req, f, ok := decode(m); ok {
+			serve(m, req, f)
+		}
 	}
 	sub1, err := nc.QueueSubscribe(subjectHandle(ns), chatQueue, handle)
 	if err != nil {
@@ -209,9 +251,7 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 		if json.Unmarshal(m.Data, &req) != nil {
 			return
 		}
-		go func() {
-			rctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
+		ok := admit(func(rctx context.Context) {
 			ok, err := svc.SharesConversation(rctx, req.User, req.Peer)
 			switch {
 			case err != nil:
@@ -221,25 +261,27 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 			default:
 				_ = m.Respond([]byte("0"))
 			}
-		}()
+		})
+		if !ok {
+			_ = m.Respond([]byte("error: the chat process is at capacity"))
+		}
 	})
 	if err != nil {
 		return fmt.Errorf("cluster: subscribe: %w", err)
 	}
 	defer sub2.Unsubscribe()
+	var ps *partSubs
 	if owner != nil {
-		ps := &partSubs{nc: nc, ns: ns, owner: owner, log: log, subs: map[int]*natsio.Subscription{}}
+		ps = &partSubs{nc: nc, ns: ns, owner: owner, log: log, subs: map[int]*natsio.Subscription{}}
 		ps.handle = func(m *natsio.Msg) {
-			var req request
-			var f protocol.Frame
-			if json.Unmarshal(m.Data, &req) != nil || json.Unmarshal(req.Frame, &f) != nil {
-				log.Warn("undecodable chat request")
+			req, f, ok := decode(m)
+			if !ok {
 				return
 			}
 			if !owner.Holds(Partition(f.ConvID, owner.Partitions())) {
 				return // not (or no longer) the owner: the owner answers
 			}
-			handle(m)
+			serve(m, req, f)
 		}
 		owner.Watch(ps.update)
 		defer ps.close()
@@ -248,6 +290,14 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 		return fmt.Errorf("cluster: subscribe: %w", err)
 	}
 	<-ctx.Done()
+	// Drain: no new requests, then the ones in progress finish.
+	_ = sub1.Unsubscribe()
+	_ = sub2.Unsubscribe()
+	if ps != nil {
+		// ps.close runs deferred too; closing twice is harmless.
+		ps.close()
+	}
+	wg.Wait()
 	return nil
 }
 

@@ -3,9 +3,11 @@ package clustertest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/parley-im/parley/internal/cluster"
+	"github.com/parley-im/parley/protocol"
 )
 
 // The ownership fault tests run a send storm (every acknowledged message
@@ -189,4 +192,69 @@ func TestNodeNumberCollisionRefused(t *testing.T) {
 	if !strings.Contains(string(out), "node number in use") {
 		t.Errorf("refusal does not name the cause:\n%s", out)
 	}
+}
+
+// TestChatAdmissionControl: a chat process serving at most one request at
+// a time answers the requests over that bound at once with overloaded and
+// a retry_after_ms, never queues them, and serves the rest; clients that
+// honour retry_after_ms all get their answers.
+func TestChatAdmissionControl(t *testing.T) {
+	c := Start(t, Options{Gateways: 1, Chats: 1, Extra: []string{"--cluster.chat-max-inflight", "1"}})
+	cs := setupConvs(t, c, c.Gateways[0], []string{"u0", "u1"})
+	conv := cs.convsOf["u0"][1]
+	const clients, reads = 16, 5
+	var (
+		mu         sync.Mutex
+		overloaded int
+		served     int
+		problems   []string
+		wg         sync.WaitGroup
+	)
+	for i := range clients {
+		wg.Go(func() {
+			rc, err := dialRaw(c, c.Gateways[0], "u0", fmt.Sprintf("d%d", i))
+			if err != nil {
+				mu.Lock()
+				problems = append(problems, err.Error())
+				mu.Unlock()
+				return
+			}
+			defer rc.close()
+			for range reads {
+				for attempt := 0; ; attempt++ {
+					r, err := rc.call(protocol.Frame{Type: protocol.TypeConvInfo, ConvID: conv}, 10*time.Second)
+					mu.Lock()
+					switch {
+					case err != nil:
+						problems = append(problems, err.Error())
+					case r.Type == protocol.TypeError && r.Code == protocol.CodeOverloaded:
+						overloaded++
+						if r.RetryAfter <= 0 {
+							problems = append(problems, "overloaded without retry_after_ms: "+frameString(r))
+						}
+					case r.Type == protocol.TypeError:
+						problems = append(problems, frameString(r))
+					default:
+						served++
+					}
+					mu.Unlock()
+					if err != nil || r.Type != protocol.TypeError || r.Code != protocol.CodeOverloaded || attempt > 50 {
+						break
+					}
+					time.Sleep(time.Duration(r.RetryAfter) * time.Millisecond)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if len(problems) > 0 {
+		t.Fatalf("%d problems: %s", len(problems), strings.Join(problems[:min(5, len(problems))], "; "))
+	}
+	if served != clients*reads {
+		t.Errorf("%d requests served, want %d", served, clients*reads)
+	}
+	if overloaded == 0 {
+		t.Errorf("%d concurrent clients against a bound of 1: no request was refused", clients)
+	}
+	t.Logf("%d served, %d answered overloaded (retried after retry_after_ms)", served, overloaded)
 }

@@ -130,6 +130,9 @@ type Cluster struct {
 	// PartitionLease is the TTL of a partition lease in Redis: a dead or
 	// stalled owner's partitions move within about 4/3 of it.
 	PartitionLease time.Duration `yaml:"partition_lease" help:"TTL of a partition's ownership lease in Redis; a dead owner's partitions move within about 4/3 of it"`
+	// ChatMaxInflight bounds the requests a chat process serves at once;
+	// past it a request is answered overloaded with retry_after_ms.
+	ChatMaxInflight int `yaml:"chat_max_inflight" help:"requests a chat process serves at once; past it a request is answered overloaded with retry_after_ms"`
 }
 
 // Enabled reports whether any cluster engine is configured.
@@ -265,7 +268,7 @@ func defaults() Config {
 		Admin:      Admin{Actor: "admin"},
 		Cluster: Cluster{Keyspace: "parley", ReplicationFactor: 1, Consistency: "QUORUM", SerialConsistency: "SERIAL",
 			JetStreamReplicas: 1, Namespace: "parley", PresenceResync: 15 * time.Second,
-			Partitions: 64, PartitionLease: 3 * time.Second},
+			Partitions: 64, PartitionLease: 3 * time.Second, ChatMaxInflight: 1024},
 	}
 }
 
@@ -474,6 +477,7 @@ func (c Config) validateRoles(p *settings.Problems) {
 		p.Check(validNamespace(c.Cluster.Namespace), "cluster.namespace", "%q must be 1-32 bytes of [a-z0-9_]", c.Cluster.Namespace)
 		p.Check(c.Cluster.Partitions >= 1 && c.Cluster.Partitions <= 65536, "cluster.partitions", "must be in [1, 65536], got %d", c.Cluster.Partitions)
 		p.Check(c.Cluster.PartitionLease >= 300*time.Millisecond, "cluster.partition_lease", "must be at least 300ms, got %v", c.Cluster.PartitionLease)
+		p.Check(c.Cluster.ChatMaxInflight >= 1, "cluster.chat_max_inflight", "must be at least 1, got %d", c.Cluster.ChatMaxInflight)
 		if c.RoleSet()[RoleChat] {
 			p.Check(c.Cluster.CassandraHosts != "", "cluster.cassandra_hosts", "the chat role needs Cassandra contact points")
 		}

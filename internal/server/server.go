@@ -134,6 +134,9 @@ type Cluster struct {
 	// (cluster.Owner; defaults 64 and 3s).
 	Partitions     int
 	PartitionLease time.Duration
+	// ChatMaxInflight bounds the requests a chat process serves at once
+	// (cluster.Serve; default 1024).
+	ChatMaxInflight int
 }
 
 func (c *Cluster) namespace() string {
@@ -453,7 +456,7 @@ func (s *Server) startChat() error {
 	})
 	if s.nc != nil {
 		s.runLoop(func(ctx context.Context) {
-			if err := cluster.Serve(ctx, s.nc, o.Cluster.namespace(), svc, o.Gateway.RequestTimeout, s.log, s.owner); err != nil {
+			if err := cluster.Serve(ctx, s.nc, o.Cluster.namespace(), svc, o.Gateway.RequestTimeout, s.log, s.owner, o.Cluster.ChatMaxInflight); err != nil {
 				s.log.Error("chat service stopped serving", "err", err)
 			}
 		})
