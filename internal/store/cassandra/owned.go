@@ -279,12 +279,12 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 	if target != nil {
 		s.recordEdit(ctx, st.id, last, *target) // as in stored
 	}
-	s.afterOwned(ctx, st, fresh, msgs)
+	rows := s.afterOwned(ctx, st, fresh, msgs)
 	for i, r := range fresh {
 		m := msgs[i]
 		m.Mentions = cloneMentions(m.Mentions)
 		if r.err == nil {
-			r.res = store.AppendResult{Msg: m}
+			r.res = store.AppendResult{Msg: m, RowsWritten: r.a.Rows && rows}
 		}
 	}
 	return later
@@ -424,24 +424,24 @@ func (s *Store) writeSlots(ctx context.Context, conv uint64, msgs []store.Messag
 
 // afterOwned writes, after the lease is confirmed, what the batch's
 // acknowledgements promise: outbox entries and @everyone (a failure fails
-// the requests: the client's retry, a duplicate, writes them again), and
-// the last_seq hint and coalesce keys (max-registers; a failure is
-// logged). Append.Rows is not honoured (RowsWritten stays false): the
-// members' rows would cost two more round trips before the ACK, every
-// read path takes last_seq from the conversation, and the fan-out writes
-// them right after.
-func (s *Store) afterOwned(ctx context.Context, st *convState, reqs []*ownedReq, msgs []store.Message) {
+// the requests: the client's retry, a duplicate, writes them again), the
+// last_seq hint and coalesce keys (max-registers; a failure is logged),
+// and, if asked, the members' rows (returned: whether they were written).
+func (s *Store) afterOwned(ctx context.Context, st *convState, reqs []*ownedReq, msgs []store.Message) bool {
 	last := msgs[len(msgs)-1].Seq
 	var everyone uint64
 	keys := map[string]uint64{}
-	for _, m := range msgs {
+	wantRows := false
+	for i, m := range msgs {
 		if m.MentionAll {
 			everyone = m.Seq
 		}
 		if m.CoalesceKey != "" {
 			keys[m.CoalesceKey] = m.Seq
 		}
+		wantRows = wantRows || reqs[i].a.Rows
 	}
+	var rowsErr error
 	var outboxErr error
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -469,11 +469,44 @@ func (s *Store) afterOwned(ctx context.Context, st *convState, reqs []*ownedReq,
 			s.log.Warn("cassandra: append: hints behind", logKeyConv, st.id, logKeySeq, last, logKeyErr, err)
 		}
 	})
+	if wantRows {
+		wg.Go(func() { rowsErr = s.batchRows(ctx, st.id, msgs) })
+	}
 	wg.Wait()
 	if outboxErr != nil {
 		failAll(reqs, fmt.Errorf("seqs %d..%d are stored but their fan-out could not be recorded; retry to finish it: %w",
 			msgs[0].Seq, last, outboxErr))
 	}
+	if rowsErr != nil {
+		s.log.Warn("cassandra: append: rows left to fan-out", logKeyConv, st.id, logKeySeq, last, logKeyErr, rowsErr)
+	}
+	return wantRows && rowsErr == nil
+}
+
+// batchRows raises the rows of the conversation's current members to the
+// batch's last seq, and the mention seq of the mentioned ones to the last
+// message that mentions them.
+func (s *Store) batchRows(ctx context.Context, conv uint64, msgs []store.Message) error {
+	members, err := s.members(ctx, conv)
+	if err != nil {
+		return err
+	}
+	last := msgs[len(msgs)-1].Seq
+	return s.each(ctx, len(members), func(ctx context.Context, i int) error {
+		u := members[i].UserID
+		var mention uint64
+		for _, m := range msgs {
+			if m.MentionAll || slices.Contains(m.Mentions, u) {
+				mention = m.Seq
+			}
+		}
+		if mention != 0 && mention != last {
+			if err := s.raiseRow(ctx, conv, u, mention, true); err != nil {
+				return err
+			}
+		}
+		return s.raiseRow(ctx, conv, u, last, mention == last)
+	})
 }
 
 // ownedTop returns the top this process wrote as the conversation's
