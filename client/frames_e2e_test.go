@@ -318,3 +318,38 @@ func TestE2EReconnectingEvents(t *testing.T) {
 		return rc.rec.count(EventReconnecting) > before && rc.rec.count(EventConnected) == 2
 	})
 }
+
+// TestE2ELeaveNotRepeatedAfterLostAnswer: Leave and RemoveMembers whose
+// answer is lost with the connection come back as ErrDisconnected instead
+// of being repeated (a repeat would answer not_member / not_found although
+// the first one worked); each was done once.
+func TestE2ELeaveNotRepeatedAfterLostAnswer(t *testing.T) {
+	srv := servertest.Start(t)
+	px := newProxy(t, srv.URL)
+	alice := startE2E(t, srv.URL, srv.Token("alice"), "phone", nil)
+	bob := startE2E(t, px.url(), srv.Token("bob"), "phone", nil)
+	ctx := ctxT(t)
+	g, err := alice.CreateGroup(ctx, "team", []string{"bob", "carol", "dave"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := alice.SetRole(ctx, g.ConvID, "bob", protocol.RoleAdmin); err != nil {
+		t.Fatal(err)
+	}
+	lose := func() { px.setRule(onFirst(frameIs(toClient, protocol.TypeConv), dropCut)) }
+
+	lose()
+	if _, err := bob.RemoveMembers(ctx, g.ConvID, []string{"dave"}); !errors.Is(err, ErrDisconnected) {
+		t.Fatalf("RemoveMembers with a lost answer: %v, want ErrDisconnected", err)
+	}
+	eventually(t, "bob reconnected", func() bool { return bob.rec.count(EventConnected) == 2 })
+	lose()
+	if _, err := bob.Leave(ctx, g.ConvID); !errors.Is(err, ErrDisconnected) {
+		t.Fatalf("Leave with a lost answer: %v, want ErrDisconnected", err)
+	}
+	// Both happened once.
+	info, err := alice.ConvInfo(ctx, g.ConvID)
+	if err != nil || info.MemberCount != 2 {
+		t.Fatalf("group after the lost answers = %+v, %v; want alice and carol", info, err)
+	}
+}
