@@ -193,9 +193,9 @@ func (s *Store) join(ctx context.Context, st *convState, user string, role store
 		if err == nil {
 			err = s.raiseRow(ctx, st.id, user, last, false)
 		}
-		if e := st.everyone; err == nil && e != 0 && e >= cur.JoinSeq {
-			err = s.raiseRow(ctx, st.id, user, e, true)
-		}
+		// No @everyone is carried into the row: one sent before the join
+		// is not the joiner's, and later ones are read from the
+		// conversation (st.everyone is what the last removal saw).
 		return want, true, err
 	}
 }
