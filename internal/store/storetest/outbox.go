@@ -176,4 +176,12 @@ func testAppendRows(t *testing.T, e *env) {
 	if r := e.row(t, "bob", 1); r.LeaveSeq != 6 || r.MentionSeq != 6 {
 		t.Errorf("leaver's row = %+v, want leave 6 mention 6", r)
 	}
+	// A member who joins after an @everyone is not mentioned by it, even
+	// right after a removal that carried it into the leaver's row.
+	if _, err := e.s.AddMembers(ctx, 1, []string{"dave"}, store.RoleMember); err != nil {
+		t.Fatalf("AddMembers: %v", err)
+	}
+	if r := e.row(t, "dave", 1); r.JoinSeq != 7 || r.MentionSeq != 0 {
+		t.Errorf("joiner's row = %+v, want join 7 mention 0", r)
+	}
 }
