@@ -297,13 +297,15 @@ func New(cfg Config, d Deps) (*Gateway, error) {
 		g.shards[i].users = make(map[string][]*session)
 	}
 	g.up = g.newUpgrader()
+	// The queue exists before the subscription: a delivery may arrive
+	// (e.g. a compensation retry) the moment Subscribe returns or sooner.
+	g.pushes = make(chan queued, pushQueueLen)
 	unsub, err := d.Bus.Subscribe(g.ctx, cfg.Node, g.deliver)
 	if err != nil {
 		g.cancel()
 		return nil, fmt.Errorf("gateway: subscribe: %w", err)
 	}
 	g.unsub = unsub
-	g.pushes = make(chan queued, pushQueueLen)
 	g.sweeper.Add(2)
 	go g.sweep()
 	go g.dispatch()
