@@ -256,10 +256,11 @@ func (s *Server) sendMessage(ctx context.Context, r *http.Request, body []byte) 
 	if !protocol.ValidID(req.Sender) {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "sender %q is not a valid user id", truncate(req.Sender))
 	}
+	if perr := checkDevice(req.Device); perr != nil {
+		return nil, perr
+	}
 	device := req.Device
 	switch {
-	case device != "" && !protocol.ValidID(device):
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "device %q is not a valid device id", truncate(device))
 	case device == "" && req.As == asBot:
 		device = BotDevice
 	case device == "":
@@ -423,8 +424,8 @@ func (s *Server) revoke(ctx context.Context, r *http.Request, body []byte) (any,
 	if perr := decode(body, &req); perr != nil {
 		return nil, perr
 	}
-	if req.Device != "" && !protocol.ValidID(req.Device) {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "device %q is not a valid device id", truncate(req.Device))
+	if perr := checkDevice(req.Device); perr != nil {
+		return nil, perr
 	}
 	before := s.d.Now()
 	if req.Before != nil {
@@ -450,8 +451,8 @@ func (s *Server) disconnect(ctx context.Context, r *http.Request, body []byte) (
 	if perr := decode(body, &req); perr != nil {
 		return nil, perr
 	}
-	if req.Device != "" && !protocol.ValidID(req.Device) {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "device %q is not a valid device id", truncate(req.Device))
+	if perr := checkDevice(req.Device); perr != nil {
+		return nil, perr
 	}
 	n, err := s.d.Disconnect(ctx, user, req.Device)
 	if err != nil {
@@ -459,4 +460,13 @@ func (s *Server) disconnect(ctx context.Context, r *http.Request, body []byte) (
 		return nil, protocol.Errorf(protocol.CodeStoreUnavailable, "the session registry or the bus failed; retry")
 	}
 	return disconnectAnswer{n}, nil
+}
+
+// checkDevice refuses a device id that is given but not valid; empty means
+// every device (or the caller's default).
+func checkDevice(device string) *protocol.Error {
+	if device != "" && !protocol.ValidID(device) {
+		return protocol.Errorf(protocol.CodeInvalidArgument, "device %q is not a valid device id", truncate(device))
+	}
+	return nil
 }
