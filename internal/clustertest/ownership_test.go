@@ -14,7 +14,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/parley-im/parley/internal/cluster"
+	"github.com/parley-im/parley/internal/cluster/lease"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -32,7 +32,7 @@ func (c *Cluster) owner(conv uint64) (string, uint64) {
 	defer rdb.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	p := cluster.Partition(conv, cluster.DefaultPartitions)
+	p := lease.Partition(conv, lease.DefaultPartitions)
 	v, err := rdb.Get(ctx, c.keyspace+":part:"+strconv.Itoa(p)).Result()
 	if err != nil {
 		if !errors.Is(err, goredis.Nil) {
@@ -49,7 +49,7 @@ func (c *Cluster) owner(conv uint64) (string, uint64) {
 func (c *Cluster) leaseLeft(conv uint64) time.Duration {
 	rdb := goredis.NewClient(&goredis.Options{Addr: c.redis})
 	defer rdb.Close()
-	p := cluster.Partition(conv, cluster.DefaultPartitions)
+	p := lease.Partition(conv, lease.DefaultPartitions)
 	d, _ := rdb.PTTL(context.Background(), c.keyspace+":part:"+strconv.Itoa(p)).Result()
 	return d
 }

@@ -39,11 +39,15 @@ import (
 	"github.com/parley-im/parley/internal/bus/local"
 	pnats "github.com/parley-im/parley/internal/bus/nats"
 	"github.com/parley-im/parley/internal/chat"
-	"github.com/parley-im/parley/internal/cluster"
+	"github.com/parley-im/parley/internal/cluster/lease"
+	"github.com/parley-im/parley/internal/cluster/limit"
+	"github.com/parley-im/parley/internal/cluster/relay"
+	"github.com/parley-im/parley/internal/cluster/route"
 	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/gateway"
 	"github.com/parley-im/parley/internal/hooks"
 	"github.com/parley-im/parley/internal/ledger"
+	"github.com/parley-im/parley/internal/ledger/jetstream"
 	"github.com/parley-im/parley/internal/metrics"
 	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/privatefs"
@@ -131,11 +135,11 @@ type Cluster struct {
 	// online from the gateways (default 15s).
 	PresenceResync time.Duration
 	// Partitions and PartitionLease configure conversation ownership
-	// (cluster.Owner; defaults 64 and 3s).
+	// (lease.Owner; defaults 64 and 3s).
 	Partitions     int
 	PartitionLease time.Duration
 	// ChatMaxInflight bounds the requests a chat process serves at once
-	// (cluster.Serve; default 1024).
+	// (route.Serve; default 1024).
 	ChatMaxInflight int
 }
 
@@ -173,8 +177,8 @@ type Server struct {
 	bus      bus.Bus
 	nc       *natsio.Conn
 	redis    goredis.UniversalClient
-	relay    *cluster.Relay
-	owner    *cluster.Owner // chat role in cluster mode
+	relay    *relay.Relay
+	owner    *lease.Owner // chat role in cluster mode
 
 	chat     *chat.Service
 	access   *access.Manager // banned users and revoked tokens
@@ -309,7 +313,7 @@ func (s *Server) openEngines(ctx context.Context) error {
 	}
 	s.bus = b
 	if o.RunChat {
-		s.owner = cluster.NewOwner(s.redis, cluster.OwnerConfig{
+		s.owner = lease.NewOwner(s.redis, lease.OwnerConfig{
 			Namespace: ns, Node: o.Node, Partitions: c.Partitions, LeaseTTL: c.PartitionLease, Logger: o.Logger,
 		})
 		cc := c.Cassandra
@@ -332,7 +336,7 @@ func (s *Server) openEngines(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("server: tasks: %w", err)
 		}
-		s.ledger = cluster.NewLedger(tasks)
+		s.ledger = jetstream.New(tasks)
 	}
 	s.presence = presence.New(o.Presence, nil)
 	s.online = fanout.NewOnline(rows)
@@ -341,7 +345,7 @@ func (s *Server) openEngines(ctx context.Context) error {
 	if resync <= 0 {
 		resync = 15 * time.Second
 	}
-	s.relay = cluster.NewRelay(nc, ns, o.Node, tracker{s.presence, s.online}, resync, o.Logger)
+	s.relay = relay.New(nc, ns, o.Node, tracker{s.presence, s.online}, resync, o.Logger)
 	s.runLoop(func(ctx context.Context) {
 		if err := s.relay.Run(ctx); err != nil {
 			s.log.Error("presence relay stopped", "err", err)
@@ -368,7 +372,7 @@ func (s *Server) startChat() error {
 	}
 	var lim chat.Limiter
 	if s.redis != nil {
-		lim = cluster.NewLimiter(rredis.NewLimiter(s.redis, o.Cluster.namespace()+":lim:"))
+		lim = limit.New(rredis.NewLimiter(s.redis, o.Cluster.namespace()+":lim:"))
 	}
 	// In cluster mode the Snowflake node number is leased in Redis: a
 	// configured one held by another live node refuses the start.
@@ -379,7 +383,7 @@ func (s *Server) startChat() error {
 			want = int(*o.NodeNumber)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		nn, err := cluster.LeaseNodeNumber(ctx, s.redis, o.Cluster.namespace(), o.Node, want, o.Logger)
+		nn, err := lease.TakeNodeNumber(ctx, s.redis, o.Cluster.namespace(), o.Node, want, o.Logger)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("server: %w", err)
@@ -456,7 +460,7 @@ func (s *Server) startChat() error {
 	})
 	if s.nc != nil {
 		s.runLoop(func(ctx context.Context) {
-			if err := cluster.Serve(ctx, s.nc, o.Cluster.namespace(), svc, o.Gateway.RequestTimeout, s.log, s.owner, o.Cluster.ChatMaxInflight); err != nil {
+			if err := route.Serve(ctx, s.nc, o.Cluster.namespace(), svc, o.Gateway.RequestTimeout, s.log, s.owner, o.Cluster.ChatMaxInflight); err != nil {
 				s.log.Error("chat service stopped serving", "err", err)
 			}
 		})
@@ -493,7 +497,7 @@ func (s *Server) Hooks() *hooks.Hooks { return s.hooks }
 // processes' indexes.
 type onlineIndex struct {
 	*fanout.Online
-	relay *cluster.Relay
+	relay *relay.Relay
 }
 
 func (o onlineIndex) Joined(conv uint64, members []store.Member) { o.relay.Joined(conv, members) }
@@ -525,7 +529,7 @@ func (t tracker) Left(conv uint64, users []string)           { t.online.Left(con
 type hub struct {
 	*presence.Tracker
 	online *fanout.Online
-	relay  *cluster.Relay
+	relay  *relay.Relay
 }
 
 func (h hub) Connected(ctx context.Context, user string) {
@@ -554,12 +558,12 @@ func (s *Server) startGateway(ctx context.Context) error {
 	var mayWatch gateway.MayWatch
 	switch {
 	case s.chat != nil && s.owner != nil:
-		r := cluster.NewRemote(s.nc, o.Cluster.namespace(), o.Gateway.RequestTimeout, o.Cluster.Partitions)
-		s.backend, mayWatch = cluster.Routed{Local: s.chat, Remote: r, Owner: s.owner}, s.chat.SharesConversation
+		r := route.NewRemote(s.nc, o.Cluster.namespace(), o.Gateway.RequestTimeout, o.Cluster.Partitions)
+		s.backend, mayWatch = route.Routed{Local: s.chat, Remote: r, Owner: s.owner}, s.chat.SharesConversation
 	case s.chat != nil:
 		s.backend, mayWatch = s.chat, s.chat.SharesConversation
 	default:
-		r := cluster.NewRemote(s.nc, o.Cluster.namespace(), o.Gateway.RequestTimeout, o.Cluster.Partitions)
+		r := route.NewRemote(s.nc, o.Cluster.namespace(), o.Gateway.RequestTimeout, o.Cluster.Partitions)
 		s.backend, mayWatch = r, r.MayWatch
 	}
 	gcfg := o.Gateway

@@ -11,7 +11,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/parley-im/parley/internal/cluster"
+	"github.com/parley-im/parley/internal/cluster/lease"
 	"github.com/parley-im/parley/internal/store"
 )
 
@@ -101,7 +101,7 @@ func benchLease(b *testing.B) Lease {
 	}
 	rdb := goredis.NewClient(&goredis.Options{Addr: addr})
 	b.Cleanup(func() { _ = rdb.Close() })
-	o := cluster.NewOwner(rdb, cluster.OwnerConfig{Namespace: fmt.Sprintf("bench_%d", time.Now().UnixNano()), Node: "bench", Partitions: 4})
+	o := lease.NewOwner(rdb, lease.OwnerConfig{Namespace: fmt.Sprintf("bench_%d", time.Now().UnixNano()), Node: "bench", Partitions: 4})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { o.Run(ctx); close(done) }()

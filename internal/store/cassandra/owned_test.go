@@ -16,7 +16,7 @@ import (
 // leaseTable is a lease store for the tests of owned appends: one epoch
 // per keyspace (one partition), given out in increasing order. Each
 // holder is a view of it, as each chat process is of the Redis leases
-// (internal/cluster.Owner, tested on real Redis in internal/clustertest).
+// (internal/cluster/lease.Owner, tested on real Redis in internal/clustertest).
 type leaseTable struct {
 	mu      sync.Mutex
 	current uint64

@@ -1,4 +1,4 @@
-package cluster
+package lease
 
 import (
 	"context"
@@ -192,14 +192,14 @@ func TestOwnerStopsWritingBeforeExpiry(t *testing.T) {
 func TestNodeNumbersLeased(t *testing.T) {
 	rdb, ns := redisT(t)
 	ctx := context.Background()
-	a, err := LeaseNodeNumber(ctx, rdb, ns, "a", 5, nil)
+	a, err := TakeNodeNumber(ctx, rdb, ns, "a", 5, nil)
 	if err != nil || a.Number() != 5 {
 		t.Fatalf("lease 5 for a: %v, %v", a, err)
 	}
-	if _, err := LeaseNodeNumber(ctx, rdb, ns, "b", 5, nil); !errors.Is(err, ErrNodeNumberTaken) {
+	if _, err := TakeNodeNumber(ctx, rdb, ns, "b", 5, nil); !errors.Is(err, ErrNodeNumberTaken) {
 		t.Fatalf("lease 5 for b while a holds it: %v, want ErrNodeNumberTaken", err)
 	}
-	if again, err := LeaseNodeNumber(ctx, rdb, ns, "a", 5, nil); err != nil || again.Number() != 5 {
+	if again, err := TakeNodeNumber(ctx, rdb, ns, "a", 5, nil); err != nil || again.Number() != 5 {
 		t.Fatalf("a restarting takes 5 back: %v, %v", again, err)
 	}
 	// Two names with the same hashed number.
@@ -210,11 +210,11 @@ func TestNodeNumbersLeased(t *testing.T) {
 			twin = name
 		}
 	}
-	x, err := LeaseNodeNumber(ctx, rdb, ns, first, -1, nil)
+	x, err := TakeNodeNumber(ctx, rdb, ns, first, -1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	y, err := LeaseNodeNumber(ctx, rdb, ns, twin, -1, nil)
+	y, err := TakeNodeNumber(ctx, rdb, ns, twin, -1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestNodeNumbersLeased(t *testing.T) {
 	go func() { x.Run(runCtx); close(done) }()
 	cancel()
 	<-done
-	if z, err := LeaseNodeNumber(ctx, rdb, ns, "z", int(x.Number()), nil); err != nil {
+	if z, err := TakeNodeNumber(ctx, rdb, ns, "z", int(x.Number()), nil); err != nil {
 		t.Fatalf("number %d after its holder stopped: %v, %v", x.Number(), z, err)
 	}
 }

@@ -1,4 +1,4 @@
-package cluster
+package relay
 
 import (
 	"context"
@@ -90,9 +90,9 @@ type Relay struct {
 	}
 }
 
-// NewRelay returns a relay for node feeding tracker, resynchronising every
+// New returns a relay for node feeding tracker, resynchronising every
 // resync.
-func NewRelay(nc *natsio.Conn, ns, node string, tracker Tracker, resync time.Duration, log *slog.Logger) *Relay {
+func New(nc *natsio.Conn, ns, node string, tracker Tracker, resync time.Duration, log *slog.Logger) *Relay {
 	r := &Relay{nc: nc, ns: ns, node: node, tracker: tracker, log: log, resync: resync}
 	r.mu.local = make(map[string]int)
 	r.mu.remote = make(map[string]map[string]int)
@@ -137,7 +137,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.apply(ctx, ev.Node, ev.User, ev.Online, true)
 	})
 	if err != nil {
-		return fmt.Errorf("cluster: presence: %w", err)
+		return fmt.Errorf("relay: presence: %w", err)
 	}
 	defer sub.Unsubscribe()
 	members, err := r.nc.Subscribe(subjectMembers(r.ns), func(m *natsio.Msg) {
@@ -153,7 +153,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	})
 	if err != nil {
-		return fmt.Errorf("cluster: presence: %w", err)
+		return fmt.Errorf("relay: presence: %w", err)
 	}
 	defer members.Unsubscribe()
 	dump, err := r.nc.Subscribe(subjectPresenceDump(r.ns), func(m *natsio.Msg) {
@@ -173,11 +173,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		_ = m.Respond(data)
 	})
 	if err != nil {
-		return fmt.Errorf("cluster: presence: %w", err)
+		return fmt.Errorf("relay: presence: %w", err)
 	}
 	defer dump.Unsubscribe()
 	if err := r.nc.Flush(); err != nil {
-		return fmt.Errorf("cluster: presence: %w", err)
+		return fmt.Errorf("relay: presence: %w", err)
 	}
 	tick := time.NewTicker(r.resync)
 	defer tick.Stop()

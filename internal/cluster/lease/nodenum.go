@@ -1,4 +1,4 @@
-package cluster
+package lease
 
 import (
 	"context"
@@ -25,7 +25,7 @@ const NodeNumberTTL = 30 * time.Second
 
 // ErrNodeNumberTaken: the configured Snowflake node number is leased by
 // another live node.
-var ErrNodeNumberTaken = errors.New("cluster: snowflake node number in use by another node")
+var ErrNodeNumberTaken = errors.New("lease: snowflake node number in use by another node")
 
 var nodeNumberScript = goredis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
@@ -45,10 +45,10 @@ type NodeNumbers struct {
 	n    uint16
 }
 
-// LeaseNodeNumber takes node number want (want < 0: any, tried from
+// TakeNodeNumber takes node number want (want < 0: any, tried from
 // snowflake.NodeNumber(node) on) for node. It fails with
 // ErrNodeNumberTaken if want is held by another node, or if all are.
-func LeaseNodeNumber(ctx context.Context, rdb goredis.UniversalClient, ns, node string, want int, log *slog.Logger) (*NodeNumbers, error) {
+func TakeNodeNumber(ctx context.Context, rdb goredis.UniversalClient, ns, node string, want int, log *slog.Logger) (*NodeNumbers, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -56,7 +56,7 @@ func LeaseNodeNumber(ctx context.Context, rdb goredis.UniversalClient, ns, node 
 	try := func(n uint16) (bool, string, error) {
 		v, err := nodeNumberScript.Run(ctx, rdb, []string{l.key(n)}, node, l.ttl.Milliseconds()).Result()
 		if err != nil {
-			return false, "", fmt.Errorf("cluster: lease node number %d: %w", n, err)
+			return false, "", fmt.Errorf("lease: lease node number %d: %w", n, err)
 		}
 		if holder, ok := v.(string); ok {
 			return false, holder, nil
@@ -65,7 +65,7 @@ func LeaseNodeNumber(ctx context.Context, rdb goredis.UniversalClient, ns, node 
 	}
 	if want >= 0 {
 		if want > snowflake.MaxNode {
-			return nil, fmt.Errorf("cluster: node number %d above %d", want, snowflake.MaxNode)
+			return nil, fmt.Errorf("lease: node number %d above %d", want, snowflake.MaxNode)
 		}
 		ok, holder, err := try(uint16(want))
 		if err != nil {

@@ -1,4 +1,4 @@
-package cluster
+package limit
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 // every chat process (a token bucket of burst 1).
 type Limiter struct{ l *rredis.Limiter }
 
-// NewLimiter wraps a Redis token bucket.
-func NewLimiter(l *rredis.Limiter) *Limiter { return &Limiter{l: l} }
+// New wraps a Redis token bucket.
+func New(l *rredis.Limiter) *Limiter { return &Limiter{l: l} }
 
 // Allow takes the key's token if the interval has passed.
 func (l *Limiter) Allow(ctx context.Context, key string, every time.Duration) (bool, time.Duration, error) {

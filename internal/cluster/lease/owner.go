@@ -1,4 +1,4 @@
-package cluster
+package lease
 
 import (
 	"context"
@@ -60,7 +60,7 @@ type OwnerConfig struct {
 
 // ErrLeaseLost is returned by Confirm when the partition's lease is no
 // longer this process's at the epoch.
-var ErrLeaseLost = errors.New("cluster: partition lease lost")
+var ErrLeaseLost = errors.New("lease: partition lease lost")
 
 // Owner holds this process's partition leases. It implements
 // cassandra.Lease.
@@ -143,7 +143,7 @@ func (o *Owner) Confirm(ctx context.Context, conv, epoch uint64) error {
 		v, err = "", nil
 	}
 	if err != nil {
-		return fmt.Errorf("cluster: confirm partition %d: %w", p, err)
+		return fmt.Errorf("lease: confirm partition %d: %w", p, err)
 	}
 	if v != o.value(epoch) {
 		o.drop(p, epoch)

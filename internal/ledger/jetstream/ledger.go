@@ -1,4 +1,8 @@
-package cluster
+// Package jetstream is the compensation ledger of cluster mode
+// (ledger.Ledger) on a JetStream work queue shared by every chat process.
+// Ledger is safe for concurrent use; Run owns its consumers and returns
+// when they have stopped.
+package jetstream
 
 import (
 	"context"
@@ -22,14 +26,14 @@ type Ledger struct {
 
 var _ ledger.Ledger = (*Ledger)(nil)
 
-// NewLedger wraps a task queue.
-func NewLedger(t *pnats.Tasks) *Ledger { return &Ledger{tasks: t} }
+// New wraps a task queue.
+func New(t *pnats.Tasks) *Ledger { return &Ledger{tasks: t} }
 
 // Record enqueues t.
 func (l *Ledger) Record(ctx context.Context, t ledger.Task) error {
 	data, err := json.Marshal(t)
 	if err != nil {
-		return fmt.Errorf("cluster: ledger: %w", err)
+		return fmt.Errorf("ledger: jetstream: %w", err)
 	}
 	return l.tasks.Enqueue(ctx, t.Kind, data)
 }

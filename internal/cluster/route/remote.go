@@ -1,4 +1,4 @@
-package cluster
+package route
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	natsio "github.com/nats-io/nats.go"
 
 	"github.com/parley-im/parley/internal/chat"
+	"github.com/parley-im/parley/internal/cluster/lease"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -24,7 +25,7 @@ func subjectHandle(ns string) string   { return ns + ".chat.handle" }
 func subjectMayWatch(ns string) string { return ns + ".chat.maywatch" }
 
 // subjectPart carries the writes of partition p's conversations to the
-// partition's owner (see Owner), which alone subscribes to it.
+// partition's owner (see lease.Owner), which alone subscribes to it.
 func subjectPart(ns string, p int) string { return ns + ".chat.p." + strconv.Itoa(p) }
 
 // ownerWrites are the frames that append to their conversation: the
@@ -67,7 +68,7 @@ type Remote struct {
 // process.
 func NewRemote(nc *natsio.Conn, ns string, timeout time.Duration, partitions int) *Remote {
 	if partitions <= 0 {
-		partitions = DefaultPartitions
+		partitions = lease.DefaultPartitions
 	}
 	return &Remote{nc: nc, ns: ns, timeout: timeout, partitions: partitions}
 }
@@ -84,7 +85,7 @@ func (r *Remote) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, r
 	defer cancel()
 	var msg *natsio.Msg
 	if ownerWrites[f.Type] && f.ConvID != 0 {
-		msg, err = r.toOwner(ctx, Partition(f.ConvID, r.partitions), data)
+		msg, err = r.toOwner(ctx, lease.Partition(f.ConvID, r.partitions), data)
 	} else {
 		msg, err = r.nc.RequestWithContext(ctx, subjectHandle(r.ns), data)
 	}
@@ -132,7 +133,7 @@ func (r *Remote) MayWatch(ctx context.Context, a, b string) (bool, error) {
 	defer cancel()
 	msg, err := r.nc.RequestWithContext(ctx, subjectMayWatch(r.ns), data)
 	if err != nil {
-		return false, fmt.Errorf("cluster: maywatch: %w", err)
+		return false, fmt.Errorf("route: maywatch: %w", err)
 	}
 	switch string(msg.Data) {
 	case "1":
@@ -140,7 +141,7 @@ func (r *Remote) MayWatch(ctx context.Context, a, b string) (bool, error) {
 	case "0":
 		return false, nil
 	}
-	return false, fmt.Errorf("cluster: maywatch: %s", msg.Data)
+	return false, fmt.Errorf("route: maywatch: %s", msg.Data)
 }
 
 // remoteErr maps a failed request to the client-facing error. A timeout
@@ -166,7 +167,7 @@ func remoteErr(err error) *protocol.Error {
 // holds (subjectPart), subscribing and unsubscribing as it takes and
 // gives them up. A write for a partition it no longer holds gets no
 // answer here: the new owner answers it.
-func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, timeout time.Duration, log *slog.Logger, owner *Owner, maxInflight int) error {
+func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, timeout time.Duration, log *slog.Logger, owner *lease.Owner, maxInflight int) error {
 	if maxInflight <= 0 {
 		maxInflight = DefaultMaxInflight
 	}
@@ -243,7 +244,7 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 	}
 	sub1, err := nc.QueueSubscribe(subjectHandle(ns), chatQueue, handle)
 	if err != nil {
-		return fmt.Errorf("cluster: subscribe: %w", err)
+		return fmt.Errorf("route: subscribe: %w", err)
 	}
 	defer sub1.Unsubscribe()
 	sub2, err := nc.QueueSubscribe(subjectMayWatch(ns), chatQueue, func(m *natsio.Msg) {
@@ -267,7 +268,7 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 		}
 	})
 	if err != nil {
-		return fmt.Errorf("cluster: subscribe: %w", err)
+		return fmt.Errorf("route: subscribe: %w", err)
 	}
 	defer sub2.Unsubscribe()
 	var ps *partSubs
@@ -278,7 +279,7 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 			if !ok {
 				return
 			}
-			if !owner.Holds(Partition(f.ConvID, owner.Partitions())) {
+			if !owner.Holds(lease.Partition(f.ConvID, owner.Partitions())) {
 				return // not (or no longer) the owner: the owner answers
 			}
 			serve(m, req, f)
@@ -287,7 +288,7 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 		defer ps.close()
 	}
 	if err := nc.Flush(); err != nil {
-		return fmt.Errorf("cluster: subscribe: %w", err)
+		return fmt.Errorf("route: subscribe: %w", err)
 	}
 	<-ctx.Done()
 	// Drain: no new requests, then the ones in progress finish.
@@ -306,7 +307,7 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 type partSubs struct {
 	nc     *natsio.Conn
 	ns     string
-	owner  *Owner
+	owner  *lease.Owner
 	log    *slog.Logger
 	handle natsio.MsgHandler
 	mu     sync.Mutex
@@ -350,12 +351,12 @@ func (ps *partSubs) close() {
 type Routed struct {
 	Local  *chat.Service
 	Remote *Remote
-	Owner  *Owner
+	Owner  *lease.Owner
 }
 
 // Handle implements gateway.Backend.
 func (r Routed) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, reply func(*protocol.Frame)) {
-	if ownerWrites[f.Type] && f.ConvID != 0 && !r.Owner.Holds(Partition(f.ConvID, r.Owner.Partitions())) {
+	if ownerWrites[f.Type] && f.ConvID != 0 && !r.Owner.Holds(lease.Partition(f.ConvID, r.Owner.Partitions())) {
 		r.Remote.Handle(ctx, c, f, reply)
 		return
 	}
