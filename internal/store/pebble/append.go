@@ -71,13 +71,18 @@ func (s *Store) append(ctx context.Context, a store.Append) (store.AppendResult,
 	if a.Msg.ClientMsgID != "" {
 		idem = a.Msg.Sender + "\x00" + a.Msg.ClientMsgID
 	}
-	for {
-		if p := s.broken.Load(); p != nil {
-			return store.AppendResult{}, fmt.Errorf("store failed earlier: %w", *p)
+	st, err := s.lockState(conv, false)
+	if err != nil {
+		return store.AppendResult{}, err
+	}
+	defer s.release(st)
+	for relock := false; ; relock = true {
+		if relock {
+			st.mu.Lock()
 		}
-		st, err := s.lockState(conv, false)
-		if err != nil {
-			return store.AppendResult{}, err
+		if p := s.broken.Load(); p != nil {
+			st.mu.Unlock()
+			return store.AppendResult{}, fmt.Errorf("store failed earlier: %w", *p)
 		}
 		if idem == "" {
 			return s.appendLocked(st, a, "")
@@ -492,6 +497,7 @@ func (s *Store) messages(conv, from, to uint64, limit int, newest bool) ([]store
 	if err != nil {
 		return nil, err
 	}
+	defer s.release(st)
 	d := st.durable.Load() // before the reads: everything ≤ d is durable
 	to = min(to, d)
 	if limit <= 0 || from > to {

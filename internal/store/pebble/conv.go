@@ -10,11 +10,13 @@ import (
 	cpebble "github.com/cockroachdb/pebble/v2"
 
 	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/internal/store/statecache"
 	"github.com/parley-im/parley/protocol"
 )
 
 // convState is the in-memory side of one conversation.
 type convState struct {
+	statecache.Node
 	id uint64
 
 	// loaded and exists are set (under mu) before any write to the
@@ -229,24 +231,23 @@ func (st *convState) latestAt(k string, stored, d uint64) uint64 {
 	return stored
 }
 
-// peek returns the state of conv if it has one and it is loaded.
+// peek returns the state of conv if it has one and it is loaded, without
+// pinning it: callers read only its atomics (snap, durable), which an
+// evicted state keeps as they were when it went quiescent.
 func (s *Store) peek(conv uint64) *convState {
-	s.convs.mu.Lock()
-	st := s.convs.m[conv]
-	s.convs.mu.Unlock()
+	st := s.convs.Peek(conv)
 	if st == nil || !st.loaded.Load() {
 		return nil
 	}
 	return st
 }
 
-// lockState returns conv's state, loaded and locked. Unless create is set it
-// fails with store.ErrNotFound for a conversation that does not exist, and
-// then creates no state, so lookups of unknown ids cost no memory.
+// lockState returns conv's state, pinned, loaded and locked; the caller
+// unlocks it and then calls s.release. Unless create is set it fails with
+// store.ErrNotFound for a conversation that does not exist, and then keeps
+// no state, so lookups of unknown ids cost no memory.
 func (s *Store) lockState(conv uint64, create bool) (*convState, error) {
-	s.convs.mu.Lock()
-	st := s.convs.m[conv]
-	s.convs.mu.Unlock()
+	st := s.convs.Get(conv)
 	if st == nil {
 		if !create {
 			found, err := s.exists(convKey(conv))
@@ -257,31 +258,35 @@ func (s *Store) lockState(conv uint64, create bool) (*convState, error) {
 				return nil, store.ErrNotFound
 			}
 		}
-		s.convs.mu.Lock()
-		if st = s.convs.m[conv]; st == nil {
-			st = &convState{id: conv, inflight: make(map[string]*pendingAppend)}
-			s.convs.m[conv] = st
-		}
-		s.convs.mu.Unlock()
+		st = s.convs.GetOrCreate(conv, func(st *convState) {
+			st.id = conv
+			st.inflight = make(map[string]*pendingAppend)
+		})
 	}
 	st.mu.Lock()
 	if !st.loaded.Load() {
 		if err := s.load(st); err != nil {
 			st.mu.Unlock()
+			s.release(st)
 			return nil, err
 		}
 	}
 	if !create && !st.exists.Load() {
 		st.mu.Unlock()
+		s.release(st)
 		return nil, store.ErrNotFound
 	}
 	return st, nil
 }
 
-// readState returns conv's loaded state for a reader.
+// readState returns conv's loaded state, pinned, for a reader; the caller
+// calls s.release.
 func (s *Store) readState(conv uint64) (*convState, error) {
-	if st := s.peek(conv); st != nil && st.exists.Load() {
-		return st, nil
+	if st := s.convs.Get(conv); st != nil {
+		if st.loaded.Load() && st.exists.Load() {
+			return st, nil
+		}
+		s.release(st)
 	}
 	st, err := s.lockState(conv, false)
 	if err != nil {
@@ -289,6 +294,25 @@ func (s *Store) readState(conv uint64) (*convState, error) {
 	}
 	st.mu.Unlock()
 	return st, nil
+}
+
+// release unpins a state of lockState or readState.
+func (s *Store) release(st *convState) { s.convs.Release(st) }
+
+// quiescent reports whether st may be evicted (statecache): a state
+// loaded again from disk must equal it, so nothing may be applied but not
+// yet durable (the C row on disk would then be ahead of a fresh state's
+// durable watermark), in flight, or overlaid. It runs unpinned under the
+// cache's lock, so nobody else holds st.
+func (st *convState) quiescent() bool {
+	if !st.mu.TryLock() {
+		return false
+	}
+	defer st.mu.Unlock()
+	if !st.loaded.Load() || !st.exists.Load() {
+		return true
+	}
+	return len(st.inflight) == 0 && st.ov.n.Load() == 0 && st.durable.Load() == st.row.LastSeq
 }
 
 // load reads the C row. It runs before the first write through st, so the
@@ -362,6 +386,7 @@ func (s *Store) create(c store.Conversation, members []store.Member, extra func(
 	if err != nil {
 		return err
 	}
+	defer s.release(st)
 	defer st.mu.Unlock()
 	if st.exists.Load() {
 		return store.ErrExists
@@ -510,6 +535,7 @@ func (s *Store) setTier(conv uint64, tier uint8) error {
 	if err != nil {
 		return err
 	}
+	defer s.release(st)
 	defer st.mu.Unlock()
 	if st.row.Tier == tier {
 		return nil
@@ -524,3 +550,13 @@ func (s *Store) setTier(conv uint64, tier uint8) error {
 	st.raiseDurable(row.LastSeq)
 	return nil
 }
+
+// ConvStates returns the number of conversation states in memory and how
+// many have been evicted since Open (for tests, benchmarks and metrics).
+func (s *Store) ConvStates() (held int, evicted uint64) {
+	return s.convs.Len(), s.convs.Evicted()
+}
+
+// EvictIdle evicts every conversation state that may go now and returns
+// how many went: tests use it to force a reload between two operations.
+func (s *Store) EvictIdle() int { return s.convs.EvictIdle() }

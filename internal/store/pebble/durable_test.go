@@ -164,8 +164,8 @@ func TestUnsyncedIsInvisible(t *testing.T) {
 	if err != nil || len(msgs) != 3 || msgs[0].Body != "edited" || !msgs[0].Edited {
 		t.Errorf("Messages after fsync = %+v, %v; want 1..3 with seq 1 edited", msgs, err)
 	}
-	if len(s.convs.m[1].ov.m) != 0 {
-		t.Errorf("pre-edit images left after the edit became durable: %v", s.convs.m[1].ov.m)
+	if len(s.convs.Peek(1).ov.m) != 0 {
+		t.Errorf("pre-edit images left after the edit became durable: %v", s.convs.Peek(1).ov.m)
 	}
 }
 
@@ -270,7 +270,7 @@ func TestCoalesceUnsyncedDoesNotSupersede(t *testing.T) {
 		msgs[1].Superseded || msgs[1].Body != "50 left" {
 		t.Errorf("Messages after fsync = %+v, %v; want seq 1 superseded (no body), seq 2 with its body", msgs, err)
 	}
-	if n := len(s.convs.m[1].ov.keys); n != 0 {
+	if n := len(s.convs.Peek(1).ov.keys); n != 0 {
 		t.Errorf("%d coalesce images left after the append became durable", n)
 	}
 }

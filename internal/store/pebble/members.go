@@ -111,6 +111,7 @@ func (s *Store) addMembers(conv uint64, users []string, role store.Role) ([]stor
 	if err != nil {
 		return nil, err
 	}
+	defer s.release(st)
 	defer st.mu.Unlock()
 	st.rowsMu.Lock()
 	defer st.rowsMu.Unlock()
@@ -186,6 +187,7 @@ func (s *Store) removeMembers(conv uint64, users []string) ([]store.Member, erro
 	if err != nil {
 		return nil, err
 	}
+	defer s.release(st)
 	defer st.mu.Unlock()
 	st.rowsMu.Lock()
 	defer st.rowsMu.Unlock()
@@ -311,6 +313,7 @@ func (s *Store) changeMember(conv uint64, user string, change func(*store.Member
 	if err != nil {
 		return err
 	}
+	defer s.release(st)
 	defer st.mu.Unlock()
 	m, err := s.member(conv, user)
 	if err != nil {

@@ -37,7 +37,9 @@ func (s *Store) Pending(ctx context.Context, limit int) ([]store.Pending, error)
 		if err != nil {
 			return err
 		}
-		if p.Seq <= st.durable.Load() {
+		durable := st.durable.Load()
+		s.release(st)
+		if p.Seq <= durable {
 			out = append(out, p)
 		}
 		return nil
@@ -68,9 +70,11 @@ func (s *Store) FanoutDone(ctx context.Context, convID uint64, seqs []uint64) er
 }
 
 func (s *Store) fanoutDone(conv uint64, seqs []uint64) error {
-	if _, err := s.readState(conv); err != nil {
+	st, err := s.readState(conv)
+	if err != nil {
 		return err
 	}
+	s.release(st)
 	if len(seqs) == 0 {
 		return nil
 	}

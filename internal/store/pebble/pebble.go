@@ -31,7 +31,7 @@
 //
 // # Durability and seq allocation
 //
-// Each conversation has an in-memory state (convState) whose mutex
+// Each conversation in use has an in-memory state (convState) whose mutex
 // serialises its writers. Append allocates seq = last_seq+1 and applies one
 // batch (M, S, C, I, the K row of a coalescible message, and the rewritten
 // target of an edit or recall) with ApplyNoSyncWait while holding that
@@ -57,12 +57,26 @@
 // crash only re-shows a badge or re-sends a delivered mark, and they are
 // written on every read receipt, so syncing them would cost one fsync each.
 //
+// # Bounded memory
+//
+// States live in a bounded cache (internal/store/statecache): at most
+// Config.ConvStates, and none unused for longer than Config.ConvIdle. Every
+// call pins the state it uses; a state is evicted only when nobody pins it
+// and it is quiescent — everything applied is durable, no append is in
+// flight and no pre-edit or coalesce image is pending — so a state loaded
+// again from the C row (seq high-water mark, tier, @everyone) is the state
+// that went. Membership caches are refilled from the B and U rows;
+// idempotency and coalesce records are on disk. Readers that peek at a
+// state without pinning it (Conversation, Member, Members) read only what
+// an evicted state keeps as it was when it went.
+//
 // # Concurrency
 //
 // Store is safe for concurrent use. Lock order: Store.gate (read side, per
 // call) → direct-pair stripe → convState.mu → convState.rowsMu →
-// convState.ov.mu → Store.idMark.mu (idmark.go); Store.convs.mu and
-// position stripes are leaves. Close waits for calls in progress.
+// convState.ov.mu → Store.idMark.mu (idmark.go); the state cache's lock
+// is taken before a state's (its eviction TryLocks convState.mu) and held
+// for no I/O; position stripes are leaves. Close waits for calls in progress.
 package pebble
 
 import (
@@ -80,6 +94,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/internal/store/statecache"
 )
 
 // Config configures Open.
@@ -94,6 +109,12 @@ type Config struct {
 	Logger *slog.Logger
 	// CacheSize is pebble's block cache in bytes. Default 64 MiB.
 	CacheSize int64
+	// ConvStates bounds the conversations whose state stays in memory
+	// (the least recently used idle ones go first). Default 65536.
+	ConvStates int
+	// ConvIdle evicts a conversation's state after this long unused.
+	// Default 10 minutes; negative: only ConvStates bounds them.
+	ConvIdle time.Duration
 }
 
 const (
@@ -125,6 +146,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("pebble: config: BucketWidth %v is below 1ms", c.BucketWidth)
 	case c.CacheSize < 0:
 		return fmt.Errorf("pebble: config: CacheSize %d is negative", c.CacheSize)
+	case c.ConvStates < 0:
+		return fmt.Errorf("pebble: config: ConvStates %d is negative", c.ConvStates)
 	}
 	return nil
 }
@@ -157,13 +180,11 @@ type Store struct {
 	gate   sync.RWMutex
 	closed bool // guarded by gate
 
-	// convs holds one state per conversation touched since Open. States are
-	// never removed: two live states for one conversation would allocate
-	// the same seq twice.
-	convs struct {
-		mu sync.Mutex
-		m  map[uint64]*convState
-	}
+	// convs holds the states of recently used conversations, at most
+	// Config.ConvStates of them (see "Bounded memory"). Two live states for
+	// one conversation would allocate the same seq twice, so a state goes
+	// only when unpinned and quiescent (statecache, convState.quiescent).
+	convs *statecache.Cache[convState, *convState]
 
 	// directLocks serialise Direct per user pair (striped).
 	directLocks [directStripes]sync.Mutex
@@ -216,7 +237,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		bucketMS: cfg.BucketWidth.Milliseconds(),
 		seed:     maphash.MakeSeed(),
 	}
-	s.convs.m = make(map[uint64]*convState)
+	s.convs = statecache.New(statecache.Config{Max: cfg.ConvStates, Idle: cfg.ConvIdle}, (*convState).quiescent)
 	if err := s.loadIDMark(); err != nil {
 		return nil, errors.Join(fmt.Errorf("pebble: open %s: %w", cfg.Dir, err), db.Close())
 	}

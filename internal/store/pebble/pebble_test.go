@@ -40,6 +40,7 @@ func harness(cfgOf func(t *testing.T) Config) storetest.Harness {
 			cfgs[s] = cfg
 			return s
 		},
+		Evict: func(s store.Store) { s.(*Store).EvictIdle() },
 	}
 }
 
@@ -53,6 +54,15 @@ func TestConformanceMem(t *testing.T) {
 	storetest.Run(t, harness(func(t *testing.T) Config {
 		// A small bucket width puts the suite's messages in many buckets.
 		return Config{Dir: "db", FS: vfs.NewMem(), BucketWidth: time.Hour}
+	}))
+}
+
+// TestConformanceOneState runs the suite with room for one conversation
+// state, so nearly every call finds its conversation evicted and loads it
+// again (and with a 1 ms idle time, the others go too).
+func TestConformanceOneState(t *testing.T) {
+	storetest.Run(t, harness(func(t *testing.T) Config {
+		return Config{Dir: "db", FS: vfs.NewMem(), BucketWidth: time.Hour, ConvStates: 1, ConvIdle: time.Millisecond}
 	}))
 }
 

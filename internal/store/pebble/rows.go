@@ -40,6 +40,7 @@ func (s *Store) updateRows(conv, seq uint64, users []string, mention bool) error
 	if err != nil {
 		return err
 	}
+	defer s.release(st)
 	if d := st.durable.Load(); seq > d {
 		return fmt.Errorf("seq %d is above the last stored seq %d: %w", seq, d, store.ErrNotFound)
 	}

@@ -24,6 +24,9 @@ type Harness struct {
 	Open func(t *testing.T) store.Store
 	// Reopen closes s and opens the same data again.
 	Reopen func(t *testing.T, s store.Store) store.Store
+	// Evict, if set, drops every per-conversation state s may drop now,
+	// as its memory bound would (the Evict* subtests skip without it).
+	Evict func(s store.Store)
 }
 
 // Run runs the conformance suite.
@@ -69,6 +72,8 @@ func Run(t *testing.T, h Harness) {
 		{"OutboxConcurrent", testOutboxConcurrent},
 		{"AppendRows", testAppendRows},
 		{"Closed", testClosed},
+		{"EvictBetweenOperations", testEvictBetweenOperations},
+		{"EvictConcurrent", testEvictConcurrent},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
