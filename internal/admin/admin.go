@@ -40,9 +40,26 @@ const MinKeyBytes = 32
 // DefaultActor is the actor id of the admin's events and messages.
 const DefaultActor = "admin"
 
+// Chat is the chat service's server API (chat/admin.go): *chat.Service
+// itself, or in cluster mode a router that runs each conversation write on
+// the chat process owning the conversation's partition (route.Admin),
+// with the same code, permissions and seqs.
+type Chat interface {
+	AdminOpenDirect(ctx context.Context, a, b string, e2e bool) (*protocol.ConvInfo, *protocol.Error)
+	AdminCreateGroup(ctx context.Context, owner, name string, members []string, e2e bool) (*protocol.ConvInfo, *protocol.Error)
+	AdminConv(ctx context.Context, convID uint64) (*protocol.ConvInfo, *protocol.Error)
+	AdminUserConversations(ctx context.Context, user string, after uint64, limit int) ([]protocol.ConvSummary, bool, *protocol.Error)
+	AdminFrame(ctx context.Context, actor string, f *protocol.Frame) (*protocol.ConvInfo, *protocol.Error)
+	AdminSend(ctx context.Context, c chat.Caller, f *protocol.Frame) (*protocol.Frame, *protocol.Error)
+	AdminModerate(ctx context.Context, actor string, f *protocol.Frame) (*protocol.Frame, *protocol.Error)
+	AdminNotice(ctx context.Context, actor string, convID uint64, clientMsgID, text string) (*protocol.Frame, *protocol.Error)
+}
+
+var _ Chat = (*chat.Service)(nil)
+
 // Deps are what the API acts through.
 type Deps struct {
-	Chat   *chat.Service
+	Chat   Chat
 	Access *access.Manager
 	// Disconnect closes user's sessions (of device, if set) on every
 	// gateway, with protocol.CloseDisconnected, and reports how many it

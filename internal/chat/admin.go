@@ -30,6 +30,10 @@ import (
 // e2e_unsupported (a recall, which has no body, is allowed), and a message
 // sent as a user must be an envelope that user's client encrypted.
 
+// Limits are the protocol limits the service was configured with (a
+// forwarded server API request is checked against them again).
+func (s *Service) Limits() protocol.Limits { return s.cfg.Limits }
+
 // AdminDevice is the sender_device of what the admin authority stores.
 const AdminDevice = "admin-api"
 

@@ -708,8 +708,13 @@ func (s *Server) startAdmin() error {
 	if s.chat == nil {
 		return errors.New("server: the admin API needs the chat role on this node")
 	}
+	var svc admin.Chat = s.chat
+	if s.owner != nil {
+		// Cluster mode: each conversation write runs on its partition's owner.
+		svc = route.NewAdmin(s.chat, s.owner, s.nc, s.opts.Cluster.namespace(), s.chat.Limits(), s.opts.Gateway.RequestTimeout)
+	}
 	a, err := admin.New(admin.Config{Listen: o.Listen, Key: o.Key, Actor: o.Actor, RequestTimeout: s.opts.Gateway.RequestTimeout}, admin.Deps{
-		Chat: s.chat, Access: s.access, Disconnect: s.disconnect, Limits: s.opts.Chat.Limits, Logger: s.log, Now: s.now,
+		Chat: svc, Access: s.access, Disconnect: s.disconnect, Limits: s.opts.Chat.Limits, Logger: s.log, Now: s.now,
 	})
 	if err != nil {
 		return fmt.Errorf("server: %w", err)

@@ -85,7 +85,7 @@ func (r *Remote) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, r
 	defer cancel()
 	var msg *natsio.Msg
 	if ownerWrites[f.Type] && f.ConvID != 0 {
-		msg, err = r.toOwner(ctx, lease.Partition(f.ConvID, r.partitions), data)
+		msg, err = toOwner(ctx, r.nc, subjectPart(r.ns, lease.Partition(f.ConvID, r.partitions)), data)
 	} else {
 		msg, err = r.nc.RequestWithContext(ctx, subjectHandle(r.ns), data)
 	}
@@ -108,12 +108,13 @@ func (r *Remote) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, r
 // because the conversation's partition just moved away from it.
 const headerMoved = "Parley-Moved"
 
-// toOwner sends a request to partition p's owner, waiting (up to
-// ownerWait) while the partition has none or is moving.
-func (r *Remote) toOwner(ctx context.Context, p int, data []byte) (*natsio.Msg, error) {
+// toOwner sends a request to a partition's owner (on subject, which only
+// the owner subscribes to), waiting (up to ownerWait) while the partition
+// has none or is moving.
+func toOwner(ctx context.Context, nc *natsio.Conn, subject string, data []byte) (*natsio.Msg, error) {
 	deadline := time.Now().Add(ownerWait)
 	for {
-		msg, err := r.nc.RequestWithContext(ctx, subjectPart(r.ns, p), data)
+		msg, err := nc.RequestWithContext(ctx, subject, data)
 		retry := errors.Is(err, natsio.ErrNoResponders) || err == nil && msg.Header.Get(headerMoved) != ""
 		if !retry || time.Now().After(deadline) {
 			return msg, err
@@ -273,7 +274,7 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 	defer sub2.Unsubscribe()
 	var ps *partSubs
 	if owner != nil {
-		ps = &partSubs{nc: nc, ns: ns, owner: owner, log: log, subs: map[int]*natsio.Subscription{}}
+		ps = &partSubs{nc: nc, ns: ns, owner: owner, log: log, subs: map[int][2]*natsio.Subscription{}}
 		ps.handle = func(m *natsio.Msg) {
 			req, f, ok := decode(m)
 			if !ok {
@@ -283,6 +284,23 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 				return // not (or no longer) the owner: the owner answers
 			}
 			serve(m, req, f)
+		}
+		lim := svc.Limits()
+		ps.handleAdmin = func(m *natsio.Msg) {
+			req, f, conv, perr := decodeAdmin(m.Data, lim)
+			if perr != nil {
+				log.Warn("refused admin request", "err", perr)
+				respondAdmin(m, adminAnswer{Err: toWire(perr)})
+				return
+			}
+			if !owner.Holds(lease.Partition(conv, owner.Partitions())) {
+				return // not (or no longer) the owner: the owner answers
+			}
+			ok := admit(func(rctx context.Context) { respondAdmin(m, runAdmin(rctx, svc, req, f)) })
+			if !ok {
+				respondAdmin(m, adminAnswer{Err: toWire(&protocol.Error{Code: protocol.CodeOverloaded,
+					Msg: "the chat process is at capacity; retry", RetryAfter: 100 + rand.Int64N(400)})})
+			}
 		}
 		owner.Watch(ps.update)
 		defer ps.close()
@@ -302,35 +320,44 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 	return nil
 }
 
-// partSubs keeps a subscription to subjectPart for each partition the
-// owner holds.
+// partSubs keeps, for each partition the owner holds, a subscription to
+// subjectPart (clients' writes) and one to subjectAdminPart (the server
+// API's).
 type partSubs struct {
-	nc     *natsio.Conn
-	ns     string
-	owner  *lease.Owner
-	log    *slog.Logger
-	handle natsio.MsgHandler
-	mu     sync.Mutex
-	subs   map[int]*natsio.Subscription
-	closed bool
+	nc          *natsio.Conn
+	ns          string
+	owner       *lease.Owner
+	log         *slog.Logger
+	handle      natsio.MsgHandler
+	handleAdmin natsio.MsgHandler
+	mu          sync.Mutex
+	subs        map[int][2]*natsio.Subscription
+	closed      bool
 }
 
-// update makes the subscription of p follow whether the owner holds it.
+// update makes the subscriptions of p follow whether the owner holds it.
 func (ps *partSubs) update(p int, _ bool) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	want := ps.owner.Holds(p) && !ps.closed
-	sub := ps.subs[p]
+	subs, have := ps.subs[p]
 	switch {
-	case want && sub == nil:
-		s, err := ps.nc.Subscribe(subjectPart(ps.ns, p), ps.handle)
+	case want && !have:
+		s1, err := ps.nc.Subscribe(subjectPart(ps.ns, p), ps.handle)
 		if err != nil {
 			ps.log.Error("ownership: subscribe failed", "partition", p, "err", err)
 			return
 		}
-		ps.subs[p] = s
-	case !want && sub != nil:
-		_ = sub.Unsubscribe()
+		s2, err := ps.nc.Subscribe(subjectAdminPart(ps.ns, p), ps.handleAdmin)
+		if err != nil {
+			_ = s1.Unsubscribe()
+			ps.log.Error("ownership: subscribe failed", "partition", p, "err", err)
+			return
+		}
+		ps.subs[p] = [2]*natsio.Subscription{s1, s2}
+	case !want && have:
+		_ = subs[0].Unsubscribe()
+		_ = subs[1].Unsubscribe()
 		delete(ps.subs, p)
 	}
 }
@@ -340,7 +367,8 @@ func (ps *partSubs) close() {
 	defer ps.mu.Unlock()
 	ps.closed = true
 	for p, s := range ps.subs {
-		_ = s.Unsubscribe()
+		_ = s[0].Unsubscribe()
+		_ = s[1].Unsubscribe()
 		delete(ps.subs, p)
 	}
 }
