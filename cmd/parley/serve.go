@@ -88,6 +88,7 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 		RunGateway: roles[config.RoleGateway], RunChat: roles[config.RoleChat],
 		Gateway: cfg.GatewayConfig(), Chat: cfg.ChatConfig(), Fanout: cfg.Fanout, Webhooks: cfg.Webhooks,
 		BucketWidth: cfg.Store.BucketWidth, Presence: cfg.Presence,
+		ConvStates: cfg.Store.ConversationStates, ConvIdle: cfg.Store.ConversationIdle,
 		Logger:    log,
 		NoMetrics: !cfg.Metrics.Enabled,
 		Web: server.Web{

@@ -56,14 +56,24 @@ func (s *Service) tier(ctx context.Context, cv store.Conversation) uint8 {
 // limiter allows one event per key per interval (@everyone per group,
 // typing per user and conversation). In-process: each chat process limits
 // the requests it serves.
+//
+// Its memory holds only the keys that fired in the last two windows: keys
+// go into the current generation, which becomes the previous one after a
+// window (at least the longest interval asked for) and is dropped after
+// two, so a key is remembered for at least its interval and expiry costs
+// one map swap, never a scan of the keys.
 type limiter struct {
-	now  func() time.Time
-	mu   sync.Mutex
-	last map[string]time.Time
+	now func() time.Time
+	mu  sync.Mutex
+	// cur and prev are the generations; rotated is when cur began.
+	cur, prev map[string]time.Time
+	rotated   time.Time
+	// window is the longest interval asked for so far.
+	window time.Duration
 }
 
 func newLimiter(now func() time.Time) *limiter {
-	return &limiter{now: now, last: make(map[string]time.Time)}
+	return &limiter{now: now, cur: make(map[string]time.Time)}
 }
 
 // Allow reports whether key may fire now and, if not, how long to wait.
@@ -75,16 +85,33 @@ func (l *limiter) Allow(_ context.Context, key string, every time.Duration) (boo
 func (l *limiter) allow(key string, every time.Duration, now time.Time) (bool, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.last) > 100000 { // forget stale keys so the map stays bounded
-		for k, t := range l.last {
-			if now.Sub(t) > time.Hour {
-				delete(l.last, k)
-			}
-		}
+	l.window = max(l.window, every)
+	if l.rotated.IsZero() {
+		l.rotated = now
 	}
-	if t, ok := l.last[key]; ok && now.Sub(t) < every {
+	if age := now.Sub(l.rotated); age >= l.window {
+		// A key set in cur stays reachable for a window after cur ends.
+		l.prev = l.cur
+		if age >= 2*l.window {
+			l.prev = nil // nothing in cur is recent enough to matter
+		}
+		l.cur = make(map[string]time.Time, len(l.cur)/2)
+		l.rotated = now
+	}
+	t, ok := l.cur[key]
+	if !ok {
+		t, ok = l.prev[key]
+	}
+	if ok && now.Sub(t) < every {
 		return false, every - now.Sub(t)
 	}
-	l.last[key] = now
+	l.cur[key] = now
 	return true, 0
+}
+
+// size is the number of keys remembered (tests).
+func (l *limiter) size() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.cur) + len(l.prev)
 }

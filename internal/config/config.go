@@ -160,6 +160,10 @@ type Store struct {
 	// that "latest N" usually reads one bucket, narrow enough that a busy
 	// conversation does not grow one unbounded partition.
 	BucketWidth time.Duration `yaml:"bucket_width" help:"time span of one message partition (fixed for the life of a store)"`
+	// ConversationStates and ConversationIdle bound the per-conversation
+	// state a chat process keeps in memory (internal/store/statecache).
+	ConversationStates int           `yaml:"conversation_states" help:"conversations whose state a chat process keeps in memory (least recently used idle ones go first; about 1 KiB each)"`
+	ConversationIdle   time.Duration `yaml:"conversation_idle" help:"a conversation's in-memory state is dropped after this long unused"`
 }
 
 // Web configures what browsers get from a gateway node.
@@ -262,7 +266,7 @@ func defaults() Config {
 		Fanout:     fanout.DefaultConfig(),
 		Webhooks:   hooks.DefaultConfig(),
 		Presence:   presence.DefaultConfig(),
-		Store:      Store{BucketWidth: 240 * time.Hour},
+		Store:      Store{BucketWidth: 240 * time.Hour, ConversationStates: 65536, ConversationIdle: 10 * time.Minute},
 		Metrics:    Metrics{Enabled: true},
 		Web:        Web{Page: true},
 		Admin:      Admin{Actor: "admin"},
@@ -298,6 +302,7 @@ func (c Config) Cassandra() cassandra.Config {
 		Hosts: hosts, Keyspace: c.Cluster.Keyspace, Consistency: c.Cluster.Consistency,
 		SerialConsistency: c.Cluster.SerialConsistency,
 		ReplicationFactor: c.Cluster.ReplicationFactor, BucketWidth: c.Store.BucketWidth,
+		ConvStates: c.Store.ConversationStates, ConvIdle: c.Store.ConversationIdle,
 	}
 }
 
@@ -454,6 +459,8 @@ func (c Config) Validate() error {
 	p.Merge("webhooks", c.Webhooks.Validate())
 	p.Merge("presence", c.Presence.Validate())
 	p.Check(c.Store.BucketWidth >= time.Second, "store.bucket_width", "must be at least 1s, got %v", c.Store.BucketWidth)
+	p.Check(c.Store.ConversationStates >= 1, "store.conversation_states", "must be at least 1, got %d", c.Store.ConversationStates)
+	p.Check(c.Store.ConversationIdle >= time.Second, "store.conversation_idle", "must be at least 1s, got %v", c.Store.ConversationIdle)
 	validateOrigins(&p, "web.cors_origins", c.Web.CORSOrigins)
 	validateOrigins(&p, "web.ws_origins", c.Web.WSOrigins)
 	return problemsErr(p)

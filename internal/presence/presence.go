@@ -28,19 +28,23 @@ type Subscriber interface {
 // Config tunes a Tracker. Each field is a server setting under presence.
 // (package settings). Zero fields take the defaults of DefaultConfig.
 type Config struct {
-	Flush  time.Duration `yaml:"flush" help:"presence changes are aggregated over this interval"`
-	MinGap time.Duration `yaml:"min_gap" help:"a user's presence is broadcast at most once per this interval"`
+	Flush       time.Duration `yaml:"flush" help:"presence changes are aggregated over this interval"`
+	MinGap      time.Duration `yaml:"min_gap" help:"a user's presence is broadcast at most once per this interval"`
+	LastSeenTTL time.Duration `yaml:"last_seen_ttl" help:"how long a process remembers when a user went offline (last_seen; 0 after that)"`
 }
 
 // DefaultConfig returns the defaults: flush every second, at most one
-// broadcast per user per 5 s.
-func DefaultConfig() Config { return Config{Flush: time.Second, MinGap: 5 * time.Second} }
+// broadcast per user per 5 s, last seen remembered for 24 h.
+func DefaultConfig() Config {
+	return Config{Flush: time.Second, MinGap: 5 * time.Second, LastSeenTTL: 24 * time.Hour}
+}
 
 // Validate reports every setting a Tracker cannot run with, by key.
 func (c Config) Validate() error {
 	var p settings.Problems
 	p.Check(c.Flush > 0, "flush", "must be positive, got %v", c.Flush)
 	p.Check(c.MinGap >= 0, "min_gap", "must not be negative, got %v", c.MinGap)
+	p.Check(c.LastSeenTTL >= 0, "last_seen_ttl", "must not be negative, got %v", c.LastSeenTTL)
 	return p.Err("presence")
 }
 
@@ -51,9 +55,14 @@ type Tracker struct {
 
 	mu struct {
 		sync.Mutex
-		online   map[string]int                     // user → connected devices
-		lastSeen map[string]int64                   // user → unix ms of going offline
-		subs     map[string]map[Subscriber]struct{} // watched user → watchers
+		online map[string]int // user → connected devices
+		// seen and seenPrev map a user to the unix ms it went offline: two
+		// generations of LastSeenTTL each, so a user's last seen is kept
+		// for at least the TTL (and answered only within it) and forgetting
+		// costs one map swap per TTL, never a scan.
+		seen, seenPrev map[string]int64
+		seenSince      int64                              // unix ms when seen began
+		subs           map[string]map[Subscriber]struct{} // watched user → watchers
 		// watching is the reverse of subs, to replace a watcher's set.
 		watching map[Subscriber][]string
 		pending  map[string]bool  // users whose change awaits broadcast
@@ -70,12 +79,15 @@ func New(cfg Config, now func() time.Time) *Tracker {
 	if cfg.MinGap <= 0 {
 		cfg.MinGap = def.MinGap
 	}
+	if cfg.LastSeenTTL <= 0 {
+		cfg.LastSeenTTL = def.LastSeenTTL
+	}
 	if now == nil {
 		now = time.Now
 	}
 	t := &Tracker{cfg: cfg, now: now}
 	t.mu.online = make(map[string]int)
-	t.mu.lastSeen = make(map[string]int64)
+	t.mu.seen = make(map[string]int64)
 	t.mu.subs = make(map[string]map[Subscriber]struct{})
 	t.mu.watching = make(map[Subscriber][]string)
 	t.mu.pending = make(map[string]bool)
@@ -107,8 +119,49 @@ func (t *Tracker) Disconnected(user string) {
 		return // a disconnect without a connect
 	}
 	delete(t.mu.online, user)
-	t.mu.lastSeen[user] = t.now().UnixMilli()
+	now := t.now().UnixMilli()
+	t.rotateLocked(now)
+	t.mu.seen[user] = now
+	delete(t.mu.seenPrev, user)
 	t.mu.pending[user] = true
+}
+
+// rotateLocked starts a new generation of last-seen times once the
+// current one is LastSeenTTL old; the one before it is dropped.
+func (t *Tracker) rotateLocked(now int64) {
+	ttl := t.cfg.LastSeenTTL.Milliseconds()
+	if t.mu.seenSince == 0 {
+		t.mu.seenSince = now
+	}
+	if age := now - t.mu.seenSince; age >= ttl {
+		t.mu.seenPrev = t.mu.seen
+		if age >= 2*ttl {
+			t.mu.seenPrev = nil
+		}
+		t.mu.seen = make(map[string]int64, len(t.mu.seen)/2)
+		t.mu.seenSince = now
+	}
+}
+
+// lastSeenLocked returns when user went offline, 0 if unknown or longer
+// ago than LastSeenTTL.
+func (t *Tracker) lastSeenLocked(user string) int64 {
+	at, ok := t.mu.seen[user]
+	if !ok {
+		at = t.mu.seenPrev[user]
+	}
+	if at != 0 && t.now().UnixMilli()-at >= t.cfg.LastSeenTTL.Milliseconds() {
+		return 0
+	}
+	return at
+}
+
+// Remembered returns how many users the tracker holds state for: online
+// ones and those whose last seen it keeps (tests, metrics).
+func (t *Tracker) Remembered() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.mu.online) + len(t.mu.seen) + len(t.mu.seenPrev)
 }
 
 // Online reports whether user has a connected device on this node.
@@ -163,7 +216,7 @@ func (t *Tracker) stateLocked(u string) protocol.PresenceState {
 	if t.mu.online[u] > 0 {
 		return protocol.PresenceState{UserID: u, Online: true}
 	}
-	return protocol.PresenceState{UserID: u, LastSeen: t.mu.lastSeen[u]}
+	return protocol.PresenceState{UserID: u, LastSeen: t.lastSeenLocked(u)}
 }
 
 // Run flushes aggregated changes every Flush until ctx ends.

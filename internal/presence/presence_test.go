@@ -2,6 +2,7 @@ package presence
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -56,5 +57,43 @@ func TestFlushAggregatesAndRateLimits(t *testing.T) {
 	tr.Flush()
 	if len(w.batches) != 2 {
 		t.Fatal("an unwatched user's change was delivered")
+	}
+}
+
+// TestLastSeenForgotten: a user's last seen is answered for LastSeenTTL
+// and then forgotten, and a tracker that sees many distinct users go
+// offline over time holds only the recent ones.
+func TestLastSeenForgotten(t *testing.T) {
+	now := time.UnixMilli(1_000_000)
+	tr := New(Config{LastSeenTTL: time.Minute}, func() time.Time { return now })
+	ctx := context.Background()
+	tr.Connected(ctx, "bob")
+	tr.Disconnected("bob")
+	gone := now.UnixMilli()
+	w := &sink{}
+	now = now.Add(59 * time.Second)
+	if st := tr.Watch(w, []string{"bob"}); st[0].LastSeen != gone {
+		t.Fatalf("last seen within the TTL = %d, want %d", st[0].LastSeen, gone)
+	}
+	now = now.Add(time.Second)
+	if st := tr.Watch(w, []string{"bob"}); st[0].LastSeen != 0 {
+		t.Fatalf("last seen after the TTL = %d, want 0 (forgotten)", st[0].LastSeen)
+	}
+	tr.Unwatch(w)
+
+	// 100,000 distinct users, 10 per second, each online for a moment.
+	peak := 0
+	for i := range 100_000 {
+		now = now.Add(100 * time.Millisecond)
+		u := fmt.Sprint("u", i)
+		tr.Connected(ctx, u)
+		tr.Disconnected(u)
+		if i%100 == 0 {
+			tr.Flush()
+		}
+		peak = max(peak, tr.Remembered())
+	}
+	if limit := 2*60*10 + 10; peak > limit {
+		t.Fatalf("tracker remembered up to %d users at 10 offline/s with a 1 min TTL; want ≤ %d", peak, limit)
 	}
 }

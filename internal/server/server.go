@@ -77,7 +77,12 @@ type Options struct {
 	// Webhooks: endpoints and retry policy; no endpoints, no webhooks.
 	Webhooks    hooks.Config
 	BucketWidth time.Duration
-	Presence    presence.Config
+	// ConvStates and ConvIdle bound the embedded store's in-memory
+	// conversation states (pebble.Config); zero: its defaults. In cluster
+	// mode they come with Cluster.Cassandra.
+	ConvStates int
+	ConvIdle   time.Duration
+	Presence   presence.Config
 	// Gateway and Chat select the roles; both false means both.
 	RunGateway, RunChat bool
 	// Cluster, when set, runs on distributed engines instead of embedded
@@ -273,6 +278,7 @@ func (s *Server) openEngines(ctx context.Context) error {
 	if o.Cluster == nil {
 		st, err := pstore.Open(ctx, pstore.Config{
 			Dir: filepath.Join(o.DataDir, "store"), FS: privatefs.Wrap(o.StoreFS), BucketWidth: o.BucketWidth, Logger: o.Logger,
+			ConvStates: o.ConvStates, ConvIdle: o.ConvIdle,
 		})
 		if err != nil {
 			return fmt.Errorf("server: open store: %w", err)

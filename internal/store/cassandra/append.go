@@ -78,6 +78,7 @@ func (s *Store) append(ctx context.Context, a store.Append) (store.AppendResult,
 	if err != nil {
 		return store.AppendResult{}, err
 	}
+	defer s.release(st)
 	if a.Msg.ClientMsgID == "" {
 		return s.appendNew(ctx, st, a, false)
 	}

@@ -141,6 +141,7 @@ import (
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
 
 	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/internal/store/statecache"
 )
 
 // Config configures Open and Migrate.
@@ -176,6 +177,12 @@ type Config struct {
 	// epoch (see "Owned appends"). Every process appending to a keyspace
 	// must use the same mode.
 	Lease Lease
+	// ConvStates bounds the conversations whose state stays in memory
+	// (the least recently used idle ones go first). Default 65536.
+	ConvStates int
+	// ConvIdle evicts a conversation's state after this long unused.
+	// Default 10 minutes; negative: only ConvStates bounds them.
+	ConvIdle time.Duration
 }
 
 const (
@@ -256,6 +263,8 @@ func (c Config) Validate() error {
 		return errors.New("cassandra: config: negative timeout")
 	case c.BucketWidth < time.Millisecond:
 		return fmt.Errorf("cassandra: config: BucketWidth %v is below 1ms", c.BucketWidth)
+	case c.ConvStates < 0:
+		return fmt.Errorf("cassandra: config: ConvStates %d is negative", c.ConvStates)
 	case c.SeqBlock < 2 || c.SeqBlock > 1<<20:
 		return fmt.Errorf("cassandra: config: SeqBlock %d is outside [2, 2^20]", c.SeqBlock)
 	}
@@ -292,13 +301,13 @@ type Store struct {
 	gate   sync.RWMutex
 	closed bool // guarded by gate
 
-	// convs holds one state per conversation this process touched.
-	// States are never removed: the mutex in a state orders this process's
-	// seq claims, and two states for one conversation would contend.
-	convs struct {
-		mu sync.Mutex
-		m  map[uint64]*convState
-	}
+	// convs holds the states of recently used conversations, at most
+	// Config.ConvStates. The mutex in a state orders this process's seq
+	// claims, and an owner's state carries its epoch and top, so a state
+	// goes only when unpinned and quiescent (statecache, Store.quiescent);
+	// an owner's evicted conversation loads its top again under its
+	// current epoch and fences above it before its next write.
+	convs *statecache.Cache[convState, *convState]
 
 	// directLocks serialise Direct per user pair (striped) within the
 	// process; direct_pairs' transaction does it across processes.
@@ -365,7 +374,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		block:    cfg.SeqBlock,
 		lease:    cfg.Lease,
 	}
-	s.convs.m = make(map[uint64]*convState)
+	s.convs = statecache.New(statecache.Config{Max: cfg.ConvStates, Idle: cfg.ConvIdle}, s.quiescent)
 	return s, nil
 }
 

@@ -133,6 +133,7 @@ func TestConformance(t *testing.T) {
 			}
 			return openT(t, cfg)
 		},
+		Evict: func(s store.Store) { s.(*Store).EvictIdle() },
 	})
 }
 

@@ -11,11 +11,13 @@ import (
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
 
 	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/internal/store/statecache"
 	"github.com/parley-im/parley/protocol"
 )
 
 // convState is this process's view of one conversation.
 type convState struct {
+	statecache.Node
 	id uint64
 
 	// kind is set before exists and never changes; readers load exists
@@ -59,35 +61,80 @@ func (st *convState) raiseHint(seq uint64) {
 	}
 }
 
-// state returns conv's state, creating an empty one.
+// state returns conv's state, pinned, creating an empty one; the caller
+// calls s.release.
 func (s *Store) state(conv uint64) *convState {
-	s.convs.mu.Lock()
-	defer s.convs.mu.Unlock()
-	st := s.convs.m[conv]
-	if st == nil {
-		st = &convState{id: conv}
+	return s.convs.GetOrCreate(conv, func(st *convState) {
+		st.id = conv
 		st.inflight.m = make(map[string]*pendingAppend)
-		s.convs.m[conv] = st
-	}
-	return st
+	})
 }
 
-// existing returns conv's state after checking that the conversation
-// exists (store.ErrNotFound if not). Only existing conversations are cached.
+// release unpins a state of state or existing.
+func (s *Store) release(st *convState) { s.convs.Release(st) }
+
+// existing returns conv's state, pinned, after checking that the
+// conversation exists (store.ErrNotFound if not); the caller calls
+// s.release. Only existing conversations are cached.
 func (s *Store) existing(ctx context.Context, conv uint64) (*convState, error) {
-	s.convs.mu.Lock()
-	st := s.convs.m[conv]
-	s.convs.mu.Unlock()
-	if st != nil && st.exists.Load() {
-		return st, nil
+	if st := s.convs.Get(conv); st != nil {
+		if st.exists.Load() {
+			return st, nil
+		}
+		s.release(st)
 	}
 	row, err := s.convRow(ctx, conv)
 	if err != nil {
 		return nil, err
 	}
-	st = s.state(conv)
+	st := s.state(conv)
 	s.learn(st, row)
 	return st, nil
+}
+
+// check returns store.ErrNotFound if conv does not exist.
+func (s *Store) check(ctx context.Context, conv uint64) error {
+	st, err := s.existing(ctx, conv)
+	if err == nil {
+		s.release(st)
+	}
+	return err
+}
+
+// quiescent reports whether st may be evicted (statecache): it runs
+// unpinned under the cache's lock. Nothing may be in flight, and an
+// owner's writer must be idle with nothing that a reload would lose: a
+// state that went through a write of unknown outcome carries a generation
+// whose fence its writes must stay above, and one that lost its epoch
+// must never write under it again, so such a state stays while its lease
+// is still at that epoch (a new epoch starts over: its timestamps are above
+// every older one's).
+func (s *Store) quiescent(st *convState) bool {
+	if !st.mu.TryLock() {
+		return false
+	}
+	defer st.mu.Unlock()
+	if !st.inflight.mu.TryLock() {
+		return false
+	}
+	busy := len(st.inflight.m) != 0
+	st.inflight.mu.Unlock()
+	if busy {
+		return false
+	}
+	o := &st.own
+	if !o.mu.TryLock() {
+		return false
+	}
+	defer o.mu.Unlock()
+	if o.running || len(o.queue) != 0 {
+		return false
+	}
+	if o.gen == 0 && o.lost == 0 {
+		return true
+	}
+	epoch, ok := s.lease.Epoch(st.id)
+	return ok && epoch > max(o.genEpoch, o.lost)
 }
 
 // learn records what a conversations row says about st.
@@ -419,6 +466,7 @@ func (s *Store) Conversation(ctx context.Context, id uint64) (store.Conversation
 // withTop sets row.LastSeq to the top of the seq index.
 func (s *Store) withTop(ctx context.Context, row store.Conversation) (store.Conversation, error) {
 	st := s.state(row.ID)
+	defer s.release(st)
 	s.learn(st, row)
 	top, err := s.top(ctx, st)
 	row.LastSeq = top
@@ -433,7 +481,7 @@ func (s *Store) SetTier(ctx context.Context, convID uint64, tier uint8) error {
 		return err
 	}
 	defer s.gate.RUnlock()
-	_, err := s.existing(ctx, convID)
+	err := s.check(ctx, convID)
 	if err == nil {
 		err = s.q(ctx, `UPDATE conversations SET tier = ? WHERE conv_id = ?`, int8(tier), i64(convID)).Exec()
 	}
@@ -442,3 +490,13 @@ func (s *Store) SetTier(ctx context.Context, convID uint64, tier uint8) error {
 	}
 	return nil
 }
+
+// ConvStates returns the number of conversation states in memory and how
+// many have been evicted since Open (for tests, benchmarks and metrics).
+func (s *Store) ConvStates() (held int, evicted uint64) {
+	return s.convs.Len(), s.convs.Evicted()
+}
+
+// EvictIdle evicts every conversation state that may go now and returns
+// how many went: tests use it to force a reload between two operations.
+func (s *Store) EvictIdle() int { return s.convs.EvictIdle() }

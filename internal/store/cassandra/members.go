@@ -77,7 +77,7 @@ func (s *Store) Members(ctx context.Context, convID uint64) ([]store.Member, err
 }
 
 func (s *Store) members(ctx context.Context, conv uint64) ([]store.Member, error) {
-	if _, err := s.existing(ctx, conv); err != nil {
+	if err := s.check(ctx, conv); err != nil {
 		return nil, err
 	}
 	iter := s.q(ctx, `SELECT user_id, `+memberColumns+` FROM members WHERE conv_id = ?`, i64(conv)).Iter()
@@ -127,6 +127,7 @@ func (s *Store) addMembers(ctx context.Context, conv uint64, users []string, rol
 	if err != nil {
 		return nil, err
 	}
+	defer s.release(st)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	last, err := s.top(ctx, st)
@@ -252,6 +253,7 @@ func (s *Store) removeMembers(ctx context.Context, conv uint64, users []string) 
 	if err != nil {
 		return nil, err
 	}
+	defer s.release(st)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	last, err := s.top(ctx, st)
@@ -370,6 +372,7 @@ func (s *Store) changeMember(ctx context.Context, conv uint64, user string, chan
 	if err != nil {
 		return err
 	}
+	defer s.release(st)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for {

@@ -280,7 +280,7 @@ func (s *Store) Messages(ctx context.Context, convID, from, to uint64, limit int
 }
 
 func (s *Store) messages(ctx context.Context, conv, from, to uint64, limit int) ([]store.Message, error) {
-	if _, err := s.existing(ctx, conv); err != nil {
+	if err := s.check(ctx, conv); err != nil {
 		return nil, err
 	}
 	if limit <= 0 || from > to {
@@ -352,8 +352,12 @@ func (s *Store) Latest(ctx context.Context, convID uint64, before, floor uint64,
 
 func (s *Store) latest(ctx context.Context, conv, before, floor uint64, n int) ([]store.Message, error) {
 	st, err := s.existing(ctx, conv)
-	if err != nil || n <= 0 || before == 1 {
+	if err != nil {
 		return nil, err
+	}
+	defer s.release(st)
+	if n <= 0 || before == 1 {
+		return nil, nil
 	}
 	top, err := s.top(ctx, st)
 	if err != nil {

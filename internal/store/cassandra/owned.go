@@ -51,6 +51,8 @@ type ownedConv struct {
 	gen   uint64
 	// top is the highest seq written and confirmed under epoch.
 	top uint64
+	// genEpoch is the epoch under which gen last moved up.
+	genEpoch uint64
 	// lost is the highest epoch found to be superseded: never written
 	// under again.
 	lost    uint64
@@ -252,7 +254,7 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 		// fences above it at a new generation, so a late arrival of this
 		// write is shadowed.
 		o.mu.Lock()
-		o.epoch, o.gen = 0, min(gen+1, maxGen)
+		o.epoch, o.gen, o.genEpoch = 0, min(gen+1, maxGen), epoch
 		o.mu.Unlock()
 		failAll(fresh, fmt.Errorf("seqs %d..%d: outcome unknown, the messages may be stored: %w",
 			msgs[0].Seq, msgs[len(msgs)-1].Seq, err))
@@ -519,9 +521,9 @@ func (s *Store) ownedTop(conv uint64) (uint64, bool) {
 	if !ok {
 		return 0, false
 	}
-	s.convs.mu.Lock()
-	st := s.convs.m[conv]
-	s.convs.mu.Unlock()
+	// Unpinned: an evicted state's owner was idle, and its top was
+	// written and confirmed under its epoch (a reload finds it again).
+	st := s.convs.Peek(conv)
 	if st == nil {
 		return 0, false
 	}

@@ -71,6 +71,7 @@ func TestConformanceOwned(t *testing.T) {
 			cfg.Lease = leases.grant()
 			return openT(t, cfg)
 		},
+		Evict: func(s store.Store) { s.(*Store).EvictIdle() },
 	})
 }
 
@@ -181,4 +182,86 @@ func cmids(ms []store.Message) []string {
 		out[i] = fmt.Sprintf("%d:%s", m.Seq, m.ClientMsgID)
 	}
 	return out
+}
+
+// movingLease is a lease whose epoch the test moves on, as a process
+// that loses a partition and takes it again sees.
+type movingLease struct{ epoch atomic.Uint64 }
+
+func (l *movingLease) Epoch(uint64) (uint64, bool) { return l.epoch.Load(), true }
+
+func (l *movingLease) Confirm(_ context.Context, _, epoch uint64) error {
+	if cur := l.epoch.Load(); cur != epoch {
+		return fmt.Errorf("lease at epoch %d, not %d", cur, epoch)
+	}
+	return nil
+}
+
+// TestEvictionKeepsFencingState: an owner's conversation state is evicted
+// when idle and loads its top again before the next write; but a state
+// that fenced at a later generation (after a write of unknown outcome)
+// stays while its epoch lasts, since a reload at generation 0 would write
+// below its own fence and its acknowledged messages would never show.
+func TestEvictionKeepsFencingState(t *testing.T) {
+	cfg := fresh(t)
+	ctx := context.Background()
+	lease := &movingLease{}
+	lease.epoch.Store(uint64(time.Now().UnixMilli()))
+	cfg.Lease = lease
+	s := openT(t, cfg)
+	if err := s.CreateConversation(ctx, store.Conversation{ID: 1, Kind: store.Group, CreatedAt: baseTime},
+		[]store.Member{{UserID: "alice"}}); err != nil {
+		t.Fatalf("CreateConversation: %v", err)
+	}
+	var ids atomic.Uint64
+	send := func(wantSeq uint64) {
+		t.Helper()
+		id := ids.Add(1)
+		res, err := s.Append(ctx, store.Append{Msg: store.Message{ConvID: 1, MsgID: id, Sender: "alice",
+			ClientMsgID: fmt.Sprint("m", id), Kind: "text", Body: "body", ServerTime: baseTime + int64(id)}})
+		if err != nil || res.Msg.Seq != wantSeq {
+			t.Fatalf("Append = seq %d, %v; want seq %d", res.Msg.Seq, err, wantSeq)
+		}
+		msgs, err := s.Messages(ctx, 1, wantSeq, wantSeq, 1)
+		if err != nil || len(msgs) != 1 || msgs[0].MsgID != id {
+			t.Fatalf("acknowledged seq %d reads back as %+v, %v", wantSeq, msgs, err)
+		}
+	}
+	send(1)
+	send(2)
+	if n := s.EvictIdle(); n != 1 {
+		t.Fatalf("EvictIdle evicted %d states of an idle owner, want 1", n)
+	}
+	send(3) // reloads the top under the same epoch
+
+	// A write of unknown outcome: the next batch fences above the top at
+	// generation 1 (done here by hand, as writeOwned does after a failed
+	// batch write).
+	st := s.state(1)
+	epoch := lease.epoch.Load()
+	st.mu.Lock()
+	top, err := s.takeConv(ctx, st, epoch, 1)
+	st.mu.Unlock()
+	if err != nil || top != 3 {
+		t.Fatalf("takeConv at generation 1 = %d, %v", top, err)
+	}
+	st.own.mu.Lock()
+	st.own.epoch, st.own.gen, st.own.genEpoch, st.own.top = epoch, 1, epoch, top
+	st.own.mu.Unlock()
+	s.release(st)
+	if n := s.EvictIdle(); n != 0 {
+		t.Fatalf("EvictIdle evicted a state fenced at generation 1 under its epoch")
+	}
+	send(4) // at generation 1: above the fence, so it shows
+
+	// A new epoch starts over: the state may go, and the next write loads
+	// the top under the new epoch.
+	lease.epoch.Store(epoch + 1)
+	if n := s.EvictIdle(); n != 1 {
+		t.Fatalf("EvictIdle evicted %d states after the epoch moved on, want 1", n)
+	}
+	send(5)
+	if held, evicted := s.ConvStates(); held != 1 || evicted != 2 {
+		t.Errorf("ConvStates = %d held, %d evicted; want 1, 2", held, evicted)
+	}
 }

@@ -26,7 +26,7 @@ func (s *Store) UpdateRows(ctx context.Context, convID, seq uint64, users []stri
 }
 
 func (s *Store) updateRows(ctx context.Context, conv, seq uint64, users []string, mention bool) error {
-	if _, err := s.existing(ctx, conv); err != nil {
+	if err := s.check(ctx, conv); err != nil {
 		return err
 	}
 	if seq == 0 {
@@ -145,7 +145,7 @@ func (s *Store) FanoutDone(ctx context.Context, convID uint64, seqs []uint64) er
 	}
 	defer s.gate.RUnlock()
 	err := func() error {
-		if _, err := s.existing(ctx, convID); err != nil {
+		if err := s.check(ctx, convID); err != nil {
 			return err
 		}
 		return s.each(ctx, len(seqs), func(ctx context.Context, i int) error {
