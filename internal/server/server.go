@@ -335,14 +335,14 @@ func (s *Server) openEngines(ctx context.Context) error {
 		s.store = st
 		s.onClose(st.Close)
 		rows = st
-		tasks, err := pnats.NewTasks(ctx, nc, pnats.TasksConfig{
+		led, err := jetstream.Open(ctx, nc, jetstream.Config{
 			Stream: strings.ToUpper(ns) + "_TASKS", Subject: ns + ".tasks", DeadSubject: ns + ".dead",
 			Replicas: c.JetStreamReplicas, Logger: o.Logger,
 		})
 		if err != nil {
-			return fmt.Errorf("server: tasks: %w", err)
+			return fmt.Errorf("server: ledger: %w", err)
 		}
-		s.ledger = jetstream.New(tasks)
+		s.ledger = led
 	}
 	s.presence = presence.New(o.Presence, nil)
 	s.online = fanout.NewOnline(rows)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	natsio "github.com/nats-io/nats.go"
@@ -28,8 +30,9 @@ type TasksConfig struct {
 	// AckWait is how long a handler may run, and how long a task taken by
 	// a consumer that crashed waits before it is delivered again. Default 30s.
 	AckWait time.Duration
-	// MaxDeliver bounds the attempts per task; after the last failure the
-	// task moves to the dead stream. Default 8.
+	// MaxDeliver bounds the attempts per task; after the last failure (or
+	// a crash in the last attempt) the task moves to the dead stream.
+	// Default 8.
 	MaxDeliver int
 	// A failed task is retried after BackoffBase·2^(attempt-1), at most
 	// BackoffMax. Defaults 1s and 1m.
@@ -157,6 +160,17 @@ func (t *Tasks) Enqueue(ctx context.Context, kind string, payload []byte) error 
 	return nil
 }
 
+// ErrPermanent, wrapped in a handler's error, moves the task to the dead
+// stream at once: retrying cannot help (e.g. an undecodable payload).
+var ErrPermanent = errors.New("nats: task failed permanently")
+
+// Delivery is one attempt at a task.
+type Delivery struct {
+	Data    []byte
+	Attempt int    // 1 for the first; every delivery counts, crashed ones included
+	Seq     uint64 // the task's sequence in the stream: its id
+}
+
 // Consume runs handler on tasks of kind, one at a time, until ctx ends; it
 // returns nil then, or an error if it could not start. A nil result acks
 // the task; an error retries it after a backoff, up to MaxDeliver attempts,
@@ -164,6 +178,12 @@ func (t *Tasks) Enqueue(ctx context.Context, kind string, payload []byte) error 
 // Call Consume from several goroutines or processes to run handlers in
 // parallel. Tasks it holds when ctx ends are handed back at once.
 func (t *Tasks) Consume(ctx context.Context, kind string, handler func(ctx context.Context, payload []byte) error) error {
+	return t.ConsumeDeliveries(ctx, kind, func(ctx context.Context, d Delivery) error { return handler(ctx, d.Data) })
+}
+
+// ConsumeDeliveries is Consume with each attempt's number and the task's
+// sequence.
+func (t *Tasks) ConsumeDeliveries(ctx context.Context, kind string, handler func(ctx context.Context, d Delivery) error) error {
 	if !validKind(kind) {
 		return fmt.Errorf("nats: consume: bad kind %q", kind)
 	}
@@ -172,7 +192,9 @@ func (t *Tasks) Consume(ctx context.Context, kind string, handler func(ctx conte
 		FilterSubject: t.cfg.Subject + "." + kind,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       t.cfg.AckWait,
-		MaxDeliver:    t.cfg.MaxDeliver,
+		// One more than the attempts: a task whose last attempt crashed
+		// comes back once, to be moved to the dead stream.
+		MaxDeliver:    t.cfg.MaxDeliver + 1,
 		MaxAckPending: 1000,
 	})
 	if err != nil {
@@ -242,27 +264,32 @@ func validKind(k string) bool {
 
 // run handles one task. It returns false, leaving the task unanswered, when
 // the handler failed because Consume is stopping.
-func (t *Tasks) run(ctx context.Context, kind string, msg jetstream.Msg, handler func(context.Context, []byte) error) bool {
-	attempt := uint64(1)
+func (t *Tasks) run(ctx context.Context, kind string, msg jetstream.Msg, handler func(context.Context, Delivery) error) bool {
+	d := Delivery{Data: msg.Data(), Attempt: 1}
 	if md, err := msg.Metadata(); err == nil {
-		attempt = md.NumDelivered
+		d.Attempt, d.Seq = int(md.NumDelivered), md.Sequence.Stream
+	}
+	if d.Attempt > t.cfg.MaxDeliver {
+		// The last attempt's consumer crashed: no more attempts.
+		t.bury(ctx, kind, msg, d.Attempt-1, errors.New("last attempt interrupted"))
+		return true
 	}
 	hctx, cancel := context.WithTimeout(ctx, t.cfg.AckWait)
-	err := handler(hctx, msg.Data())
+	err := handler(hctx, d)
 	cancel()
 	switch {
 	case err == nil:
 		if aerr := msg.Ack(); aerr != nil {
 			t.cfg.Logger.Warn("task ack failed; it will run again", "kind", kind, "err", aerr)
 		}
-	case attempt >= uint64(t.cfg.MaxDeliver):
-		// Even when stopping: handed back, it would never be delivered again.
-		t.bury(ctx, kind, msg, err)
+	case d.Attempt >= t.cfg.MaxDeliver, errors.Is(err, ErrPermanent):
+		// Even when stopping: handed back, it would only die.
+		t.bury(ctx, kind, msg, d.Attempt, err)
 	case ctx.Err() != nil:
 		return false
 	default:
-		t.cfg.Logger.Warn("task failed; will retry", "kind", kind, "attempt", attempt, "err", err)
-		_ = msg.NakWithDelay(t.backoff(attempt))
+		t.cfg.Logger.Warn("task failed; will retry", "kind", kind, "attempt", d.Attempt, "err", err)
+		_ = msg.NakWithDelay(t.backoff(uint64(d.Attempt)))
 	}
 	return true
 }
@@ -275,14 +302,26 @@ func (t *Tasks) backoff(attempt uint64) time.Duration {
 	return min(d, t.cfg.BackoffMax)
 }
 
+// Headers of a dead task.
+const (
+	headerError    = "Parley-Error"
+	headerAttempts = "Parley-Attempts"
+	headerSeq      = "Parley-Seq"
+)
+
 // bury moves a task out of the queue after its last attempt, keeping it in
-// the dead stream for an operator. If that fails the task stays pending
-// without further deliveries (MaxDeliver is reached) until MaxAge.
-func (t *Tasks) bury(ctx context.Context, kind string, msg jetstream.Msg, cause error) {
+// the dead stream for an operator. If that fails the task, unanswered,
+// comes back once more after AckWait (MaxDeliver+1) to be buried again;
+// after that it stays pending without deliveries until MaxAge.
+func (t *Tasks) bury(ctx context.Context, kind string, msg jetstream.Msg, attempts int, cause error) {
 	t.cfg.Logger.Error("task failed for the last time; moving it to the dead stream",
-		"kind", kind, "attempts", t.cfg.MaxDeliver, "err", cause)
+		"kind", kind, "attempts", attempts, "err", cause)
 	dead := &natsio.Msg{Subject: t.cfg.DeadSubject + "." + kind, Data: msg.Data(), Header: natsio.Header{}}
-	dead.Header.Set("Parley-Error", cause.Error())
+	dead.Header.Set(headerError, cause.Error())
+	dead.Header.Set(headerAttempts, strconv.Itoa(attempts))
+	if md, err := msg.Metadata(); err == nil {
+		dead.Header.Set(headerSeq, strconv.FormatUint(md.Sequence.Stream, 10))
+	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if _, err := t.js.PublishMsg(pctx, dead); err != nil {
@@ -292,6 +331,42 @@ func (t *Tasks) bury(ctx context.Context, kind string, msg jetstream.Msg, cause 
 	if err := msg.Term(); err != nil {
 		t.cfg.Logger.Warn("task term failed", "kind", kind, "err", err)
 	}
+}
+
+// DeadTask is a task in the dead stream.
+type DeadTask struct {
+	Kind     string
+	Data     []byte
+	Error    string
+	Attempts int
+	Seq      uint64 // its sequence in the task stream
+}
+
+// Dead lists at most max dead tasks, oldest first.
+func (t *Tasks) Dead(ctx context.Context, max int) ([]DeadTask, error) {
+	s, err := t.js.Stream(ctx, t.cfg.Stream+"_DEAD")
+	if err != nil {
+		return nil, fmt.Errorf("nats: dead: %w", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("nats: dead: %w", err)
+	}
+	var out []DeadTask
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && len(out) < max && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // deleted
+		}
+		if err != nil {
+			return nil, fmt.Errorf("nats: dead: %w", err)
+		}
+		d := DeadTask{Kind: strings.TrimPrefix(m.Subject, t.cfg.DeadSubject+"."), Data: m.Data, Error: m.Header.Get(headerError)}
+		d.Attempts, _ = strconv.Atoi(m.Header.Get(headerAttempts))
+		d.Seq, _ = strconv.ParseUint(m.Header.Get(headerSeq), 10, 64)
+		out = append(out, d)
+	}
+	return out, nil
 }
 
 // Pending is the number of tasks stored and not yet acknowledged.

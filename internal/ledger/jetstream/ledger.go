@@ -1,24 +1,41 @@
 // Package jetstream is the compensation ledger of cluster mode
-// (ledger.Ledger) on a JetStream work queue shared by every chat process.
-// Ledger is safe for concurrent use; Run owns its consumers and returns
-// when they have stopped.
+// (ledger.Ledger) on a JetStream work queue shared by every chat process:
+// a stream of pending tasks, one durable consumer per task kind, and a
+// dead stream. It follows ledger.Policy like the Pebble engine and passes
+// the same conformance suite (internal/ledger/ledgertest). Ledger is safe
+// for concurrent use; Run owns its consumers and returns when they have
+// stopped.
 package jetstream
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	natsio "github.com/nats-io/nats.go"
 
 	pnats "github.com/parley-im/parley/internal/bus/nats"
 	"github.com/parley-im/parley/internal/ledger"
 )
 
+// Config of a JetStream ledger.
+type Config struct {
+	// Stream, Subject and DeadSubject name the streams (see
+	// pnats.TasksConfig); the dead stream is Stream+"_DEAD".
+	Stream, Subject, DeadSubject string
+	// Replicas of both streams (default 1).
+	Replicas int
+	Policy   ledger.Policy
+	Logger   *slog.Logger
+}
+
 // Ledger keeps compensation tasks in a JetStream work queue: durable,
 // shared by every chat process, retried with backoff until a handler
-// succeeds (cluster mode).
+// succeeds or the task is dead.
 type Ledger struct {
 	tasks   *pnats.Tasks
 	backlog atomic.Int64
@@ -26,38 +43,72 @@ type Ledger struct {
 
 var _ ledger.Ledger = (*Ledger)(nil)
 
-// New wraps a task queue.
-func New(t *pnats.Tasks) *Ledger { return &Ledger{tasks: t} }
+// Open creates (or updates) the streams on nc, which the caller owns.
+func Open(ctx context.Context, nc *natsio.Conn, cfg Config) (*Ledger, error) {
+	if err := cfg.Policy.Validate(); err != nil {
+		return nil, err
+	}
+	p := cfg.Policy.WithDefaults()
+	tasks, err := pnats.NewTasks(ctx, nc, pnats.TasksConfig{
+		Stream: cfg.Stream, Subject: cfg.Subject, DeadSubject: cfg.DeadSubject,
+		Replicas: cfg.Replicas, Logger: cfg.Logger,
+		AckWait: p.Timeout, MaxDeliver: p.MaxAttempts,
+		BackoffBase: p.MinBackoff, BackoffMax: p.MaxBackoff,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: jetstream: %w", err)
+	}
+	l := &Ledger{tasks: tasks}
+	if n, err := tasks.Pending(ctx); err == nil {
+		l.backlog.Store(int64(n))
+	}
+	return l, nil
+}
 
 // Record enqueues t.
 func (l *Ledger) Record(ctx context.Context, t ledger.Task) error {
+	if !ledger.ValidKind(t.Kind) {
+		return fmt.Errorf("%w %q", ledger.ErrKind, t.Kind)
+	}
+	t.ID, t.Attempts, t.NextAt, t.Error = 0, 0, 0, ""
 	data, err := json.Marshal(t)
 	if err != nil {
 		return fmt.Errorf("ledger: jetstream: %w", err)
 	}
-	return l.tasks.Enqueue(ctx, t.Kind, data)
+	if err := l.tasks.Enqueue(ctx, t.Kind, data); err != nil {
+		return err
+	}
+	l.backlog.Add(1) // until the next poll
+	return nil
+}
+
+// decode reads a task's payload: its id is its stream sequence, its
+// attempt the delivery's.
+func decode(d pnats.Delivery) (ledger.Task, error) {
+	var t ledger.Task
+	if err := json.Unmarshal(d.Data, &t); err != nil {
+		return t, err
+	}
+	t.ID, t.Attempts = d.Seq, d.Attempt
+	return t, nil
 }
 
 // Run consumes every task kind until ctx ends.
 func (l *Ledger) Run(ctx context.Context, h ledger.Handler) error {
 	var wg sync.WaitGroup
-	errs := make(chan error, 3)
-	for _, kind := range []string{ledger.KindRows, ledger.KindPush} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs <- l.tasks.Consume(ctx, kind, func(ctx context.Context, payload []byte) error {
-				var t ledger.Task
-				if err := json.Unmarshal(payload, &t); err != nil {
-					return nil // undecodable: retrying cannot help
+	errs := make(chan error, len(ledger.Kinds))
+	for _, kind := range ledger.Kinds {
+		wg.Go(func() {
+			errs <- l.tasks.ConsumeDeliveries(ctx, kind, func(ctx context.Context, d pnats.Delivery) error {
+				t, err := decode(d)
+				if err != nil {
+					return fmt.Errorf("undecodable task: %w: %w", err, pnats.ErrPermanent)
 				}
 				return h(ctx, t)
 			})
-		}()
+		})
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		tick := time.NewTicker(2 * time.Second)
 		defer tick.Stop()
 		for {
@@ -70,7 +121,7 @@ func (l *Ledger) Run(ctx context.Context, h ledger.Handler) error {
 			case <-tick.C:
 			}
 		}
-	}()
+	})
 	wg.Wait()
 	close(errs)
 	for err := range errs {
@@ -81,5 +132,24 @@ func (l *Ledger) Run(ctx context.Context, h ledger.Handler) error {
 	return nil
 }
 
-// Backlog is the queue's depth as last polled (every 2 s).
+// Backlog is the queue's depth as last polled (every 2 s while Run runs),
+// plus the tasks recorded here since.
 func (l *Ledger) Backlog() int { return int(l.backlog.Load()) }
+
+// Dead lists at most max dead tasks, oldest first.
+func (l *Ledger) Dead(ctx context.Context, max int) ([]ledger.Task, error) {
+	ds, err := l.tasks.Dead(ctx, max)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: jetstream: %w", err)
+	}
+	out := make([]ledger.Task, 0, len(ds))
+	for _, d := range ds {
+		t, err := decode(pnats.Delivery{Data: d.Data, Seq: d.Seq, Attempt: d.Attempts})
+		if err != nil {
+			t = ledger.Task{ID: d.Seq, Kind: d.Kind, Attempts: d.Attempts}
+		}
+		t.Error = d.Error
+		out = append(out, t)
+	}
+	return out, nil
+}
