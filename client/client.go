@@ -83,8 +83,11 @@ func (c *Client) Events() <-chan Event { return c.events }
 
 // Run connects and keeps a connection alive until ctx is done or Close is
 // called, then returns nil. It returns an error wrapping ErrUnauthorized
-// when the server refuses the token, ErrReplaced when a newer connection of
-// the same device takes over, ErrClosed/ErrRunning when misused, and an
+// when the server refuses the token (also ErrTokenExpired or
+// ErrTokenRevoked when it ended a connection for its token and no new one
+// came: see those), ErrBanned when the user is banned, ErrReplaced when a
+// newer connection of the same device takes over, ErrClosed/ErrRunning
+// when misused, and an
 // error for a state store that cannot load or a handshake refused as
 // malformed. Run may be called once per Client.
 func (c *Client) Run(ctx context.Context) error {
@@ -123,9 +126,15 @@ func (c *Client) Run(ctx context.Context) error {
 
 func (c *Client) loop(ctx context.Context) error {
 	attempt := 0
+	// stale is the token of the last connection the server ended as
+	// expired or revoked (why), which is never sent again.
+	var (
+		stale string
+		why   error
+	)
 	for {
 		target := c.rot.next()
-		ws, hello, err := dial(ctx, c.cfg, target)
+		ws, hello, token, err := dial(ctx, c.cfg, target, stale, why)
 		if ctx.Err() != nil {
 			if ws != nil {
 				ws.Close()
@@ -157,9 +166,21 @@ func (c *Client) loop(ctx context.Context) error {
 			c.tryEmit(Event{Kind: EventDisconnected})
 			return nil
 		}
-		if errors.Is(cn.err, ErrReplaced) {
+		if errors.Is(cn.err, ErrReplaced) || errors.Is(cn.err, ErrBanned) {
 			c.tryEmit(Event{Kind: EventDisconnected, Err: cn.err})
+			c.log.Error("client: stopped by the server", "err", cn.err)
 			return fmt.Errorf("client: %w", cn.err)
+		}
+		expired := errors.Is(cn.err, ErrTokenExpired) || errors.Is(cn.err, ErrTokenRevoked)
+		if expired {
+			stale, why = token, cn.err
+			if c.cfg.TokenFunc == nil {
+				// A fixed token cannot be renewed: stop without a refused
+				// reconnect.
+				c.tryEmit(Event{Kind: EventDisconnected, Err: cn.err})
+				c.log.Error("client: stopped: the token is no longer accepted", "err", cn.err)
+				return fmt.Errorf("client: %w: %w", cn.err, ErrUnauthorized)
+			}
 		}
 		select {
 		case c.events <- Event{Kind: EventDisconnected, Err: cn.err}:
@@ -170,6 +191,14 @@ func (c *Client) loop(ctx context.Context) error {
 			attempt = 0
 		}
 		delay := c.bo.delay(attempt)
+		switch {
+		case expired:
+			// A new token is all it needs: the first backoff step only.
+			delay = c.bo.delay(0)
+		case errors.Is(cn.err, ErrKicked):
+			// The operator asked this device to go: never straight back.
+			delay = max(delay, c.cfg.MinBackoff)
+		}
 		attempt++
 		if at := cn.leaveAt.Load(); at != 0 {
 			// The node's delay runs from its goaway; usually it is over

@@ -66,16 +66,29 @@ func wsURL(base, device string) (string, error) {
 	return u.String(), nil
 }
 
-// dial opens a WebSocket to the gateway at base and reads the hello.
-func dial(ctx context.Context, cfg Config, base string) (*websocket.Conn, *protocol.Hello, error) {
+// dial opens a WebSocket to the gateway at base and reads the hello. It
+// returns the token it used. stale is a token the server ended a
+// connection for (expired or revoked) and why: dial refuses to use it
+// again, so a fixed token, or a TokenFunc that hands out the same one,
+// stops Run instead of being refused at every attempt.
+func dial(ctx context.Context, cfg Config, base string, stale string, why error) (*websocket.Conn, *protocol.Hello, string, error) {
 	token := cfg.Token
 	if cfg.TokenFunc != nil {
 		t, err := cfg.TokenFunc(ctx)
 		if err != nil {
-			return nil, nil, &dialError{err: fmt.Errorf("token: %w", err)}
+			return nil, nil, "", &dialError{err: fmt.Errorf("token: %w", err)}
 		}
 		token = t
 	}
+	if stale != "" && token == stale {
+		return nil, nil, token, &dialError{err: fmt.Errorf("no new token after %w: %w", why, ErrUnauthorized), permanent: true}
+	}
+	ws, hello, err := dialWith(ctx, cfg, base, token)
+	return ws, hello, token, err
+}
+
+// dialWith is dial with a token.
+func dialWith(ctx context.Context, cfg Config, base, token string) (*websocket.Conn, *protocol.Hello, error) {
 	target, err := wsURL(base, cfg.Device)
 	if err != nil {
 		return nil, nil, &dialError{err: fmt.Errorf("url: %w", err), permanent: true}
@@ -119,6 +132,9 @@ func handshakeError(resp *http.Response, err error) error {
 	}
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized:
+		if body.Code == protocol.CodeTokenRevoked || body.Code == protocol.CodeTokenExpired {
+			return &dialError{err: fmt.Errorf("dial: %w", &Error{Code: body.Code, Msg: msg}), permanent: true}
+		}
 		return &dialError{err: fmt.Errorf("dial: %s (%s): %w", msg, body.Code, ErrUnauthorized), permanent: true}
 	case resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests:
 		wait := time.Duration(body.RetryAfter) * time.Millisecond
@@ -140,12 +156,21 @@ func handshakeError(resp *http.Response, err error) error {
 	return &dialError{err: fmt.Errorf("dial: HTTP %d: %s", resp.StatusCode, msg)}
 }
 
+// closeErrs are the sentinels of the close codes a client acts on.
+var closeErrs = map[int]error{
+	protocol.CloseReplaced:     ErrReplaced,
+	protocol.CloseTokenExpired: ErrTokenExpired,
+	protocol.CloseTokenRevoked: ErrTokenRevoked,
+	protocol.CloseBanned:       ErrBanned,
+	protocol.CloseDisconnected: ErrKicked,
+}
+
 // classifyReadErr names why the server ended the connection.
 func classifyReadErr(err error) error {
 	var ce *websocket.CloseError
 	if errors.As(err, &ce) {
-		if ce.Code == protocol.CloseReplaced {
-			return fmt.Errorf("closed by server (%d %s): %w", ce.Code, ce.Text, ErrReplaced)
+		if s, ok := closeErrs[ce.Code]; ok {
+			return fmt.Errorf("closed by server (%d %s): %w", ce.Code, ce.Text, s)
 		}
 		return fmt.Errorf("closed by server (%d %s)", ce.Code, ce.Text)
 	}

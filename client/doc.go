@@ -49,8 +49,18 @@
 // exponential backoff with full jitter, honouring the server's goaway and
 // Retry-After) until its context is done or Close is called. Run stops on its
 // own only for conditions a retry cannot fix: a refused token (ErrUnauthorized),
-// a newer connection of the same user and device (ErrReplaced), or a request
+// a banned user (ErrBanned: close code 4003 or a 403 banned handshake), a
+// newer connection of the same user and device (ErrReplaced), or a request
 // the server rejects as malformed.
+//
+// When the server ends a connection because its token expired (4001,
+// ErrTokenExpired) or was revoked by the operator (4002, ErrTokenRevoked),
+// a client with Config.TokenFunc asks it for a token and reconnects after
+// the first backoff step; with a fixed Config.Token, or when TokenFunc
+// returns the same token, Run stops with an error wrapping that sentinel and
+// ErrUnauthorized, without sending the dead token again. An operator's
+// disconnect (4004, ErrKicked) reconnects with backoff. EventDisconnected
+// carries these errors, so an application can tell the user why.
 //
 // # Clusters
 //

@@ -15,6 +15,26 @@ var (
 	// ErrReplaced: a newer connection of the same user and device took over
 	// (close code 4009). Run stops instead of fighting it.
 	ErrReplaced = errors.New("client: replaced by a newer connection of this device")
+	// ErrTokenExpired: the server closed the connection because its token
+	// expired (close code 4001). With Config.TokenFunc the client asks it
+	// for a token and reconnects at once; with a fixed Config.Token, or
+	// when TokenFunc returns the same token again, Run stops with an error
+	// wrapping ErrTokenExpired and ErrUnauthorized.
+	ErrTokenExpired = errors.New("client: the token expired")
+	// ErrTokenRevoked: the operator revoked the connection's token (close
+	// code 4002, or HTTP 401 token_revoked at the handshake). Handled as
+	// ErrTokenExpired: a new token from TokenFunc reconnects; a fixed token,
+	// or the same one again, stops Run (the error also wraps
+	// ErrUnauthorized).
+	ErrTokenRevoked = errors.New("client: the token was revoked")
+	// ErrBanned: the operator banned the user (close code 4003, or HTTP 403
+	// banned at the handshake). Run stops whatever the token source: a new
+	// token of the same user is refused too.
+	ErrBanned = errors.New("client: the user is banned")
+	// ErrKicked: the operator disconnected this device (close code 4004).
+	// It is the Err of EventDisconnected and EventReconnecting; the client
+	// reconnects with backoff (the first step at least, never at once).
+	ErrKicked = errors.New("client: disconnected by the operator")
 	// ErrClosed: the client was closed, or Run has returned.
 	ErrClosed = errors.New("client: closed")
 	// ErrRunning: Run was called twice.
@@ -43,10 +63,21 @@ func (e *Error) Error() string { return fmt.Sprintf("parley: %s: %s", e.Code, e.
 // Retryable reports whether sending the same request again may succeed.
 func (e *Error) Retryable() bool { return e.Code.Retryable() }
 
-// Is makes errors.Is(err, ErrUnauthorized) true for unauthorized and
-// token_expired answers.
+// Is makes errors.Is(err, ErrUnauthorized) true for unauthorized,
+// token_expired and token_revoked answers, errors.Is(err, ErrTokenRevoked)
+// for token_revoked and errors.Is(err, ErrBanned) for banned.
 func (e *Error) Is(target error) bool {
-	return target == ErrUnauthorized && (e.Code == protocol.CodeUnauthorized || e.Code == protocol.CodeTokenExpired)
+	switch target {
+	case ErrUnauthorized:
+		return e.Code == protocol.CodeUnauthorized || e.Code == protocol.CodeTokenExpired || e.Code == protocol.CodeTokenRevoked
+	case ErrTokenExpired:
+		return e.Code == protocol.CodeTokenExpired
+	case ErrTokenRevoked:
+		return e.Code == protocol.CodeTokenRevoked
+	case ErrBanned:
+		return e.Code == protocol.CodeBanned
+	}
+	return false
 }
 
 func errorFromFrame(f *protocol.Frame) *Error {

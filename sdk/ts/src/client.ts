@@ -82,11 +82,21 @@ export interface ClientEvents {
   presence: PresenceState[];
   /** A connection is up and its sync applied. */
   connected: { hello: Hello; transport: "websocket" | "http" };
-  /** The connection ended; the client reconnects unless it is stopped. */
-  disconnected: { reason: string };
+  /**
+   * The connection ended; the client reconnects unless it is stopped. code
+   * is the close code when one came (on the HTTP fallback, 4001/4002/4003
+   * stand for a poll refused as token_expired/token_revoked/banned).
+   */
+  disconnected: { reason: string; code?: number };
   /** The next attempt starts at `at` (Unix ms), in `delayMs`. */
   reconnecting: { delayMs: number; at: number; attempt: number };
-  /** The client stopped for good (unauthorized, replaced by the same device, close()). */
+  /**
+   * The client stopped for good: a refused token (a fixed one, or a token
+   * function that returned the token the server just closed the connection
+   * for: error.code token_expired / token_revoked), a banned user
+   * (error.code banned), replaced by the same device, a protocol error, or
+   * close().
+   */
   stopped: { reason: string; error?: ParleyError };
 }
 
@@ -133,6 +143,10 @@ export class Client {
   private attempt = 0;
   private wsFailures = 0;
   private goawayUntil = 0;
+  private token = ""; // the token of the current (or last) transport
+  // The token the server ended a connection for (expired or revoked), and
+  // why: never sent again.
+  private stale: { token: string; code: string; reason: string } | null = null;
   private rid = 0;
   private pending = new Map<string, Pending>();
   private heldPushes: ServerFrame[] = [];
@@ -212,6 +226,11 @@ export class Client {
       this.scheduleReconnect(`token: ${e}`, 0);
       return;
     }
+    if (this.stale && token === this.stale.token) {
+      this.stop(`no new token after ${this.stale.code}`, new ParleyError(this.stale.code, this.stale.reason));
+      return;
+    }
+    this.token = token;
     const handlers = {
       onFrame: (f: ServerFrame) => this.onFrame(f),
       onClose: (info: CloseInfo) => this.onClose(t, info),
@@ -231,13 +250,13 @@ export class Client {
       // next attempt tries the WebSocket again.
       if (!useHTTP && he.unreachable) this.wsFailures++;
       if (useHTTP && he.unreachable && this.o.transport === "auto") this.wsFailures = 0;
-      if (he.code === "unauthorized" || he.code === "token_expired") {
+      if (he.code === "unauthorized" || he.code === "token_expired" || he.code === "token_revoked") {
         if (typeof this.o.token !== "function") {
           this.stop(`handshake refused: ${he.code}`, new ParleyError(he.code, he.message));
           return;
         }
       }
-      if (he.status === 400) {
+      if (he.status === 400 || he.code === "banned") {
         this.stop(`handshake refused: ${he.code}`, new ParleyError(he.code, he.message));
         return;
       }
@@ -304,9 +323,30 @@ export class Client {
     if (this.t !== t) return;
     this.flush();
     this.teardown(info.reason);
-    this.emit("disconnected", { reason: info.reason });
+    this.emit("disconnected", info.code ? { reason: info.reason, code: info.code } : { reason: info.reason });
     if (info.code === 4009) {
       this.stop("replaced: the same user and device connected again", new ParleyError("replaced", info.reason));
+      return;
+    }
+    if (info.code === 4003) {
+      this.stop("banned: the operator banned this user", new ParleyError("banned", info.reason));
+      return;
+    }
+    if (info.code === 4001 || info.code === 4002) {
+      const code = info.code === 4001 ? "token_expired" : "token_revoked";
+      if (typeof this.o.token !== "function") {
+        this.stop(`${code}: the fixed token is no longer accepted`, new ParleyError(code, info.reason));
+        return;
+      }
+      // A new token is all it needs: the first backoff step only.
+      this.stale = { token: this.token, code, reason: info.reason };
+      this.attempt = 0;
+      this.scheduleReconnect(info.reason, 0);
+      return;
+    }
+    if (info.code === 4004) {
+      // The operator disconnected this device: reconnect, never at once.
+      this.scheduleReconnect(info.reason, Math.max(this.o.minBackoffMs, this.backoff.delay(this.attempt)));
       return;
     }
     if (info.code === 4010 || info.code === 1002 || info.code === 1003 || info.code === 1009) {

@@ -138,11 +138,11 @@ export async function openPoll(
   const session = encodeURIComponent(hello.hello.session_id);
   let closed = false;
   const ctl = new AbortController();
-  const end = (reason: string) => {
+  const end = (reason: string, code?: number) => {
     if (closed) return;
     closed = true;
     ctl.abort();
-    h.onClose({ reason });
+    h.onClose(code ? { reason, code } : { reason });
   };
   const t: Transport = {
     kind: "http",
@@ -169,7 +169,10 @@ export async function openPoll(
       try {
         const r = await fetchFn(`${httpBase}/v1/poll?${dev}&session=${session}&wait_ms=${wait}`, { headers: auth, signal: ctl.signal });
         if (!r.ok) {
-          end(`poll answered ${r.status}`);
+          // The refusals a WebSocket would get as a close code.
+          const e = await refusal(r);
+          const code = ({ token_expired: 4001, token_revoked: 4002, banned: 4003 } as Record<string, number>)[e.code];
+          end(`poll answered ${r.status} ${e.code}: ${e.message}`, code);
           return;
         }
         const body = await r.json();

@@ -190,6 +190,77 @@ test("a send retried across a reconnect is stored once (client_msg_id)", async (
   closeAll(a, b);
 });
 
+test("operator close codes: 4003 banned stops, 4002 revoked stops a fixed token and renews a token function, 4004 reconnects", async () => {
+  const adm = await Server.startWithAdmin();
+  try {
+    const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+    const stoppedWith = (c, code) => c.log.waitFor((ev) => ev.some((e) => e.kind === "stopped" && e.errorCode === code), `stopped with ${code}`);
+    // Banned over the WebSocket (close 4003) and over the HTTP fallback
+    // (the waiting poll answers 403 banned): both stop without reconnecting.
+    class Broken { constructor() { throw new Error("blocked by a proxy"); } }
+    const ws = await adm.client("op-banned", "d1");
+    const http = await adm.client("op-banned", "d2", { WebSocket: Broken });
+    await Promise.all([ws.log.waitConnected(), http.log.waitConnected()]);
+    assert.equal(http.log.of("connected")[0].transport, "http");
+    const before = [ws, http].map((c) => c.log.of("reconnecting").length); // the fallback's attempts
+    await adm.admin("POST", "/v1/admin/users/op-banned/ban", {});
+    await Promise.all([stoppedWith(ws, "banned"), stoppedWith(http, "banned")]);
+    assert.equal(ws.log.of("disconnected")[0].code, 4003);
+    assert.equal(http.log.of("disconnected")[0].code, 4003);
+    await sleep(300);
+    [ws, http].forEach((c, i) => {
+      assert.equal(c.log.of("connected").length, 1);
+      assert.equal(c.log.of("reconnecting").length, before[i], "a banned client never reconnects");
+    });
+
+    // Revoked, fixed token: stopped (token_revoked), no second attempt.
+    const fixed = await adm.client("op-rev1", "d1");
+    await fixed.log.waitConnected();
+    await adm.admin("POST", "/v1/admin/users/op-rev1/revoke", {});
+    await stoppedWith(fixed, "token_revoked");
+    assert.equal(fixed.log.of("disconnected")[0].code, 4002);
+    assert.equal(fixed.log.of("reconnecting").length, 0);
+
+    // Revoked, token function: asked again and reconnected with the new
+    // token (minted after the revocation's second); one that hands out the
+    // same token again stops.
+    let asked = 0;
+    const first = await adm.token("op-rev2");
+    const renew = await adm.client("op-rev2", "d1", {
+      token: async () => {
+        if (++asked === 1) return first;
+        await sleep(1100); // revocation refuses every token issued up to the second of the call
+        return adm.token("op-rev2");
+      },
+    });
+    await renew.log.waitConnected();
+    await adm.admin("POST", "/v1/admin/users/op-rev2/revoke", {});
+    await renew.log.waitConnected(2);
+    assert.equal(asked, 2);
+    assert.equal(renew.log.of("disconnected")[0].code, 4002);
+    assert.equal(renew.log.of("stopped").length, 0);
+    const same = await adm.token("op-rev3");
+    let sameAsked = 0;
+    const stuck = await adm.client("op-rev3", "d1", { token: () => { sameAsked++; return same; } });
+    await stuck.log.waitConnected();
+    await adm.admin("POST", "/v1/admin/users/op-rev3/revoke", {});
+    await stoppedWith(stuck, "token_revoked");
+    assert.equal(sameAsked, 2, "asked once more, and the same token was not sent");
+    assert.equal(stuck.log.of("connected").length, 1);
+
+    // Disconnected by the operator: reconnects.
+    const kicked = await adm.client("op-kick", "d1");
+    await kicked.log.waitConnected();
+    await adm.admin("POST", "/v1/admin/users/op-kick/disconnect", { device: "d1" });
+    await kicked.log.waitConnected(2);
+    assert.equal(kicked.log.of("disconnected")[0].code, 4004);
+    assert.equal(kicked.log.of("stopped").length, 0);
+    closeAll(ws, http, fixed, renew, stuck, kicked);
+  } finally {
+    await adm.close();
+  }
+});
+
 test("backoff: full jitter within the window, server delays honoured with jitter on top", () => {
   const lo = new Backoff(250, 30000, () => 0), hi = new Backoff(250, 30000, () => 0.999999);
   assert.equal(lo.delay(5), 0);

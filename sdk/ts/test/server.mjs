@@ -2,6 +2,7 @@
 // on a free loopback port with its own data directory (development key),
 // mint tokens through POST /v1/dev/token.
 import { execFileSync, spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { mkdtempSync, existsSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
@@ -39,6 +40,25 @@ export class Server {
     this.dataDir = dataDir;
     this.extra = extra;
     this.url = `http://127.0.0.1:${port}`;
+  }
+
+  /** A server with its admin API on (admin() calls it). */
+  static async startWithAdmin() {
+    const port = await freePort();
+    const key = randomBytes(32).toString("hex");
+    const s = await Server.start(["--admin.listen", `127.0.0.1:${port}`, "--admin.key", key]);
+    s.adminURL = `http://127.0.0.1:${port}`;
+    s.adminKey = key;
+    return s;
+  }
+
+  /** Calls the server API; fails unless it answers 200. */
+  async admin(method, path, body) {
+    const r = await fetch(this.adminURL + path, {
+      method, headers: { Authorization: `Bearer ${this.adminKey}` }, body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    if (!r.ok) throw new Error(`admin ${method} ${path}: ${r.status} ${await r.text()}`);
+    return r.json();
   }
 
   static async start(extra = []) {
@@ -106,7 +126,13 @@ export class Recorder {
     this.events = [];
     this.waiters = [];
     for (const k of ["message", "snapshot", "receipt", "typing", "presence", "connected", "disconnected", "reconnecting", "stopped"]) {
-      c.on(k, (p) => { this.events.push({ kind: k, ...structuredClone(p) }); this.check(); });
+      c.on(k, (p) => {
+        // structuredClone keeps an Error's message only: keep its code too.
+        const e = { kind: k, ...structuredClone(p) };
+        if (p?.error?.code) e.errorCode = p.error.code;
+        this.events.push(e);
+        this.check();
+      });
     }
   }
   check() {

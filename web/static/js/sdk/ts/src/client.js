@@ -73,6 +73,10 @@ export class Client {
     attempt = 0;
     wsFailures = 0;
     goawayUntil = 0;
+    token = ""; // the token of the current (or last) transport
+    // The token the server ended a connection for (expired or revoked), and
+    // why: never sent again.
+    stale = null;
     rid = 0;
     pending = new Map();
     heldPushes = [];
@@ -154,6 +158,11 @@ export class Client {
             this.scheduleReconnect(`token: ${e}`, 0);
             return;
         }
+        if (this.stale && token === this.stale.token) {
+            this.stop(`no new token after ${this.stale.code}`, new ParleyError(this.stale.code, this.stale.reason));
+            return;
+        }
+        this.token = token;
         const handlers = {
             onFrame: (f) => this.onFrame(f),
             onClose: (info) => this.onClose(t, info),
@@ -177,13 +186,13 @@ export class Client {
                 this.wsFailures++;
             if (useHTTP && he.unreachable && this.o.transport === "auto")
                 this.wsFailures = 0;
-            if (he.code === "unauthorized" || he.code === "token_expired") {
+            if (he.code === "unauthorized" || he.code === "token_expired" || he.code === "token_revoked") {
                 if (typeof this.o.token !== "function") {
                     this.stop(`handshake refused: ${he.code}`, new ParleyError(he.code, he.message));
                     return;
                 }
             }
-            if (he.status === 400) {
+            if (he.status === 400 || he.code === "banned") {
                 this.stop(`handshake refused: ${he.code}`, new ParleyError(he.code, he.message));
                 return;
             }
@@ -255,9 +264,30 @@ export class Client {
             return;
         this.flush();
         this.teardown(info.reason);
-        this.emit("disconnected", { reason: info.reason });
+        this.emit("disconnected", info.code ? { reason: info.reason, code: info.code } : { reason: info.reason });
         if (info.code === 4009) {
             this.stop("replaced: the same user and device connected again", new ParleyError("replaced", info.reason));
+            return;
+        }
+        if (info.code === 4003) {
+            this.stop("banned: the operator banned this user", new ParleyError("banned", info.reason));
+            return;
+        }
+        if (info.code === 4001 || info.code === 4002) {
+            const code = info.code === 4001 ? "token_expired" : "token_revoked";
+            if (typeof this.o.token !== "function") {
+                this.stop(`${code}: the fixed token is no longer accepted`, new ParleyError(code, info.reason));
+                return;
+            }
+            // A new token is all it needs: the first backoff step only.
+            this.stale = { token: this.token, code, reason: info.reason };
+            this.attempt = 0;
+            this.scheduleReconnect(info.reason, 0);
+            return;
+        }
+        if (info.code === 4004) {
+            // The operator disconnected this device: reconnect, never at once.
+            this.scheduleReconnect(info.reason, Math.max(this.o.minBackoffMs, this.backoff.delay(this.attempt)));
             return;
         }
         if (info.code === 4010 || info.code === 1002 || info.code === 1003 || info.code === 1009) {

@@ -115,12 +115,12 @@ export async function openPoll(fetchFn, httpBase, token, device, h, timeoutMs) {
     const session = encodeURIComponent(hello.hello.session_id);
     let closed = false;
     const ctl = new AbortController();
-    const end = (reason) => {
+    const end = (reason, code) => {
         if (closed)
             return;
         closed = true;
         ctl.abort();
-        h.onClose({ reason });
+        h.onClose(code ? { reason, code } : { reason });
     };
     const t = {
         kind: "http",
@@ -148,7 +148,10 @@ export async function openPoll(fetchFn, httpBase, token, device, h, timeoutMs) {
             try {
                 const r = await fetchFn(`${httpBase}/v1/poll?${dev}&session=${session}&wait_ms=${wait}`, { headers: auth, signal: ctl.signal });
                 if (!r.ok) {
-                    end(`poll answered ${r.status}`);
+                    // The refusals a WebSocket would get as a close code.
+                    const e = await refusal(r);
+                    const code = { token_expired: 4001, token_revoked: 4002, banned: 4003 }[e.code];
+                    end(`poll answered ${r.status} ${e.code}: ${e.message}`, code);
                     return;
                 }
                 const body = await r.json();
