@@ -65,6 +65,46 @@ type convInfo struct {
 	touched int64
 }
 
+// lastSeqer is implemented by stores that read a conversation's last seq
+// for less than the whole conversation (Cassandra: one index probe, none
+// on the conversation's owner).
+type lastSeqer interface {
+	LastSeq(ctx context.Context, conv uint64) (uint64, error)
+}
+
+// directMembers returns the two members of direct conversation conv,
+// remembered with the conversation's ack state (they never change).
+func (s *Service) directMembers(ctx context.Context, conv uint64) ([]string, error) {
+	p := s.pos
+	p.convMu.Lock()
+	ci := p.convs[conv]
+	var members []string
+	if ci != nil {
+		members = ci.members
+	}
+	p.convMu.Unlock()
+	if members != nil {
+		return members, nil
+	}
+	ms, err := s.store.Members(ctx, conv)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range ms {
+		members = append(members, m.UserID)
+	}
+	if len(members) == 2 {
+		p.convMu.Lock()
+		if ci := p.convs[conv]; ci != nil {
+			ci.members = members
+		} else {
+			p.convs[conv] = &convInfo{kind: store.Direct, members: members, touched: s.now().UnixMilli()}
+		}
+		p.convMu.Unlock()
+	}
+	return members, nil
+}
+
 type positions struct {
 	seed   maphash.Seed
 	shards [positionShards]posShard
@@ -135,6 +175,23 @@ func (s *Service) convInfo(ctx context.Context, conv, seq uint64, nowMS int64) (
 		return out, nil
 	}
 	p.convMu.Unlock()
+	if ls, ok := s.store.(lastSeqer); ok && ci != nil {
+		// Only the last seq is new: read it alone (an owner knows it).
+		last, err := ls.LastSeq(ctx, conv)
+		if err != nil {
+			return convInfo{}, err
+		}
+		p.convMu.Lock()
+		defer p.convMu.Unlock()
+		if cur := p.convs[conv]; cur != nil {
+			ci = cur
+		} else {
+			p.convs[conv] = ci
+		}
+		ci.lastSeq = max(ci.lastSeq, last)
+		ci.touched = nowMS
+		return *ci, nil
+	}
 	cv, err := s.store.Conversation(ctx, conv)
 	if err != nil {
 		return convInfo{}, err

@@ -30,13 +30,31 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 		cv   store.Conversation
 		err  error
 		read chan struct{}
+		// own is the caller's read position before the message, read
+		// alongside over the network (ownErr != nil: not known).
+		own     uint64
+		ownErr  = errors.New("not read")
+		ownRead chan struct{}
 	)
 	if _, ok := s.store.(networked); ok {
-		// Over the network the conversation is read alongside the
-		// membership: one round trip less before the append.
+		// Over the network the conversation and the caller's read
+		// position are read alongside the membership: one round trip
+		// before the append instead of three.
 		read = make(chan struct{})
 		go func() { cv, err = s.store.Conversation(ctx, f.ConvID); close(read) }()
+		if !c.Admin {
+			ownRead = make(chan struct{})
+			go func() { own, ownErr = s.store.Read(ctx, c.User, s.readDevice(c), f.ConvID); close(ownRead) }()
+		}
 	}
+	// waitOwn waits for the read position's read, on every return.
+	waitOwn := func() {
+		if ownRead != nil {
+			<-ownRead
+			ownRead = nil
+		}
+	}
+	defer waitOwn()
 	if !c.Admin {
 		// The admin (moderation edit and recall, admin.go) is no member:
 		// its authority replaces the membership check.
@@ -90,6 +108,11 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	if f.TargetSeq != 0 {
 		a.Check = s.checkTarget(c, f)
 	}
+	if ownRead != nil {
+		// The store raises the sender's read position with the message's
+		// last writes if it can (res.ReadRaised).
+		a.ReadBy = &store.Reader{User: c.User, Device: s.readDevice(c)}
+	}
 	// Direct conversations and small groups of a few members get their
 	// rows in the message's own write: no second write (and fsync) per
 	// message, and the rows are never behind the message.
@@ -106,7 +129,12 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	// message (a duplicate repeats it, in case the first attempt died
 	// between the two writes), before the ack, so that no conv_list after
 	// the ack counts the user's own message as unread.
-	passed := s.readOwn(ctx, c, stored.ConvID, stored.Seq)
+	var passed bool
+	if waitOwn(); res.ReadRaised {
+		passed = ownErr == nil && own+1 < stored.Seq
+	} else {
+		passed = s.readOwn(ctx, c, stored.ConvID, stored.Seq)
+	}
 	reply(&protocol.Frame{
 		Type: protocol.TypeAck, RID: f.RID, ConvID: stored.ConvID, ClientMsgID: stored.ClientMsgID,
 		Seq: stored.Seq, MsgID: stored.MsgID, ServerTime: stored.ServerTime, Duplicate: res.Duplicate,
@@ -141,7 +169,14 @@ func (s *Service) FanOut(ctx context.Context, j fanout.Job) error {
 		}
 	}
 	tier := s.tier(ctx, cv)
-	recipients, err := s.recipients(ctx, cv.ID, tier, m.Seq)
+	var recipients []string
+	var err error
+	if cv.Kind == store.Direct {
+		// Both members see every message, and they never change.
+		recipients, err = s.directMembers(ctx, cv.ID)
+	} else {
+		recipients, err = s.recipients(ctx, cv.ID, tier, m.Seq)
+	}
 	if err != nil {
 		return fmt.Errorf("recipients: %w", err)
 	}

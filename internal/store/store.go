@@ -145,6 +145,21 @@ type Append struct {
 	// (the message is stored all the same, and the caller's fan-out
 	// writes the rows).
 	Rows bool
+	// ReadBy, if set, asks for the read position of (ReadBy.User,
+	// ReadBy.Device) in the conversation to be raised to the new seq with
+	// the message (the sender has seen what it sent): an engine whose
+	// writes cross the network does it alongside the message's own last
+	// writes instead of one more round trip after them. An engine may
+	// leave it to the caller: AppendResult.ReadRaised reports whether it
+	// was done (never on a duplicate, and never when the message was not
+	// stored).
+	ReadBy *Reader
+}
+
+// Reader names a read position: a user's device ("" for the per-user
+// position).
+type Reader struct {
+	User, Device string
 }
 
 // AppendResult is the stored message. Duplicate is true when the
@@ -154,6 +169,7 @@ type AppendResult struct {
 	Msg         Message
 	Duplicate   bool
 	RowsWritten bool // Append.Rows was honoured (never on a duplicate)
+	ReadRaised  bool // Append.ReadBy was honoured (never on a duplicate)
 }
 
 // Pending is one stored message whose fan-out is not yet recorded done:

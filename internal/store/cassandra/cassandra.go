@@ -51,11 +51,14 @@
 // them with plain statements (owned.go). On first use under an epoch (or
 // generation g within it, after a write of unknown outcome) it loads the
 // top and writes a range tombstone over the seqs above it in the next
-// seq's message_seq partition at timestamp epoch·1000+2g; its slots and
-// idempotency records (which then carry the seq) go in one logged batch
-// at epoch·1000+2g+1, batched per conversation (up to 64, within one
-// message_seq partition); it confirms the lease (Lease.Confirm) before
-// acknowledging and only then writes the outbox entries, hints and rows.
+// seq's message_seq partition at timestamp epoch·1000+2g, and writes the
+// idempotency records of the last batch below the top again (a writer
+// that died between its slots and its records left them without); its
+// slots go in one single-partition batch at epoch·1000+2g+1, batched per
+// conversation (up to 64, within one message_seq partition); it confirms
+// the lease (Lease.Confirm) before acknowledging and only then writes the
+// idempotency records (which then carry the seq), outbox entries, read
+// positions (Append.ReadBy), hints and rows.
 // A stale owner's late slots are shadowed by the newer owner's fence or
 // lose to its later timestamps, an idempotency record counts only if its
 // slot holds its message, and a process that sees a newer epoch's top slot

@@ -500,3 +500,25 @@ func (s *Store) ConvStates() (held int, evicted uint64) {
 // EvictIdle evicts every conversation state that may go now and returns
 // how many went: tests use it to force a reload between two operations.
 func (s *Store) EvictIdle() int { return s.convs.EvictIdle() }
+
+// LastSeq returns the conversation's last seq: from memory on its owner,
+// else one index probe (Conversation reads the conversations row too).
+func (s *Store) LastSeq(ctx context.Context, id uint64) (uint64, error) {
+	const op = "last seq"
+	if err := s.enter(ctx, op); err != nil {
+		return 0, err
+	}
+	defer s.gate.RUnlock()
+	if top, owned := s.ownedTop(id); owned {
+		return top, nil
+	}
+	st, err := s.existing(ctx, id)
+	if err == nil {
+		defer s.release(st)
+		var top uint64
+		if top, err = s.top(ctx, st); err == nil {
+			return top, nil
+		}
+	}
+	return 0, fmt.Errorf("cassandra: %s %d: %w", op, id, err)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -58,6 +59,12 @@ type ownedConv struct {
 	lost    uint64
 	queue   []*ownedReq
 	running bool
+	// hinted is the last seq written to the conversation's last_seq hint
+	// under epoch (see afterOwned).
+	hinted uint64
+	// direct holds the members of a direct conversation once read: they
+	// never change.
+	direct []string
 }
 
 type ownedReq struct {
@@ -169,7 +176,7 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 			return
 		}
 		o.mu.Lock()
-		o.epoch, o.top = epoch, top
+		o.epoch, o.top, o.hinted = epoch, top, 0
 		o.mu.Unlock()
 	}
 
@@ -253,9 +260,7 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 		// The outcome is unknown: the next batch loads the top again and
 		// fences above it at a new generation, so a late arrival of this
 		// write is shadowed.
-		o.mu.Lock()
-		o.epoch, o.gen, o.genEpoch = 0, min(gen+1, maxGen), epoch
-		o.mu.Unlock()
+		s.regenerate(o, epoch, gen)
 		failAll(fresh, fmt.Errorf("seqs %d..%d: outcome unknown, the messages may be stored: %w",
 			msgs[0].Seq, msgs[len(msgs)-1].Seq, err))
 		return
@@ -281,15 +286,29 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 	if target != nil {
 		s.recordEdit(ctx, st.id, last, *target) // as in stored
 	}
-	rows := s.afterOwned(ctx, st, fresh, msgs)
+	rows, read, err := s.afterOwned(ctx, st, fresh, msgs, epoch, gen)
+	if err != nil {
+		// An idempotency record may be missing: the next batch repairs
+		// them (takeConv) before it reads any.
+		s.regenerate(o, epoch, gen)
+		failAll(fresh, err)
+		return later
+	}
 	for i, r := range fresh {
 		m := msgs[i]
 		m.Mentions = cloneMentions(m.Mentions)
-		if r.err == nil {
-			r.res = store.AppendResult{Msg: m, RowsWritten: r.a.Rows && rows}
-		}
+		r.res = store.AppendResult{Msg: m, RowsWritten: r.a.Rows && rows, ReadRaised: r.a.ReadBy != nil && read}
 	}
 	return later
+}
+
+// regenerate makes the next batch of o load the top again and fence above
+// it at the generation after gen: what the last write under gen left is
+// then either seen (and repaired, see takeConv) or shadowed.
+func (s *Store) regenerate(o *ownedConv, epoch, gen uint64) {
+	o.mu.Lock()
+	o.epoch, o.gen, o.genEpoch = 0, min(gen+1, maxGen), epoch
+	o.mu.Unlock()
 }
 
 // takeConv loads the conversation's top for a new epoch (or generation)
@@ -333,12 +352,49 @@ func (s *Store) takeConv(ctx context.Context, st *convState, epoch, gen uint64) 
 	if newest > writeTS(epoch, gen) {
 		return 0, fmt.Errorf("%w: seq %d was written after epoch %d", store.ErrNotOwner, top, epoch)
 	}
-	err = s.q(ctx, `DELETE FROM message_seq USING TIMESTAMP ? WHERE conv_id = ? AND seq_block = ? AND seq > ?`,
-		fenceTS(epoch, gen), i64(st.id), s.blockOf(top+1), i64(top)).Exec()
-	if err != nil {
-		return 0, fmt.Errorf("fence: %w", err)
+	var fenceErr, repairErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		fenceErr = s.q(ctx, `DELETE FROM message_seq USING TIMESTAMP ? WHERE conv_id = ? AND seq_block = ? AND seq > ?`,
+			fenceTS(epoch, gen), i64(st.id), s.blockOf(top+1), i64(top)).Exec()
+	})
+	if newest != writeTS(epoch, gen) {
+		// The top slot is another writer's (an older epoch or
+		// generation): its last batch may lack records. (A reload of an
+		// evicted state finds its own, whose records were written.)
+		wg.Go(func() { repairErr = s.repairIdem(ctx, st.id, top, epoch, gen) })
+	}
+	wg.Wait()
+	if fenceErr != nil {
+		return 0, fmt.Errorf("fence: %w", fenceErr)
+	}
+	if repairErr != nil {
+		return 0, fmt.Errorf("idempotency records: %w", repairErr)
 	}
 	return top, nil
+}
+
+// repairIdem writes (again) the idempotency records of the slots a last
+// batch below top may have left without them: its writer writes them
+// after the slots and may have died or failed in between. A batch stays
+// within one message_seq partition and holds at most maxBatch messages,
+// and a writer starts a batch only after the previous one's records are
+// written or, failing that, after this repair under a new generation; so
+// only the last maxBatch slots of top's partition can lack one.
+func (s *Store) repairIdem(ctx context.Context, conv, top, epoch, gen uint64) error {
+	if top == 0 {
+		return nil
+	}
+	lo := max(top-min(top, maxBatch-1), top/s.block*s.block, 1)
+	ss, err := s.slots(ctx, conv, lo, top, maxBatch)
+	if err != nil || len(ss) == 0 {
+		return err
+	}
+	msgs, err := s.bodies(ctx, conv, ss)
+	if err != nil {
+		return err
+	}
+	return s.writeIdem(ctx, conv, msgs, epoch, gen)
 }
 
 // insertBody writes a message body; msg ids are unique (Snowflake), and a
@@ -396,23 +452,18 @@ func (s *Store) verifyIdem(ctx context.Context, conv uint64, rec idemRecord, top
 }
 
 // writeSlots writes the slots of msgs (dense, one message_seq partition)
-// and their idempotency records in one logged batch at the epoch's write
-// timestamp: the records and the slots land together or not at all, and
-// a later owner's writes and fences win over them. The identical batch is
-// retried, which is idempotent.
+// in one batch at the epoch's write timestamp: a single-partition batch is
+// applied atomically (no batch log), and a later owner's writes and fences
+// win over it. The identical batch is retried, which is idempotent. The
+// idempotency records follow (afterOwned); takeConv repairs those of a
+// batch whose writer died or failed in between.
 func (s *Store) writeSlots(ctx context.Context, conv uint64, msgs []store.Message, epoch, gen uint64) error {
 	var err error
 	for attempt := range writeAttempts {
-		b := s.sess.Batch(gocql.LoggedBatch).WithContext(ctx).Consistency(s.cons).WithTimestamp(writeTS(epoch, gen))
+		b := s.sess.Batch(gocql.UnloggedBatch).WithContext(ctx).Consistency(s.cons).WithTimestamp(writeTS(epoch, gen))
 		for _, m := range msgs {
-			bucket := s.bucketOf(m.ServerTime)
 			b.Query(`INSERT INTO message_seq (conv_id, seq_block, seq, message_id, bucket) VALUES (?, ?, ?, ?, ?)`,
-				i64(conv), s.blockOf(m.Seq), i64(m.Seq), i64(m.MsgID), bucket)
-			if m.ClientMsgID != "" {
-				b.Query(`INSERT INTO idempotency (conv_id, sender, client_msg_id, message_id, bucket, start_seq, seq)
-					VALUES (?, ?, ?, ?, ?, ?, ?)`,
-					i64(conv), m.Sender, m.ClientMsgID, i64(m.MsgID), bucket, i64(m.Seq), i64(m.Seq))
-			}
+				i64(conv), s.blockOf(m.Seq), i64(m.Seq), i64(m.MsgID), s.bucketOf(m.ServerTime))
 		}
 		if err = b.Exec(); err == nil {
 			return nil
@@ -424,16 +475,41 @@ func (s *Store) writeSlots(ctx context.Context, conv uint64, msgs []store.Messag
 	return err
 }
 
+// writeIdem writes the idempotency records of msgs (their seqs included)
+// at the epoch's write timestamp.
+func (s *Store) writeIdem(ctx context.Context, conv uint64, msgs []store.Message, epoch, gen uint64) error {
+	var with []store.Message
+	for _, m := range msgs {
+		if m.ClientMsgID != "" {
+			with = append(with, m)
+		}
+	}
+	return s.each(ctx, len(with), func(ctx context.Context, i int) error {
+		m := with[i]
+		return s.q(ctx, `INSERT INTO idempotency (conv_id, sender, client_msg_id, message_id, bucket, start_seq, seq)
+			VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			i64(conv), m.Sender, m.ClientMsgID, i64(m.MsgID), s.bucketOf(m.ServerTime), i64(m.Seq), i64(m.Seq)).
+			WithTimestamp(writeTS(epoch, gen)).Exec()
+	})
+}
+
 // afterOwned writes, after the lease is confirmed, what the batch's
-// acknowledgements promise: outbox entries and @everyone (a failure fails
-// the requests: the client's retry, a duplicate, writes them again), the
-// last_seq hint and coalesce keys (max-registers; a failure is logged),
-// and, if asked, the members' rows (returned: whether they were written).
-func (s *Store) afterOwned(ctx context.Context, st *convState, reqs []*ownedReq, msgs []store.Message) bool {
+// acknowledgements promise, all at once: the idempotency records, outbox
+// entries and @everyone (a failure fails the requests: the client's
+// retry, a duplicate, writes them again, after the next batch repaired
+// the records), the read positions of ReadBy and, if asked, the members'
+// rows (returned: whether each was written; a failure is logged and left
+// to the caller), and the last_seq hint and coalesce keys (max-registers;
+// a failure is logged). The hint is written only when the batch enters a
+// message_seq partition the last hint did not reach: every reader probes
+// the index from the hint's partition up, so a hint within the right
+// partition is as good as an exact one.
+func (s *Store) afterOwned(ctx context.Context, st *convState, reqs []*ownedReq, msgs []store.Message, epoch, gen uint64) (rows, read bool, err error) {
 	last := msgs[len(msgs)-1].Seq
 	var everyone uint64
 	keys := map[string]uint64{}
 	wantRows := false
+	readers := map[store.Reader]uint64{} // → the seq of its last message
 	for i, m := range msgs {
 		if m.MentionAll {
 			everyone = m.Seq
@@ -442,10 +518,17 @@ func (s *Store) afterOwned(ctx context.Context, st *convState, reqs []*ownedReq,
 			keys[m.CoalesceKey] = m.Seq
 		}
 		wantRows = wantRows || reqs[i].a.Rows
+		if r := reqs[i].a.ReadBy; r != nil {
+			readers[*r] = m.Seq
+		}
 	}
-	var rowsErr error
-	var outboxErr error
+	o := &st.own
+	o.mu.Lock()
+	hint := o.hinted == 0 || s.blockOf(last) != s.blockOf(o.hinted)
+	o.mu.Unlock()
+	var rowsErr, readErr, idemErr, outboxErr error
 	var wg sync.WaitGroup
+	wg.Go(func() { idemErr = s.writeIdem(ctx, st.id, msgs, epoch, gen) })
 	wg.Go(func() {
 		b := s.sess.Batch(gocql.UnloggedBatch).WithContext(ctx).Consistency(s.cons)
 		for _, m := range msgs {
@@ -457,45 +540,72 @@ func (s *Store) afterOwned(ctx context.Context, st *convState, reqs []*ownedReq,
 				i64(everyone), i64(everyone), i64(st.id)).Exec()
 		}
 	})
-	wg.Go(func() {
-		err := s.q(ctx, `UPDATE conversations USING TIMESTAMP ? SET last_seq = ? WHERE conv_id = ?`,
-			i64(last), i64(last), i64(st.id)).Exec()
-		for k, seq := range keys {
-			if err != nil {
-				break
+	if hint || len(keys) > 0 {
+		wg.Go(func() {
+			var err error
+			if hint {
+				err = s.q(ctx, `UPDATE conversations USING TIMESTAMP ? SET last_seq = ? WHERE conv_id = ?`,
+					i64(last), i64(last), i64(st.id)).Exec()
+				if err == nil {
+					o.mu.Lock()
+					if o.epoch == epoch {
+						o.hinted = max(o.hinted, last)
+					}
+					o.mu.Unlock()
+				}
 			}
-			err = s.q(ctx, `UPDATE coalesce_latest USING TIMESTAMP ? SET seq = ? WHERE conv_id = ? AND key = ?`,
-				i64(seq), i64(seq), i64(st.id), k).Exec()
-		}
-		if err != nil {
-			s.log.Warn("cassandra: append: hints behind", logKeyConv, st.id, logKeySeq, last, logKeyErr, err)
-		}
-	})
+			for k, seq := range keys {
+				if err != nil {
+					break
+				}
+				err = s.q(ctx, `UPDATE coalesce_latest USING TIMESTAMP ? SET seq = ? WHERE conv_id = ? AND key = ?`,
+					i64(seq), i64(seq), i64(st.id), k).Exec()
+			}
+			if err != nil {
+				s.log.Warn("cassandra: append: hints behind", logKeyConv, st.id, logKeySeq, last, logKeyErr, err)
+			}
+		})
+	}
+	if len(readers) > 0 {
+		wg.Go(func() {
+			rs := slices.Collect(maps.Keys(readers))
+			readErr = s.each(ctx, len(rs), func(ctx context.Context, i int) error {
+				seq := readers[rs[i]]
+				return s.q(ctx, `UPDATE read_positions USING TIMESTAMP ? SET seq = ? WHERE user_id = ? AND conv_id = ? AND device = ?`,
+					i64(seq), i64(seq), rs[i].User, i64(st.id), rs[i].Device).Exec()
+			})
+		})
+	}
 	if wantRows {
-		wg.Go(func() { rowsErr = s.batchRows(ctx, st.id, msgs) })
+		wg.Go(func() { rowsErr = s.batchRows(ctx, st, msgs) })
 	}
 	wg.Wait()
-	if outboxErr != nil {
-		failAll(reqs, fmt.Errorf("seqs %d..%d are stored but their fan-out could not be recorded; retry to finish it: %w",
-			msgs[0].Seq, last, outboxErr))
+	if err := errors.Join(idemErr, outboxErr); err != nil {
+		return false, false, fmt.Errorf("seqs %d..%d are stored but their idempotency records or fan-out could not be recorded; retry to finish it: %w",
+			msgs[0].Seq, last, err)
 	}
 	if rowsErr != nil {
 		s.log.Warn("cassandra: append: rows left to fan-out", logKeyConv, st.id, logKeySeq, last, logKeyErr, rowsErr)
 	}
-	return wantRows && rowsErr == nil
+	if readErr != nil {
+		s.log.Warn("cassandra: append: read position left to the caller", logKeyConv, st.id, logKeySeq, last, logKeyErr, readErr)
+	}
+	return wantRows && rowsErr == nil, len(readers) > 0 && readErr == nil, nil
 }
 
 // batchRows raises the rows of the conversation's current members to the
 // batch's last seq, and the mention seq of the mentioned ones to the last
-// message that mentions them.
-func (s *Store) batchRows(ctx context.Context, conv uint64, msgs []store.Message) error {
-	members, err := s.members(ctx, conv)
+// message that mentions them. A direct conversation's members, which never
+// change, are read once.
+func (s *Store) batchRows(ctx context.Context, st *convState, msgs []store.Message) error {
+	users, err := s.rowUsers(ctx, st)
 	if err != nil {
 		return err
 	}
+	conv := st.id
 	last := msgs[len(msgs)-1].Seq
-	return s.each(ctx, len(members), func(ctx context.Context, i int) error {
-		u := members[i].UserID
+	return s.each(ctx, len(users), func(ctx context.Context, i int) error {
+		u := users[i]
 		var mention uint64
 		for _, m := range msgs {
 			if m.MentionAll || slices.Contains(m.Mentions, u) {
@@ -509,6 +619,31 @@ func (s *Store) batchRows(ctx context.Context, conv uint64, msgs []store.Message
 		}
 		return s.raiseRow(ctx, conv, u, last, mention == last)
 	})
+}
+
+// rowUsers returns the conversation's current members.
+func (s *Store) rowUsers(ctx context.Context, st *convState) ([]string, error) {
+	o := &st.own
+	o.mu.Lock()
+	users := o.direct
+	o.mu.Unlock()
+	if users != nil {
+		return users, nil
+	}
+	members, err := s.members(ctx, st.id)
+	if err != nil {
+		return nil, err
+	}
+	users = make([]string, len(members))
+	for i, m := range members {
+		users[i] = m.UserID
+	}
+	if st.exists.Load() && st.kind == store.Direct && len(users) == 2 {
+		o.mu.Lock()
+		o.direct = users
+		o.mu.Unlock()
+	}
+	return users, nil
 }
 
 // ownedTop returns the top this process wrote as the conversation's

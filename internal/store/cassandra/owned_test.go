@@ -265,3 +265,63 @@ func TestEvictionKeepsFencingState(t *testing.T) {
 		t.Errorf("ConvStates = %d held, %d evicted; want 1, 2", held, evicted)
 	}
 }
+
+// TestOwnedRepairsIdempotency: an owner writes a batch's idempotency
+// records after its slots, so one that dies in between leaves slots
+// without records. The next owner writes them again when it takes the
+// conversation, before it reads any: a client's retry of such a message
+// is a duplicate, not a second copy.
+func TestOwnedRepairsIdempotency(t *testing.T) {
+	cfg := fresh(t)
+	ctx := context.Background()
+	var leases leaseTable
+	cfgA := cfg
+	cfgA.Lease = leases.grant()
+	a := openT(t, cfgA)
+	if err := a.CreateConversation(ctx, store.Conversation{ID: 1, Kind: store.Direct, CreatedAt: baseTime},
+		[]store.Member{{UserID: "alice"}, {UserID: "bob"}}); err != nil {
+		t.Fatalf("CreateConversation: %v", err)
+	}
+	msg := func(id uint64, cmid string) store.Message {
+		return store.Message{ConvID: 1, MsgID: id, Sender: "alice", SenderDevice: "d1", ClientMsgID: cmid,
+			Kind: "text", Body: "body " + cmid, ServerTime: baseTime + int64(id)}
+	}
+	reader := &store.Reader{User: "alice", Device: "d1"}
+	for i := range uint64(3) {
+		res, err := a.Append(ctx, store.Append{Msg: msg(i+1, fmt.Sprintf("r%d", i)), Rows: true, ReadBy: reader})
+		if err != nil || res.Msg.Seq != i+1 || !res.ReadRaised || !res.RowsWritten {
+			t.Fatalf("owner append r%d = %+v, %v; want seq %d, read position and rows written", i, res, err, i+1)
+		}
+		if got, err := a.Read(ctx, "alice", "d1", 1); err != nil || got != i+1 {
+			t.Fatalf("alice's read position after r%d = %d, %v", i, got, err)
+		}
+	}
+	// The owner died after the last batch's slot, before its record.
+	if err := a.sess.Query(`DELETE FROM idempotency WHERE conv_id = 1 AND sender = 'alice' AND client_msg_id = 'r2'`).Exec(); err != nil {
+		t.Fatalf("delete record: %v", err)
+	}
+
+	cfgB := cfg
+	cfgB.Lease = leases.grant()
+	b := openT(t, cfgB)
+	for i, cmid := range []string{"r2", "r1"} {
+		res, err := b.Append(ctx, store.Append{Msg: msg(uint64(10+i), cmid), ReadBy: reader})
+		if want := uint64(3 - i); err != nil || !res.Duplicate || res.Msg.Seq != want || res.Msg.MsgID != want {
+			t.Fatalf("new owner's retry of %s = %+v, %v; want the original at seq %d", cmid, res, err, want)
+		}
+	}
+	res, err := b.Append(ctx, store.Append{Msg: msg(20, "r3"), Rows: true})
+	if err != nil || res.Duplicate || res.Msg.Seq != 4 {
+		t.Fatalf("new owner's append r3 = %+v, %v; want seq 4", res, err)
+	}
+	msgs, err := b.Messages(ctx, 1, 1, 100, 100)
+	if err != nil || len(msgs) != 4 {
+		t.Fatalf("Messages = %v, %v; want 4", cmids(msgs), err)
+	}
+	for _, user := range []string{"alice", "bob"} {
+		rows, err := b.UserConversations(ctx, user)
+		if err != nil || len(rows) != 1 || rows[0].LastSeq != 4 {
+			t.Errorf("%s's rows = %+v, %v; want last seq 4", user, rows, err)
+		}
+	}
+}

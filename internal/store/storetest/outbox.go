@@ -185,3 +185,46 @@ func testAppendRows(t *testing.T, e *env) {
 		t.Errorf("joiner's row = %+v, want join 7 mention 0", r)
 	}
 }
+
+// testAppendReadBy: Append.ReadBy, where the engine honours it
+// (ReadRaised), raises the reader's position to the reader's own message
+// and never lowers it; a duplicate reports it not raised.
+func testAppendReadBy(t *testing.T, e *env) {
+	ctx := context.Background()
+	e.group(t, 1, "alice", "bob")
+	e.send(t, 1, "bob", 2)
+	if _, err := e.s.SetRead(ctx, "alice", "d1", 1, 1); err != nil {
+		t.Fatalf("SetRead: %v", err)
+	}
+	reader := &store.Reader{User: "alice", Device: "d1"}
+	m := e.msg(1, "alice", "rb-1", "hi")
+	res, err := e.s.Append(ctx, store.Append{Msg: m, ReadBy: reader})
+	if err != nil || res.Msg.Seq != 3 {
+		t.Fatalf("Append(ReadBy) = %+v, %v; want seq 3", res, err)
+	}
+	want := uint64(1) // left to the caller
+	if res.ReadRaised {
+		want = 3
+	}
+	if got, err := e.s.Read(ctx, "alice", "d1", 1); err != nil || got != want {
+		t.Fatalf("read position after Append(ReadBy) with ReadRaised %v = %d, %v; want %d", res.ReadRaised, got, err, want)
+	}
+	if got, err := e.s.Read(ctx, "alice", "", 1); err != nil || got != 0 {
+		t.Fatalf("per-user position moved with a device's ReadBy: %d, %v", got, err)
+	}
+	dup, err := e.s.Append(ctx, store.Append{Msg: e.msg(1, "alice", "rb-1", "hi"), ReadBy: reader})
+	if err != nil || !dup.Duplicate || dup.ReadRaised {
+		t.Fatalf("duplicate Append(ReadBy) = %+v, %v; want a duplicate, not raised", dup, err)
+	}
+	// A position already beyond the message is kept.
+	if _, err := e.s.SetRead(ctx, "alice", "d1", 1, 10); err != nil {
+		t.Fatalf("SetRead: %v", err)
+	}
+	res, err = e.s.Append(ctx, store.Append{Msg: e.msg(1, "alice", "rb-2", "again"), ReadBy: reader})
+	if err != nil {
+		t.Fatalf("Append(ReadBy): %v", err)
+	}
+	if got, err := e.s.Read(ctx, "alice", "d1", 1); err != nil || got != 10 {
+		t.Fatalf("read position after Append(ReadBy) below it = %d, %v; want 10 (ReadRaised %v)", got, err, res.ReadRaised)
+	}
+}

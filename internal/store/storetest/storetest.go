@@ -71,6 +71,7 @@ func Run(t *testing.T, h Harness) {
 		{"Outbox", testOutbox},
 		{"OutboxConcurrent", testOutboxConcurrent},
 		{"AppendRows", testAppendRows},
+		{"AppendReadBy", testAppendReadBy},
 		{"Closed", testClosed},
 		{"EvictBetweenOperations", testEvictBetweenOperations},
 		{"EvictConcurrent", testEvictConcurrent},
