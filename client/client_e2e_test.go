@@ -69,6 +69,47 @@ func TestE2ETwoUsersChat(t *testing.T) {
 	}
 }
 
+// TestE2EFirstSightThroughPushStartsWithSnapshot: a conversation created
+// after the client synced reaches it through a push; the client names the
+// starting point the conversation list gave with an EventSnapshot before the
+// first message, as a sync would have.
+func TestE2EFirstSightThroughPushStartsWithSnapshot(t *testing.T) {
+	srv := servertest.Start(t)
+	alice := startE2E(t, srv.URL, srv.Token("alice"), "phone", nil)
+	bob := startE2E(t, srv.URL, srv.Token("bob"), "phone", nil)
+	ctx := ctxT(t)
+	conv, err := alice.OpenDirect(ctx, "bob")
+	if err != nil {
+		t.Fatalf("OpenDirect: %v", err)
+	}
+	for i := 0; i < 3; i++ {
+		if _, err := alice.Send(ctx, conv.ConvID, fmt.Sprintf("hello %d", i)); err != nil {
+			t.Fatalf("Send: %v", err)
+		}
+	}
+	eventually(t, "bob has the three messages", func() bool { return bob.rec.hasSeq(conv.ConvID, 3) })
+	bob.rec.mu.Lock()
+	defer bob.rec.mu.Unlock()
+	var kinds []string
+	for _, ev := range bob.rec.events {
+		if ev.ConvID != conv.ConvID {
+			continue
+		}
+		switch ev.Kind {
+		case EventSnapshot:
+			if ev.Snapshot.FromSeq != 0 || ev.Snapshot.Kind != "direct" || ev.Snapshot.JoinSeq != 1 {
+				t.Errorf("starting point %+v, want from_seq 0 of a direct conversation joined at 1", *ev.Snapshot)
+			}
+			kinds = append(kinds, "snapshot")
+		case EventMessage:
+			kinds = append(kinds, fmt.Sprint(ev.Message.Seq))
+		}
+	}
+	if fmt.Sprint(kinds) != "[snapshot 1 2 3]" {
+		t.Fatalf("bob's events for the conversation: %v, want [snapshot 1 2 3]", kinds)
+	}
+}
+
 func TestE2EOtherDeviceOfSameUser(t *testing.T) {
 	srv := servertest.Start(t)
 	alice := startE2E(t, srv.URL, srv.Token("alice"), "phone", nil)

@@ -304,6 +304,7 @@ func (d *dispatcher) applySnapshot(snaps []protocol.ConvSnapshot) {
 		if !o.known || s.FromSeq > o.last {
 			// The server starts this member here (read position, or
 			// join_seq-1): seqs before it are not ours to see.
+			d.log.Debug("client: starting point from a snapshot", "conv_id", s.ConvID, "from_seq", s.FromSeq, "known", o.known, "last", o.last)
 			ready, _ = o.jumpTo(s.FromSeq)
 		}
 		var skipped uint64
@@ -344,10 +345,14 @@ func (d *dispatcher) onPush(f *protocol.Frame) {
 	case protocol.TypeMsg:
 		m := *f.Message
 		o := d.order(m.ConvID)
+		if o.known && m.Seq <= o.last {
+			d.log.Debug("client: push at or below the position dropped", "conv_id", m.ConvID, "seq", m.Seq, "position", o.last)
+		}
 		ready := o.offer(m)
 		if !o.known {
 			// First sight of a conversation the sync did not mention: its
 			// starting point comes from the conversation list.
+			d.log.Debug("client: push for a conversation without a starting point; listing", "conv_id", m.ConvID, "seq", m.Seq)
 			d.list()
 			return
 		}
@@ -390,7 +395,8 @@ func (d *dispatcher) fetch(convID uint64, o *convOrder) {
 		}
 		ready, again, skipped := o.fill(r.Messages, r.HasMore)
 		if skipped > 0 {
-			d.log.Debug("client: seqs not visible to this member skipped", "conv_id", convID, "skipped", skipped)
+			d.log.Debug("client: seqs not visible to this member skipped", "conv_id", convID, "skipped", skipped,
+				"after_seq", after, "page", len(r.Messages), "now_at", o.last)
 		}
 		if !d.deliver(convID, ready) {
 			return
@@ -446,8 +452,14 @@ func (d *dispatcher) applyList(list []protocol.ConvSummary) {
 				// device still gets it.
 				base = low - 1
 			}
+			d.log.Debug("client: starting point from the conversation list", "conv_id", s.ConvID, "base", base,
+				"read_seq", s.ReadSeq, "join_seq", s.JoinSeq, "last_seq", s.LastSeq, "first_held", o.minPendingSeq())
 			ready, _ := o.jumpTo(base)
-			if !d.deliver(s.ConvID, ready) {
+			// The application learns the starting point as it does from a
+			// sync: an EventSnapshot without messages, then the messages.
+			start := &protocol.ConvSnapshot{ConvID: s.ConvID, Kind: s.Kind, LastSeq: s.LastSeq, ReadSeq: s.ReadSeq,
+				JoinSeq: s.JoinSeq, Unread: s.Unread, FromSeq: base}
+			if !d.emit(Event{Kind: EventSnapshot, ConvID: s.ConvID, Snapshot: start}) || !d.deliver(s.ConvID, ready) {
 				return
 			}
 		}
@@ -461,6 +473,9 @@ func (d *dispatcher) applyList(list []protocol.ConvSummary) {
 		if !o.known && o.hole() && !listed[convID] {
 			// Not in the list (just left, or the list lags): hand over what
 			// was pushed rather than hold it forever.
+			d.log.Debug("client: conversation not in the list; handing over what was pushed", "conv_id", convID, "first_held", o.minPendingSeq())
+			// No EventSnapshot: without the list's entry there is nothing
+			// to describe the conversation with.
 			ready, _ := o.jumpTo(o.minPendingSeq() - 1)
 			if !d.deliver(convID, ready) {
 				return

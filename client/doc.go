@@ -82,7 +82,12 @@
 // the last seen seq is dropped; a push past a hole is held while the hole is
 // fetched with history. The one permitted jump is a snapshot that reports
 // more_unread (the conversation was too far behind); the application is told
-// how many messages were skipped and can page them with History. After the
+// how many messages were skipped and can page them with History. Every
+// conversation's stream starts with an EventSnapshot naming its starting
+// point (FromSeq): from the sync, or, for a conversation the sync did not
+// return and first seen through a push, from the conversation list (the
+// read position, which the user's own sends move, or just before the first
+// message pushed if that is lower). After the
 // application has taken messages the client records their seq in the
 // StateStore and acknowledges them with a cumulative delivered frame, at most
 // one per conversation per ~100ms.

@@ -20,6 +20,14 @@ const (
 	// (or Sync) returned, before its messages arrive as EventMessage. Skipped > 0
 	// when the conversation was too far behind and that many older messages
 	// were jumped over; they can be paged with History(BeforeSeq).
+	// A conversation the sync did not return (nothing new in it then) and
+	// first seen through a push gets one too, without messages, when the
+	// conversation list gives its starting point: Snapshot.FromSeq is the
+	// seq after which its EventMessages follow (the read position, or
+	// just before the first message pushed if that is lower; the read
+	// position includes the user's own sends, see docs/protocol.md). A
+	// conversation missing from the list (the user just left it, or the
+	// list lags the push) gets its pushed messages without one.
 	EventSnapshot
 	// EventConnected: a connection is up and its (re)connect sync has been
 	// applied: the snapshot's EventSnapshot/EventMessage events came just

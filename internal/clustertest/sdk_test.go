@@ -1,8 +1,10 @@
 package clustertest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +21,9 @@ type watcher struct {
 	user string
 	cl   *client.Client
 	done chan struct{}
+	// log holds the client's debug diagnostics, shown when its stream
+	// breaks.
+	log *lockedBuffer
 
 	mu struct {
 		sync.Mutex
@@ -40,14 +45,16 @@ type watcher struct {
 // (Config.URLs rotation). It is closed at the end of the test.
 func startWatcher(t *testing.T, c *Cluster, user string) *watcher {
 	t.Helper()
+	log := &lockedBuffer{}
 	cl, err := client.New(client.Config{
-		URLs: c.URLs(), Token: c.Token(user), Device: "sdk",
+		Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		URLs:   c.URLs(), Token: c.Token(user), Device: "sdk",
 		MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second, RequestTimeout: 3 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &watcher{user: user, cl: cl, done: make(chan struct{})}
+	w := &watcher{user: user, cl: cl, done: make(chan struct{}), log: log}
 	w.mu.known = make(map[uint64]bool)
 	w.mu.last = make(map[uint64]uint64)
 	w.mu.stream = make(map[uint64][]protocol.Message)
@@ -100,12 +107,11 @@ func (w *watcher) observe(ev client.Event) {
 		m := *ev.Message
 		conv := ev.ConvID
 		if !w.mu.known[conv] {
-			// First sight through a push (the conversation had no message
-			// when the client synced): the tests' members read nothing
-			// and joined at seq 1, so the stream starts there.
-			if m.Seq != 1 {
-				w.problem("conv %d: the first message seen is seq %d, before any snapshot: want seq 1", conv, m.Seq)
-			}
+			// The SDK names every conversation's starting point with an
+			// EventSnapshot before its first message (from the sync, or
+			// from the conversation list for one first seen through a
+			// push).
+			w.problem("conv %d: message seq %d before the conversation's starting point (no snapshot event)", conv, m.Seq)
 			w.mu.known[conv] = true
 			w.mu.last[conv] = m.Seq - 1
 		}
@@ -207,7 +213,7 @@ func verifyStreams(t *testing.T, ws []*watcher, hist map[uint64][]protocol.Messa
 			t.Errorf("SDK client of %s stopped: %v", w.user, runErr)
 		}
 		if len(problems) > 0 {
-			t.Errorf("SDK client of %s: stream broken:\n%s", w.user, strings.Join(problems, "\n"))
+			t.Errorf("SDK client of %s: stream broken:\n%s\nits log:\n%s", w.user, strings.Join(problems, "\n"), w.log.tail(8192))
 		}
 		for _, conv := range sortedKeys(streams) {
 			stored := hist[conv]
@@ -229,6 +235,30 @@ func verifyStreams(t *testing.T, ws []*watcher, hist map[uint64][]protocol.Messa
 		t.FailNow()
 	}
 	t.Logf("%d SDK clients: %d delivered messages match the stored history, no hole, no duplicate (%d skipped by snapshots over the range limit)", len(ws), delivered, skipped)
+}
+
+// lockedBuffer is an io.Writer safe for concurrent use that keeps what
+// was written.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// tail returns at most the last n bytes written.
+func (b *lockedBuffer) tail(n int) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.buf.Bytes()
+	if len(s) > n {
+		s = s[len(s)-n:]
+	}
+	return string(s)
 }
 
 func contains(xs []string, x string) bool {

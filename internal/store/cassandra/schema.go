@@ -110,6 +110,7 @@ var latestVersion = migrations[len(migrations)-1].version
 // lockVersion is the schema_migrations row that serves as the migration
 // lock; real versions start at 1.
 const (
+	ddlTimeout  = time.Minute
 	lockVersion = 0
 	lockTTL     = 120 // seconds; frees the lock of a crashed migrate
 )
@@ -117,12 +118,18 @@ const (
 // Migrate creates the keyspace of cfg (SimpleStrategy, ReplicationFactor)
 // if it does not exist and applies the schema migrations it lacks. It is
 // safe to run again and from several processes: a lock row taken with a
-// transaction lets one of them apply the steps at a time.
+// transaction lets one of them apply the steps at a time. Its requests
+// wait at least a minute for an answer (cfg.Timeout if longer): schema
+// changes are slow on a busy node.
 func Migrate(ctx context.Context, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	cfg = cfg.withDefaults()
+	// A schema change waits for Cassandra to write its schema tables,
+	// which on a busy node takes far longer than a query: the request
+	// timeout of a migration is at least ddlTimeout.
+	cfg.Timeout = max(cfg.Timeout, ddlTimeout)
 	cluster, err := newCluster(cfg, "")
 	if err != nil {
 		return err

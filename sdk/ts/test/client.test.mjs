@@ -19,6 +19,12 @@ test("two users chat both ways: order, once, acks, delivered and read receipts, 
   for (let i = 1; i <= 5; i++) acks.push(await a.send(conv.conv_id, `a${i}`));
   assert.deepEqual(acks.map((x) => x.seq), [1, 2, 3, 4, 5]);
   await b.log.waitMessages(conv.conv_id, 5);
+  // b first saw the conversation through a push: its starting point (from the
+  // conversation list) comes as a snapshot event before the first message.
+  const first = b.log.events.filter((e) => e.convId === conv.conv_id && (e.kind === "snapshot" || e.kind === "message"));
+  assert.equal(first[0].kind, "snapshot", "a snapshot event names the starting point first");
+  assert.equal(first[0].snapshot.from_seq, 0);
+  assert.equal(first[0].snapshot.kind, "direct");
   for (let i = 1; i <= 3; i++) await b.send(conv.conv_id, `b${i}`);
   await a.log.waitMessages(conv.conv_id, 8);
   await b.log.waitMessages(conv.conv_id, 8);

@@ -508,7 +508,17 @@ export class Client {
                 const low = o.minPendingSeq();
                 if (low !== 0 && low - 1 < base)
                     base = low - 1;
-                this.deliver(s.conv_id, o.jumpTo(base).ready);
+                const ready = o.jumpTo(base).ready;
+                // The starting point is announced as a sync's is: a snapshot event without messages.
+                this.emit("snapshot", {
+                    convId: s.conv_id,
+                    snapshot: {
+                        conv_id: s.conv_id, kind: s.kind, last_seq: s.last_seq, read_seq: s.read_seq, join_seq: s.join_seq,
+                        unread: s.unread, from_seq: base, messages: [],
+                    },
+                    skipped: 0,
+                });
+                this.deliver(s.conv_id, ready);
             }
             this.maybeFetch(s.conv_id, o);
         }
