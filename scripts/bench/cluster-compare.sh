@@ -37,13 +37,14 @@ measure() {
 	local name=$1 label=$2 n=$3
 	shift 3
 	local -A pid before
-	while read -r n p _; do pid[$n]=$p; done <"$root/$name/procs"
+	while read -r proc p _; do pid[$proc]=$p; done <"$root/$name/procs"
 	pid[cassandra]=$jvm pid[nats]=$nats pid[redis]=$redis
 	for k in "${!pid[@]}"; do before[$k]=$(ticks "${pid[$k]}"); done
 	local busy0 busy1
 	busy0=$(awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat)
 	echo "### $label ($(basename "$bin"), load $(cut -d' ' -f1 /proc/loadavg))"
-	"$@" 2>&1 | grep -E '^\|' | tee "$root/$name/out" || true
+	"$@" >"$root/$name/full" 2>&1 || echo "(failed: $(grep -v '^|' "$root/$name/full" | tail -1))"
+	grep -E '^\|' "$root/$name/full" | tee "$root/$name/out" || true
 	busy1=$(awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat)
 	local acked
 	acked=$(awk -F'|' '/sent \/ ACKed/ {split($3, a, "/"); gsub(/[ ,]/, "", a[2]); print a[2]}' "$root/$name/out")
