@@ -1,7 +1,6 @@
 package cassandra
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -150,6 +149,9 @@ func (s *Store) appendNew(ctx context.Context, st *convState, a store.Append, id
 		if err != nil {
 			return store.AppendResult{}, err
 		}
+		if err := s.fault("slots"); err != nil {
+			return store.AppendResult{}, err
+		}
 		m.Seq = seq
 		s.afterClaim(ctx, st, seq, m.CoalesceKey)
 		return s.stored(ctx, st, a, m, nil)
@@ -175,8 +177,11 @@ func (s *Store) appendNew(ctx context.Context, st *convState, a store.Append, id
 			return s.duplicate(ctx, st, rec)
 		}
 	}
-	target, err := s.rewriteTarget(ctx, st, a.Check, m.TargetSeq)
+	w, err := s.rewriteTarget(ctx, st, a.Check, m.TargetSeq, pendingEdit{Event: m.MsgID})
 	if err != nil {
+		return store.AppendResult{}, err
+	}
+	if err := s.fault("pending"); err != nil {
 		return store.AppendResult{}, err
 	}
 	if err := s.writeBody(ctx, m, bucket); err != nil {
@@ -203,7 +208,18 @@ func (s *Store) appendNew(ctx context.Context, st *convState, a store.Append, id
 	}
 	st.mu.Unlock()
 	locked = false
+	if err := s.fault("slots"); err != nil {
+		return store.AppendResult{}, err
+	}
 	m.Seq = seq
+	var target *store.Message
+	if w != nil {
+		_ = s.promote(ctx, st.id, w) // readers resolve it if it failed
+		target = &w.msg
+	}
+	if err := s.fault("promote"); err != nil {
+		return store.AppendResult{}, err
+	}
 	s.afterClaim(ctx, st, seq, m.CoalesceKey)
 	return s.stored(ctx, st, a, m, target)
 }
@@ -549,11 +565,20 @@ func (s *Store) afterClaim(ctx context.Context, st *convState, seq uint64, key s
 	}
 }
 
-// rewriteTarget stores the target of an edit or recall as check rewrites
-// it, by compare-and-set on its rev so that a concurrent rewrite in
-// another process is never overwritten unseen, and returns it (nil when
-// check is nil: nothing was rewritten). It runs under st.mu.
-func (s *Store) rewriteTarget(ctx context.Context, st *convState, check func(store.Message) (store.Message, error), target uint64) (*store.Message, error) {
+// rewriteTarget writes the target of an edit or recall as check rewrites
+// it, as the pending version of ev (the event; Seq or From set), by
+// compare-and-set on its rev so that a concurrent rewrite in another
+// process is never overwritten unseen. It returns the rewrite (nil when
+// check is nil: nothing was rewritten). Readers see the new version only
+// once the event's slot is written; promote then makes it the committed
+// one. It runs under st.mu.
+//
+// A pending version found on the target is resolved first: its event
+// stored, it is the version check sees (and the new record's committed
+// one); not stored, it is dropped — an owner's fence keeps its event from
+// ever showing; in a transactional append, a pending version younger than
+// pendingAge may still be claiming, so the edit is refused as a conflict.
+func (s *Store) rewriteTarget(ctx context.Context, st *convState, check func(store.Message) (store.Message, error), target uint64, ev pendingEdit) (*rewrite, error) {
 	top, err := s.top(ctx, st)
 	if err != nil {
 		return nil, err
@@ -571,15 +596,36 @@ func (s *Store) rewriteTarget(ctx context.Context, st *convState, check func(sto
 	if check == nil {
 		return nil, nil
 	}
+	if ev.Seq == 0 {
+		ev.From = top + 1
+	}
 	sl := ss[0]
 	for {
 		r, err := s.readRow(ctx, st.id, sl.bucket, sl.msgID)
 		if err != nil {
 			return nil, fmt.Errorf("target %d: %w", target, err)
 		}
-		old, err := r.message(st.id, target)
+		old, p, err := r.message(st.id, target)
 		if err != nil {
 			return nil, err
+		}
+		rec := editRecord{Orig: true}
+		if r.rev != nil && len(r.edit) > 0 {
+			_ = json.Unmarshal(r.edit, &rec) // r.message decoded it
+			rec.Pending = nil
+		}
+		if p != nil {
+			done, err := s.committed(ctx, st.id, p)
+			if err != nil {
+				return nil, err
+			}
+			switch {
+			case done:
+				old = p.Image.apply(old)
+				rec = editRecord{editImage: p.Image}
+			case s.lease == nil && time.Since(time.UnixMilli(p.At)) < pendingAge:
+				return nil, fmt.Errorf("target %d: another edit of it is being stored: %w", target, store.ErrConflict)
+			}
 		}
 		next, err := check(old)
 		if err != nil {
@@ -587,34 +633,20 @@ func (s *Store) rewriteTarget(ctx context.Context, st *convState, check func(sto
 		}
 		// Identity and CoalesceKey (which indexes the message) are kept:
 		// the image holds only what an edit may change.
-		img, err := json.Marshal(imageOf(next))
-		if err != nil {
-			return nil, err
-		}
+		ev.Image, ev.At = imageOf(next), time.Now().UnixMilli()
+		pe := ev
+		rec.Pending = &pe
 		rev := 1
 		var cond any // nil binds null: the first rewrite
 		if r.rev != nil {
 			rev, cond = *r.rev+1, *r.rev
 		}
-		seen := map[string]any{}
-		applied, err := s.lwt(ctx, `UPDATE messages SET rev = ?, edit = ? WHERE conv_id = ? AND bucket = ? AND message_id = ? IF rev = ?`,
-			rev, img, i64(st.id), sl.bucket, i64(sl.msgID), cond).MapScanCAS(seen)
+		applied, err := s.casEdit(ctx, st.id, sl, rev, cond, rec)
 		if err != nil {
-			// Unknown outcome: settle it with a SERIAL read.
-			var (
-				gotRev *int
-				gotImg []byte
-			)
-			rerr := s.serialRead(ctx, `SELECT rev, edit FROM messages WHERE conv_id = ? AND bucket = ? AND message_id = ?`,
-				i64(st.id), sl.bucket, i64(sl.msgID)).Scan(&gotRev, &gotImg)
-			if rerr != nil {
-				return nil, errors.Join(err, rerr)
-			}
-			applied = gotRev != nil && *gotRev == rev && bytes.Equal(gotImg, img)
+			return nil, err
 		}
 		if applied {
-			out := imageOf(next).apply(old)
-			return &out, nil
+			return &rewrite{sl: sl, rev: rev, rec: rec, msg: imageOf(next).apply(old)}, nil
 		}
 		// Another process rewrote the target: Check its new version.
 	}

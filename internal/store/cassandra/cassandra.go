@@ -89,20 +89,52 @@
 //
 // # Edits and recalls
 //
-// Append.Check runs under the conversation's mutex; the rewritten target is
-// stored by `UPDATE ... IF rev = <rev read>`, so two processes cannot both
-// rewrite one version, and a lost race re-reads the target and runs Check
-// again. Edits write only the rev and edit columns, which plain writes never
-// touch, so Paxos and client timestamps never compete for one cell. The
-// target is rewritten before the edit event claims its seq: a crash in
-// between leaves the target edited without its event.
+// An edit or recall and its event are all or nothing for readers, by an
+// order of writes that readers resolve (the target and the event live in
+// different partitions, so no single-partition batch holds both):
+//
+//  1. Append.Check runs under the conversation's mutex, and the target's
+//     new version is written as *pending* in its edit column, with the
+//     event's msg id and seq (owned appends) or the seq it starts at
+//     (transactional), by `UPDATE ... IF rev = <rev read>`, so two
+//     processes cannot both rewrite one version;
+//  2. the event's body, then its slot (the commit point);
+//  3. the pending version is promoted to the committed one (compare-and-
+//     set again); the coalesce key and the last_seq hint follow.
+//
+// A reader that finds a pending version applies it only if a slot holds
+// its event (one slot read, only for such rows), so it sees the event and
+// the rewritten target together or neither, whatever step a crash stops
+// at. A writer starts a batch only once the previous one's effects are
+// written (or, when they failed, after loading the top again), so only
+// the last batch below the top can lack them: an owner that loads a
+// conversation's top written by another writer (or after such a failure)
+// finishes that batch (finishLast, sweep) — promotes its targets, raises
+// its coalesce keys and the hint, as it writes its idempotency records. A
+// pending version whose event never got a slot is dropped by the next
+// edit of the message (an owner's fence keeps that event from ever
+// showing; a transactional writer may still be claiming, so an edit over
+// a pending version younger than 30 s is refused as a conflict).
+// TestEditAllOrNothing injects a crash between each two steps.
+// Edits write only the rev and edit columns, which plain writes never
+// touch, so Paxos and client timestamps never compete for one cell.
+//
+// Left as they were: a message's body is written before its slot, and a
+// body whose slot never comes (a failed or fenced write) is invisible but
+// never deleted; message_edits (what former members read, AsOf) is
+// written after the event, best effort.
 //
 // # Coalesced state messages
 //
 // coalesce_latest holds the highest seq per (conv, coalesce key), raised
-// after the claim; reads blank the body of a keyed message below it. A
-// crash between claim and raise leaves the older state unsuperseded until
-// the key's next message.
+// after the slot; reads blank the body of a keyed message below it, or
+// below a later message of its key on the same page. A crash between slot
+// and raise leaves a reader of the older state alone seeing it
+// unsuperseded until the next owner's load sweeps (transactional appends:
+// until the key's next message).
+//
+// Pebble (store/pebble) needs none of this: an append's message, slot,
+// rewritten target, coalesce key and outbox entry go in one atomic batch.
 //
 // # Consistency and durability
 //
@@ -139,6 +171,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
@@ -315,6 +348,9 @@ type Store struct {
 	// directLocks serialise Direct per user pair (striped) within the
 	// process; direct_pairs' transaction does it across processes.
 	directLocks [directStripes]sync.Mutex
+
+	// faultHook: tests only (fault).
+	faultHook atomic.Pointer[func(point string) error]
 }
 
 var _ store.Store = (*Store)(nil)

@@ -127,7 +127,7 @@ func (s *Store) quiescent(st *convState) bool {
 		return false
 	}
 	defer o.mu.Unlock()
-	if o.running || len(o.queue) != 0 {
+	if o.running || len(o.queue) != 0 || o.sweep {
 		return false
 	}
 	if o.gen == 0 && o.lost == 0 {

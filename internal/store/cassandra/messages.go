@@ -142,21 +142,26 @@ func (r *row) dest() []any {
 		&r.mentions, &r.mentionAll, &r.key, &r.rev, &r.edit}
 }
 
-// message returns the row as seq's message, with an edit applied.
-func (r *row) message(conv, seq uint64) (store.Message, error) {
+// message returns the row as seq's message with its committed edit
+// applied, and the edit pending on it (nil: none), which applies only if
+// its event is stored (Store.resolve).
+func (r *row) message(conv, seq uint64) (store.Message, *pendingEdit, error) {
 	m := store.Message{
 		ConvID: conv, Seq: seq, MsgID: u64(r.id), Sender: r.sender, SenderDevice: r.device,
 		ClientMsgID: r.cmid, Kind: r.kind, Body: r.body, TargetSeq: u64(r.target), ServerTime: r.time,
 		Mentions: cloneMentions(r.mentions), MentionAll: r.mentionAll, CoalesceKey: r.key,
 	}
 	if r.rev == nil || len(r.edit) == 0 {
-		return m, nil
+		return m, nil, nil
 	}
-	var e editImage
+	var e editRecord
 	if err := json.Unmarshal(r.edit, &e); err != nil {
-		return store.Message{}, fmt.Errorf("message %d: edit: %w: %w", m.MsgID, errCorrupt, err)
+		return store.Message{}, nil, fmt.Errorf("message %d: edit: %w: %w", m.MsgID, errCorrupt, err)
 	}
-	return e.apply(m), nil
+	if !e.Orig {
+		m = e.apply(m)
+	}
+	return m, e.Pending, nil
 }
 
 // editImage is a message's content after edits and recalls: everything but
@@ -204,7 +209,11 @@ func (s *Store) messageAt(ctx context.Context, conv uint64, sl slot) (store.Mess
 	if err != nil {
 		return store.Message{}, err
 	}
-	return r.message(conv, sl.seq)
+	m, p, err := r.message(conv, sl.seq)
+	if err != nil {
+		return store.Message{}, err
+	}
+	return s.resolve(ctx, conv, m, p)
 }
 
 // bodies reads the messages of ss, one IN query per bucket (in parallel),
@@ -255,7 +264,10 @@ func (s *Store) bodies(ctx context.Context, conv uint64, ss []slot) ([]store.Mes
 		if !found {
 			return nil, fmt.Errorf("message %d of seq %d: %w", sl.msgID, sl.seq, errCorrupt)
 		}
-		m, err := r.message(conv, sl.seq)
+		m, p, err := r.message(conv, sl.seq)
+		if err == nil {
+			m, err = s.resolve(ctx, conv, m, p) // rare: an edit in progress, or left by a crash
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -325,6 +337,14 @@ func (s *Store) supersede(ctx context.Context, conv uint64, msgs []store.Message
 	}
 	if err := iter.Close(); err != nil {
 		return err
+	}
+	// A later message of the key on the page supersedes too, even if its
+	// raise of coalesce_latest is still to come (or was lost to a crash
+	// before the sweeper ran).
+	for _, m := range msgs {
+		if m.CoalesceKey != "" {
+			latest[m.CoalesceKey] = max(latest[m.CoalesceKey], m.Seq)
+		}
 	}
 	for i := range msgs {
 		m := &msgs[i]

@@ -62,6 +62,9 @@ type ownedConv struct {
 	// hinted is the last seq written to the conversation's last_seq hint
 	// under epoch (see afterOwned).
 	hinted uint64
+	// sweep: a batch's effects (coalesce keys, hint) failed; the next
+	// load finishes them (finishLast), even of this process's own slots.
+	sweep bool
 	// direct holds the members of a direct conversation once read: they
 	// never change.
 	direct []string
@@ -226,13 +229,17 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 	if len(fresh) == 0 {
 		return
 	}
-	var target *store.Message // an edit's or recall's target as rewritten
+	var w *rewrite // an edit's or recall's target as rewritten (pending)
 	if t := fresh[0].a; t.Msg.TargetSeq != 0 {
 		var err error
-		if target, err = s.rewriteTarget(ctx, st, t.Check, t.Msg.TargetSeq); err != nil {
+		if w, err = s.rewriteTarget(ctx, st, t.Check, t.Msg.TargetSeq, pendingEdit{Event: t.Msg.MsgID, Seq: top + 1}); err != nil {
 			if ce, ok := err.(checkError); ok {
 				err = ce.err
 			}
+			fresh[0].err = err
+			return
+		}
+		if err := s.fault("pending"); err != nil {
 			fresh[0].err = err
 			return
 		}
@@ -265,6 +272,10 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 			msgs[0].Seq, msgs[len(msgs)-1].Seq, err))
 		return
 	}
+	if err := s.fault("slots"); err != nil {
+		failAll(fresh, err)
+		return
+	}
 	// Fencing: a write is acknowledged only if the lease still held after
 	// it; a new owner loads the top after taking the lease, so it either
 	// saw these slots or shadows them.
@@ -283,8 +294,17 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 	}
 	o.mu.Unlock()
 	st.raiseHint(last)
-	if target != nil {
-		s.recordEdit(ctx, st.id, last, *target) // as in stored
+	if w != nil && s.promote(ctx, st.id, w) != nil {
+		o.mu.Lock()
+		o.epoch, o.sweep = 0, true // the next batch's load promotes it
+		o.mu.Unlock()
+	}
+	if err := s.fault("promote"); err != nil {
+		failAll(fresh, err)
+		return
+	}
+	if w != nil {
+		s.recordEdit(ctx, st.id, last, w.msg) // as in stored
 	}
 	rows, read, err := s.afterOwned(ctx, st, fresh, msgs, epoch, gen)
 	if err != nil {
@@ -358,30 +378,39 @@ func (s *Store) takeConv(ctx context.Context, st *convState, epoch, gen uint64) 
 		fenceErr = s.q(ctx, `DELETE FROM message_seq USING TIMESTAMP ? WHERE conv_id = ? AND seq_block = ? AND seq > ?`,
 			fenceTS(epoch, gen), i64(st.id), s.blockOf(top+1), i64(top)).Exec()
 	})
-	if newest != writeTS(epoch, gen) {
+	st.own.mu.Lock()
+	sweep := st.own.sweep
+	st.own.mu.Unlock()
+	if newest != writeTS(epoch, gen) || sweep {
 		// The top slot is another writer's (an older epoch or
-		// generation): its last batch may lack records. (A reload of an
-		// evicted state finds its own, whose records were written.)
-		wg.Go(func() { repairErr = s.repairIdem(ctx, st.id, top, epoch, gen) })
+		// generation): its last batch may lack records and effects. (A
+		// reload of an evicted state finds its own, whose records and
+		// effects were written, unless they failed: sweep.)
+		wg.Go(func() { repairErr = s.finishLast(ctx, st.id, top, epoch, gen) })
 	}
 	wg.Wait()
 	if fenceErr != nil {
 		return 0, fmt.Errorf("fence: %w", fenceErr)
 	}
 	if repairErr != nil {
-		return 0, fmt.Errorf("idempotency records: %w", repairErr)
+		return 0, fmt.Errorf("last batch: %w", repairErr)
 	}
+	st.own.mu.Lock()
+	st.own.sweep = false
+	st.own.mu.Unlock()
 	return top, nil
 }
 
-// repairIdem writes (again) the idempotency records of the slots a last
+// finishLast writes (again) the idempotency records and the effects
+// (sweep: promoted edits, coalesce keys, the hint) of the slots a last
 // batch below top may have left without them: its writer writes them
 // after the slots and may have died or failed in between. A batch stays
 // within one message_seq partition and holds at most maxBatch messages,
-// and a writer starts a batch only after the previous one's records are
-// written or, failing that, after this repair under a new generation; so
-// only the last maxBatch slots of top's partition can lack one.
-func (s *Store) repairIdem(ctx context.Context, conv, top, epoch, gen uint64) error {
+// and a writer starts a batch only after the previous one's records and
+// effects are written or, failing that, after this repair under a new
+// generation (or a reload with sweep set); so only the last maxBatch
+// slots of top's partition can lack them.
+func (s *Store) finishLast(ctx context.Context, conv, top, epoch, gen uint64) error {
 	if top == 0 {
 		return nil
 	}
@@ -394,7 +423,10 @@ func (s *Store) repairIdem(ctx context.Context, conv, top, epoch, gen uint64) er
 	if err != nil {
 		return err
 	}
-	return s.writeIdem(ctx, conv, msgs, epoch, gen)
+	if err := s.writeIdem(ctx, conv, msgs, epoch, gen); err != nil {
+		return err
+	}
+	return s.sweep(ctx, conv, msgs)
 }
 
 // insertBody writes a message body; msg ids are unique (Snowflake), and a
@@ -562,7 +594,11 @@ func (s *Store) afterOwned(ctx context.Context, st *convState, reqs []*ownedReq,
 					i64(seq), i64(seq), i64(st.id), k).Exec()
 			}
 			if err != nil {
-				s.log.Warn("cassandra: append: hints behind", logKeyConv, st.id, logKeySeq, last, logKeyErr, err)
+				// The next batch loads the top again, which sweeps.
+				o.mu.Lock()
+				o.epoch, o.sweep = 0, true
+				o.mu.Unlock()
+				s.log.Warn("cassandra: append: hints behind; the next write sweeps", logKeyConv, st.id, logKeySeq, last, logKeyErr, err)
 			}
 		})
 	}

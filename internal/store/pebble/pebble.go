@@ -36,7 +36,11 @@
 // batch (M, S, C, I, the K row of a coalescible message, and the rewritten
 // target of an edit or recall) with ApplyNoSyncWait while holding that
 // mutex, so WAL order equals seq order and a crash can only lose a suffix,
-// never leave a hole or let a seq be reused. The fsync is awaited after the
+// never leave a hole or let a seq be reused. A Pebble batch applies all or
+// nothing, so an edit, its event, the rewritten target, the coalesce record
+// and the outbox entry are one atomic step (the Cassandra adapter needs an
+// order of writes that readers resolve instead; see its package comment).
+// The fsync is awaited after the
 // mutex is released, so concurrent appends, also to one conversation, share
 // fsyncs (group commit). Membership changes (B, U and C rows) are decided
 // under the same mutex, so joins and leaves fall between two seqs.
