@@ -17,7 +17,9 @@
 // drop duplicate pushes by seq.
 //
 // Bus and Tasks are safe for concurrent use. A Bus handler runs on the
-// subscription's goroutine, one delivery at a time per node.
+// subscription's goroutine, one delivery at a time per node, under a Gate:
+// the subscription's cancel waits for the running handler, and none starts
+// after it (a late delivery is answered as if nobody subscribed).
 package nats
 
 import (
@@ -233,8 +235,11 @@ func (b *Bus) Subscribe(ctx context.Context, node string, h bus.Handler) (func()
 	if err != nil {
 		return nil, err
 	}
-	s := &subscription{}
-	sub, err := b.nc.Subscribe(subj, func(m *natsio.Msg) { b.handle(s, h, m) })
+	var g Gate
+	// Sent between cancel and the server's UNSUB: answer as NATS would a
+	// moment later, rather than make the publisher time out.
+	gone := func(m *natsio.Msg) { _ = m.Respond([]byte(replyGone)) }
+	sub, err := b.nc.Subscribe(subj, g.Wrap(func(m *natsio.Msg) { b.handle(h, m) }, gone))
 	if err != nil {
 		return nil, fmt.Errorf("nats: subscribe %q: %w", node, err)
 	}
@@ -248,15 +253,12 @@ func (b *Bus) Subscribe(ctx context.Context, node string, h bus.Handler) (func()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			s.mu.Lock()
-			s.closed = true
-			s.mu.Unlock()
+			g.Close() // from here on, deliveries are answered gone
 			_ = sub.Unsubscribe()
 			// Once the server has the UNSUB, publishers get "no responders".
 			fctx, cancel := context.WithTimeout(context.Background(), b.cfg.AckTimeout)
 			_ = b.nc.FlushWithContext(fctx)
 			cancel()
-			s.running.Wait()
 		})
 	}, nil
 }
@@ -265,25 +267,7 @@ func (b *Bus) Subscribe(ctx context.Context, node string, h bus.Handler) (func()
 // cannot be mistaken for a decode error, which starts with "bad envelope".
 const replyGone = "gone"
 
-// subscription lets cancel wait for an in-flight handler.
-type subscription struct {
-	mu      sync.Mutex
-	closed  bool // guarded by mu; set once by cancel
-	running sync.WaitGroup
-}
-
-func (b *Bus) handle(s *subscription, h bus.Handler, m *natsio.Msg) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		// Sent between cancel and the server's UNSUB: answer as NATS
-		// would a moment later, rather than make the publisher time out.
-		_ = m.Respond([]byte(replyGone))
-		return
-	}
-	s.running.Add(1)
-	s.mu.Unlock()
-	defer s.running.Done()
+func (b *Bus) handle(h bus.Handler, m *natsio.Msg) {
 	d, err := decodeDelivery(m.Data)
 	if err != nil {
 		b.logLimited("undecodable delivery", "subject", m.Subject, "err", err)

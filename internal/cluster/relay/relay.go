@@ -10,6 +10,7 @@ import (
 
 	natsio "github.com/nats-io/nats.go"
 
+	pnats "github.com/parley-im/parley/internal/bus/nats"
 	"github.com/parley-im/parley/internal/store"
 )
 
@@ -125,22 +126,26 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer workers.Wait()
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
+	// The subscriptions' handlers: stopped and waited for after the
+	// unsubscribes (deferred below), before the shard workers stop.
+	var gate pnats.Gate
+	defer gate.Close()
 	for i := range r.shards {
 		workers.Add(1)
 		go func() { defer workers.Done(); r.work(wctx, r.shards[i]) }()
 	}
-	sub, err := r.nc.Subscribe(subjectPresence(r.ns), func(m *natsio.Msg) {
+	sub, err := r.nc.Subscribe(subjectPresence(r.ns), gate.Wrap(func(m *natsio.Msg) {
 		var ev presenceEvent
 		if json.Unmarshal(m.Data, &ev) != nil || ev.Node == r.node {
 			return
 		}
 		r.apply(ctx, ev.Node, ev.User, ev.Online, true)
-	})
+	}, nil))
 	if err != nil {
 		return fmt.Errorf("relay: presence: %w", err)
 	}
 	defer sub.Unsubscribe()
-	members, err := r.nc.Subscribe(subjectMembers(r.ns), func(m *natsio.Msg) {
+	members, err := r.nc.Subscribe(subjectMembers(r.ns), gate.Wrap(func(m *natsio.Msg) {
 		var ev membersEvent
 		if json.Unmarshal(m.Data, &ev) != nil || ev.Node == r.node {
 			return
@@ -151,12 +156,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		if len(ev.Left) > 0 {
 			r.tracker.Left(ev.Conv, ev.Left)
 		}
-	})
+	}, nil))
 	if err != nil {
 		return fmt.Errorf("relay: presence: %w", err)
 	}
 	defer members.Unsubscribe()
-	dump, err := r.nc.Subscribe(subjectPresenceDump(r.ns), func(m *natsio.Msg) {
+	dump, err := r.nc.Subscribe(subjectPresenceDump(r.ns), gate.Wrap(func(m *natsio.Msg) {
 		r.mu.Lock()
 		users := make(map[string]int, len(r.mu.local))
 		for u, n := range r.mu.local {
@@ -171,7 +176,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			Users map[string]int `json:"u"`
 		}{r.node, users})
 		_ = m.Respond(data)
-	})
+	}, nil))
 	if err != nil {
 		return fmt.Errorf("relay: presence: %w", err)
 	}
