@@ -185,17 +185,21 @@ func (s *Store) appendNew(ctx context.Context, st *convState, a store.Append, id
 		return store.AppendResult{}, err
 	}
 	if err := s.writeBody(ctx, m, bucket); err != nil {
+		s.unpend(ctx, st.id, w) // no record, no claim: the event never shows
 		return store.AppendResult{}, err
 	}
 	start := uint64(0)
 	if idem {
 		rec, ours, err := s.claimIdem(ctx, st, m, bucket)
 		if err != nil {
+			// The record may be this event's, and a retry (in any
+			// process) may claim its slot: the pending version stays.
 			return store.AppendResult{}, err
 		}
 		if !ours {
-			// Another process stored the same event meanwhile (and
-			// rewrote the target as this one did).
+			// Another process stored the same event meanwhile (with its
+			// own msg id and pending version): this one never shows.
+			s.unpend(ctx, st.id, w)
 			st.mu.Unlock()
 			locked = false
 			return s.duplicate(ctx, st, rec)

@@ -111,6 +111,20 @@ func (s *Store) promote(ctx context.Context, conv uint64, w *rewrite) error {
 	return err
 }
 
+// unpend withdraws w's pending version, whose event will never be
+// stored, unless the row moved on; best effort (readers ignore a pending
+// version without its event, and the next edit drops it).
+func (s *Store) unpend(ctx context.Context, conv uint64, w *rewrite) {
+	if w == nil {
+		return
+	}
+	rec := w.rec
+	rec.Pending = nil
+	if _, err := s.casEdit(ctx, conv, w.sl, w.rev+1, w.rev, rec); err != nil {
+		s.log.Warn("cassandra: edit: a pending version left to the next edit", logKeyConv, conv, logKeySeq, w.msg.Seq, logKeyErr, err)
+	}
+}
+
 // promoteFor promotes the pending version of target whose event is
 // event, if it is still there (the sweeper: the event is stored).
 func (s *Store) promoteFor(ctx context.Context, conv, target, event uint64) error {

@@ -244,6 +244,7 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 			return
 		}
 		if err := s.insertBody(ctx, t.Msg, s.bucketOf(t.Msg.ServerTime)); err != nil {
+			s.unpend(ctx, st.id, w) // its slot is never written
 			fresh[0].err = err
 			return
 		}
