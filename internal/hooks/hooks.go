@@ -9,6 +9,11 @@
 // ids). Nothing here runs on the request path: a send is acknowledged
 // before its fan-out starts, and the fan-out only writes to the queue.
 //
+// The queue is a Pebble database of its own on an embedded node
+// (queue.go) and, in cluster mode, JetStream streams every chat process
+// shares, each partition's events delivered by the partition's owner
+// (jsqueue.go).
+//
 // Delivery runs per endpoint: one conversation's events go out one at a
 // time in (seq, type) order, up to Concurrency conversations at once. A
 // failed attempt (a transport error, a timeout, any status but 2xx) is
@@ -59,6 +64,9 @@ type Options struct {
 	// Settle is how long an event waits in the queue before it is due
 	// (default DefaultSettle).
 	Settle time.Duration
+	// Cluster, when set, replaces the Pebble queue (Dir, FS) with the
+	// JetStream queue every chat process shares (jsqueue.go).
+	Cluster *Cluster
 }
 
 // DefaultSettle: the fan-out of two messages of one conversation sent at
@@ -73,7 +81,8 @@ const DefaultSettle = 200 * time.Millisecond
 type Hooks struct {
 	cfg     Config
 	settle  time.Duration
-	q       *queue
+	q       *queue   // embedded mode
+	jq      *jsQueue // cluster mode
 	members Members
 	log     *slog.Logger
 	eps     []*endpoint
@@ -92,6 +101,12 @@ type endpoint struct {
 	secret []byte
 	client *http.Client
 	wake   chan struct{}
+	// sem bounds the conversations delivered at once in cluster mode;
+	// listeners (the partitions' delivery loops) hear when a slot frees.
+	sem       chan struct{}
+	listenMu  sync.Mutex
+	listeners map[int]func()
+	listenID  int
 
 	mu    sync.Mutex
 	convs map[uint64]*convState
@@ -137,7 +152,8 @@ func New(cfg Config, o Options) (*Hooks, error) {
 				CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 			}
 		}
-		ep := &endpoint{Endpoint: e, idx: i, secret: sec, client: c, wake: make(chan struct{}, 1), convs: map[uint64]*convState{}}
+		ep := &endpoint{Endpoint: e, idx: i, secret: sec, client: c, wake: make(chan struct{}, 1), convs: map[uint64]*convState{},
+			sem: make(chan struct{}, e.Concurrency), listeners: map[int]func(){}}
 		h.eps = append(h.eps, ep)
 		h.names = append(h.names, e.Name)
 		for _, t := range e.Events {
@@ -147,6 +163,16 @@ func New(cfg Config, o Options) (*Hooks, error) {
 				h.wantOffline = true
 			}
 		}
+	}
+	if o.Cluster != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		jq, err := newJSQueue(ctx, h, *o.Cluster)
+		if err != nil {
+			return nil, err
+		}
+		h.jq = jq
+		return h, nil
 	}
 	q, err := openQueue(o.Dir, o.FS, o.Logger)
 	if err != nil {
@@ -171,7 +197,12 @@ func New(cfg Config, o Options) (*Hooks, error) {
 }
 
 // Close closes the queue (after Run has returned).
-func (h *Hooks) Close() error { return h.q.close() }
+func (h *Hooks) Close() error {
+	if h.q == nil {
+		return nil
+	}
+	return h.q.close()
+}
 
 // WantsReached reports whether fan-out must tell which users it reached.
 func (h *Hooks) WantsReached() bool { return h.wantOffline }
@@ -283,6 +314,12 @@ func (h *Hooks) Fanned(ctx context.Context, f fanout.Fanned) error {
 	if len(items) == 0 {
 		return nil
 	}
+	if h.jq != nil {
+		if err := h.jq.put(ctx, items); err != nil {
+			return fmt.Errorf("webhooks: queue: %w", err)
+		}
+		return nil
+	}
 	fresh, err := h.q.put(h.names, items, time.Now())
 	if err != nil {
 		return fmt.Errorf("webhooks: queue: %w", err)
@@ -361,13 +398,59 @@ type Stats struct {
 	Delivered, Failed, Dead int64 // since start (Dead: in the queue's database)
 }
 
-// Stats returns the endpoints' counters.
+// Stats returns the endpoints' counters. In cluster mode Backlog and Dead
+// count the shared streams (every process reports the same figures),
+// Delivered and Failed this process's attempts.
 func (h *Hooks) Stats() []Stats {
 	out := make([]Stats, len(h.eps))
+	var js *jsCounts
+	if h.jq != nil {
+		js = h.jq.counts()
+	}
 	for i, ep := range h.eps {
 		out[i] = Stats{Endpoint: ep.Name, Backlog: ep.backlog.Load(), Delivered: ep.delivered.Load(), Failed: ep.failed.Load(), Dead: ep.deadN.Load()}
+		if js != nil {
+			out[i].Backlog, out[i].Dead = js.backlog[ep.Name], js.dead[ep.Name]
+		}
 	}
 	return out
+}
+
+func (ep *endpoint) acquire() bool {
+	select {
+	case ep.sem <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// release frees a slot and tells the delivery loops.
+func (ep *endpoint) release() {
+	<-ep.sem
+	ep.listenMu.Lock()
+	fs := make([]func(), 0, len(ep.listeners))
+	for _, f := range ep.listeners {
+		fs = append(fs, f)
+	}
+	ep.listenMu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
+// listen calls f whenever a slot frees, until the returned func is called.
+func (ep *endpoint) listen(f func()) func() {
+	ep.listenMu.Lock()
+	defer ep.listenMu.Unlock()
+	ep.listenID++
+	id := ep.listenID
+	ep.listeners[id] = f
+	return func() {
+		ep.listenMu.Lock()
+		defer ep.listenMu.Unlock()
+		delete(ep.listeners, id)
+	}
 }
 
 // scanLimit bounds the conversations one scan hands out.
@@ -375,6 +458,10 @@ const scanLimit = 1024
 
 // Run delivers until ctx ends.
 func (h *Hooks) Run(ctx context.Context) {
+	if h.jq != nil {
+		h.jq.run(ctx)
+		return
+	}
 	var wg sync.WaitGroup
 	for _, ep := range h.eps {
 		wg.Go(func() { h.runEndpoint(ctx, ep) })
@@ -551,7 +638,15 @@ func (h *Hooks) post(ctx context.Context, ep *endpoint, hd head) error {
 
 // Dead returns the dead letters of an endpoint (tests, operators).
 func (h *Hooks) Dead(endpoint string) ([]json.RawMessage, error) {
-	recs, err := h.q.dead(endpoint)
+	var (
+		recs []deadRecord
+		err  error
+	)
+	if h.jq != nil {
+		recs, err = h.jq.deadLetters(endpoint)
+	} else {
+		recs, err = h.q.dead(endpoint)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -413,11 +413,17 @@ func (s *Server) startChat() error {
 	}
 	var hook fanout.Hook
 	if len(o.Webhooks.Endpoints) > 0 {
-		// The webhook queue is a Pebble database of its own in both modes
+		// The webhook queue: a Pebble database of its own on an embedded
+		// node, the shared JetStream streams in cluster mode
 		// (docs/webhooks.md); the fan-out only writes to it.
-		h, err := hooks.New(o.Webhooks, hooks.Options{
+		ho := hooks.Options{
 			Dir: filepath.Join(o.DataDir, "webhooks"), FS: privatefs.Wrap(o.StoreFS), Members: chatStore, Logger: o.Logger,
-		})
+		}
+		if s.owner != nil {
+			ho.Cluster = &hooks.Cluster{NATS: s.nc, Namespace: o.Cluster.namespace(), Replicas: o.Cluster.JetStreamReplicas,
+				Owner: s.owner, Node: o.Node}
+		}
+		h, err := hooks.New(o.Webhooks, ho)
 		if err != nil {
 			return err
 		}
