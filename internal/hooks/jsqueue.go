@@ -35,8 +35,8 @@ import (
 // Delivery keeps the embedded queue's rules: per conversation one event in
 // flight, the rest waiting in (seq, type) order in memory (at most
 // jsHold per partition and endpoint are taken from the stream ahead of
-// delivery), each due Settle after it was published so that two fan-outs
-// that finished out of seq order are put back in order; failed attempts
+// delivery), each due Settle after this process took it so that two
+// fan-outs that finished out of seq order are put back in order; failed attempts
 // retried with exponential backoff while the conversation's later events
 // wait; after MaxAttempts the event moves to the dead-letter stream
 // <NS>_HOOKS_DEAD (subject <ns>.hooksdead.E). An event is acknowledged,
@@ -281,6 +281,7 @@ type jsEvent struct {
 
 type jsConv struct {
 	evs      []*jsEvent // in (seq, type) order
+	head     *jsEvent   // the event attempts counts
 	busy     bool
 	until    time.Time
 	attempts int
@@ -317,10 +318,6 @@ func (q *jsQueue) deliverLane(ctx context.Context, ep *endpoint, p int) error {
 			_ = m.Term()
 			return
 		}
-		at := time.Now()
-		if md, err := m.Metadata(); err == nil {
-			at = md.Timestamp
-		}
 		mu.Lock()
 		c := convs[k.conv]
 		if c == nil {
@@ -339,7 +336,11 @@ func (q *jsQueue) deliverLane(ctx context.Context, ep *endpoint, p int) error {
 		if found {
 			c.evs[i].msgs = append(c.evs[i].msgs, m)
 		} else {
-			c.evs = slices.Insert(c.evs, i, &jsEvent{key: k, body: m.Data(), due: at.Add(q.h.settle), msgs: []jetstream.Msg{m}})
+			// Due Settle after this process took it: a fresh event waits
+			// for a fan-out that finished just after it, and events taken
+			// over from another process (all due by their publication)
+			// wait for the rest of the batch the stream hands out.
+			c.evs = slices.Insert(c.evs, i, &jsEvent{key: k, body: m.Data(), due: time.Now().Add(q.h.settle), msgs: []jetstream.Msg{m}})
 		}
 		mu.Unlock()
 		poke()
@@ -387,6 +388,11 @@ func (q *jsQueue) deliverLane(ctx context.Context, ep *endpoint, p int) error {
 			if !ep.acquire() {
 				break // every slot of the endpoint is taken; a finished delivery pokes
 			}
+			if c.evs[0] != c.head {
+				// A new head (the last one finished, or one taken late
+				// sorts before it): its own count.
+				c.head, c.attempts = c.evs[0], 0
+			}
 			c.busy = true
 			c.attempts++
 			ev, attempts := c.evs[0], c.attempts
@@ -397,8 +403,10 @@ func (q *jsQueue) deliverLane(ctx context.Context, ep *endpoint, p int) error {
 				c.busy = false
 				switch {
 				case done:
-					c.evs = c.evs[1:]
-					c.attempts, c.until = 0, time.Time{}
+					// An event taken late may have been put before ev
+					// while it was in flight: remove ev itself.
+					c.evs = slices.DeleteFunc(c.evs, func(e *jsEvent) bool { return e == ev })
+					c.head, c.attempts, c.until = nil, 0, time.Time{}
 				case ctx.Err() == nil:
 					c.until = time.Now().Add(min(q.h.cfg.MinBackoff<<min(attempts-1, 30), q.h.cfg.MaxBackoff))
 				}
