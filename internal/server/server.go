@@ -489,13 +489,13 @@ func (s *Server) registerHookMetrics(h *hooks.Hooks) {
 			return func() float64 { return float64(f(h.Stats()[i])) }
 		}
 		s.reg.MustRegister(
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "parley_webhook_backlog", Help: "Webhook events queued for the endpoint.", ConstLabels: l},
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "parley_webhook_backlog", Help: "Webhook events queued for the endpoint (cluster mode: the shared stream, the same figure on every chat process).", ConstLabels: l},
 				get(func(x hooks.Stats) int64 { return x.Backlog })),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "parley_webhook_delivered_total", Help: "Webhook events the endpoint acknowledged (2xx).", ConstLabels: l},
 				get(func(x hooks.Stats) int64 { return x.Delivered })),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "parley_webhook_failed_attempts_total", Help: "Webhook attempts that failed (error, timeout, not 2xx).", ConstLabels: l},
 				get(func(x hooks.Stats) int64 { return x.Failed })),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "parley_webhook_dead", Help: "Webhook events in the endpoint's dead letters.", ConstLabels: l},
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "parley_webhook_dead", Help: "Webhook events in the endpoint's dead letters (cluster mode: the shared stream, the same figure on every chat process).", ConstLabels: l},
 				get(func(x hooks.Stats) int64 { return x.Dead })),
 		)
 	}
