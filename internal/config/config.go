@@ -120,9 +120,9 @@ type Cluster struct {
 	// Namespace prefixes the deployment's NATS subjects, JetStream streams
 	// and Redis keys, so several deployments can share engines.
 	Namespace string `yaml:"namespace" help:"prefix of the deployment's NATS subjects, streams and Redis keys"`
-	// PresenceResync is how often a process rebuilds its view of who is
-	// online from the gateways.
-	PresenceResync time.Duration `yaml:"presence_resync" help:"how often a process rebuilds its view of who is online from the gateways"`
+	// PresenceResync is how often each gateway sends a digest of its
+	// online users; a process whose view disagrees fetches the list.
+	PresenceResync time.Duration `yaml:"presence_resync" help:"how often each gateway sends a digest of who is online on it (a process whose view disagrees fetches its list; a gateway silent for three intervals loses its users)"`
 	// Partitions: conversations map to this many partitions, each owned
 	// by one chat process at a time (the same in every process of a
 	// deployment, gateways included).

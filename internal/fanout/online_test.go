@@ -186,3 +186,50 @@ func TestOnlineIndexConcurrentChurn(t *testing.T) {
 		}
 	}
 }
+
+// TestScopedRebuildsAfterOwnershipMoves: an entry built under one
+// ownership epoch is not trusted under another (memberships may have
+// changed on the other owner, whose relay event may be lost), nor on a
+// process that does not own the conversation; an entry built under the
+// current epoch is.
+func TestScopedRebuildsAfterOwnershipMoves(t *testing.T) {
+	ctx := context.Background()
+	o := NewOnline(rows{})
+	var (
+		epoch uint64 = 5
+		owned        = true
+	)
+	s := NewScoped(o, func(uint64) (uint64, bool) { return epoch, owned })
+	o.Connected(ctx, "a")
+	o.Connected(ctx, "b")
+	s.Track(7, []store.Member{{UserID: "a", JoinSeq: 1}, {UserID: "b", JoinSeq: 1}})
+	if !s.Tracked(7) {
+		t.Fatal("an entry built under the current epoch is not trusted")
+	}
+	// The partition moves away and back; meanwhile b left on the other
+	// owner and its event never arrived here.
+	epoch = 9
+	if s.Tracked(7) {
+		t.Fatal("an entry built under epoch 5 is trusted under epoch 9")
+	}
+	if _, ok := s.GroupOnline(7); ok {
+		t.Fatal("the stale entry was kept")
+	}
+	s.Track(7, []store.Member{{UserID: "a", JoinSeq: 1}}) // read again from the store
+	if got, ok := s.GroupOnline(7); !ok || fmt.Sprint(userIDs(got)) != "[a]" || !s.Tracked(7) {
+		t.Fatalf("rebuilt entry = %+v, %v; want only a, trusted", got, ok)
+	}
+	// Not the owner (an outbox entry left by another process): never
+	// trusted, rebuilt for each use.
+	owned = false
+	if s.Tracked(7) {
+		t.Fatal("an entry is trusted on a process that does not own the conversation")
+	}
+	s.Track(7, []store.Member{{UserID: "a", JoinSeq: 1}, {UserID: "b", JoinSeq: 4}})
+	if got, ok := s.GroupOnline(7); !ok || fmt.Sprint(userIDs(got)) != "[a b]" {
+		t.Fatalf("entry built for one use = %+v, %v; want a and b", got, ok)
+	}
+	if s.Tracked(7) {
+		t.Fatal("an entry built without ownership is trusted on the next use")
+	}
+}

@@ -136,8 +136,8 @@ type Cluster struct {
 	Namespace string
 	// JetStreamReplicas of the task streams (default 1).
 	JetStreamReplicas int
-	// PresenceResync is how often a process rebuilds its view of who is
-	// online from the gateways (default 15s).
+	// PresenceResync is how often each gateway sends a digest of its
+	// online users (relay.Relay; default 15s).
 	PresenceResync time.Duration
 	// Partitions and PartitionLease configure conversation ownership
 	// (lease.Owner; defaults 64 and 3s).
@@ -370,7 +370,7 @@ func (s *Server) startChat() error {
 	o, m := s.opts, s.metrics
 	var online chat.Online = s.online
 	if s.relay != nil {
-		online = onlineIndex{s.online, s.relay}
+		online = onlineIndex{fanout.NewScoped(s.online, s.owner.Epoch), s.relay}
 	}
 	chatStore := s.store
 	if o.WrapStore != nil {
@@ -505,10 +505,11 @@ func (s *Server) registerHookMetrics(h *hooks.Hooks) {
 func (s *Server) Hooks() *hooks.Hooks { return s.hooks }
 
 // onlineIndex is the chat service's online index in cluster mode: the
-// process's index, with joins and leaves relayed to the other chat
-// processes' indexes.
+// process's index, its groups trusted only under the ownership epoch they
+// were built in (fanout.Scoped), with joins and leaves also relayed to the
+// other chat processes' indexes (best effort).
 type onlineIndex struct {
-	*fanout.Online
+	*fanout.Scoped
 	relay *relay.Relay
 }
 
@@ -780,6 +781,13 @@ func (s *Server) Metrics() *metrics.Metrics { return s.metrics }
 
 // Gateway exposes the node's gateway (nil on a chat-only node).
 func (s *Server) Gateway() *gateway.Gateway { return s.gw }
+
+// Chat returns the chat service (nil without the chat role), for
+// in-process drivers such as the churn benchmark (internal/churn).
+func (s *Server) Chat() *chat.Service { return s.chat }
+
+// Store returns the message store (nil without the chat role).
+func (s *Server) Store() store.Store { return s.store }
 
 func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 	if s.gw != nil && s.gw.Draining() {
