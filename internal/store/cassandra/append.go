@@ -99,12 +99,18 @@ func (s *Store) append(ctx context.Context, a store.Append) (store.AppendResult,
 			continue // the original failed: take its place
 		}
 		p := &pendingAppend{done: make(chan struct{})}
+		if st.inflight.m == nil {
+			st.inflight.m = make(map[string]*pendingAppend)
+		}
 		st.inflight.m[key] = p
 		st.inflight.mu.Unlock()
 
 		p.res, p.err = s.appendNew(ctx, st, a, true)
 		st.inflight.mu.Lock()
 		delete(st.inflight.m, key)
+		if len(st.inflight.m) == 0 {
+			st.inflight.m = nil // an idle conversation keeps no map storage
+		}
 		st.inflight.mu.Unlock()
 		close(p.done)
 		return p.res, p.err

@@ -66,7 +66,6 @@ func (st *convState) raiseHint(seq uint64) {
 func (s *Store) state(conv uint64) *convState {
 	return s.convs.GetOrCreate(conv, func(st *convState) {
 		st.id = conv
-		st.inflight.m = make(map[string]*pendingAppend)
 	})
 }
 

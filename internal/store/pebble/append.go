@@ -136,7 +136,7 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	// applied. After a failed fsync they stay: the store is broken and the
 	// batch may or may not survive a restart.
 	locked, applied, overlaid, keyed, rowsLocked := true, false, false, false, false
-	var inline map[string]store.ConvRow
+	var inline []store.ConvRow
 	defer func() {
 		if rowsLocked {
 			st.rowsMu.Unlock()
@@ -229,13 +229,16 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	var p *pendingAppend
 	if idem != "" {
 		p = &pendingAppend{done: make(chan struct{})}
+		if st.inflight == nil {
+			st.inflight = make(map[string]*pendingAppend)
+		}
 		st.inflight[idem] = p
 	}
 	err = s.db.ApplyNoSyncWait(b, syncWrite)
 	markDone(err == nil)
 	if err != nil {
 		if p != nil {
-			delete(st.inflight, idem)
+			st.doneInflight(idem)
 			p.err = err
 			close(p.done)
 		}
@@ -260,7 +263,7 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	}
 	if p != nil {
 		st.mu.Lock()
-		delete(st.inflight, idem)
+		st.doneInflight(idem)
 		st.mu.Unlock()
 		p.msg, p.err = m, serr
 		close(p.done)
@@ -277,7 +280,7 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 // memberRows returns the U rows of conv's current members raised to m's
 // seq (and mention seq), for Append.Rows, and the rows as they will be. It
 // runs under mu and rowsMu.
-func (s *Store) memberRows(st *convState, m store.Message) ([][2][]byte, map[string]store.ConvRow, error) {
+func (s *Store) memberRows(st *convState, m store.Message) ([][2][]byte, []store.ConvRow, error) {
 	rows := st.inline
 	if rows == nil {
 		members, err := s.currentMembers(st.id)
@@ -285,28 +288,28 @@ func (s *Store) memberRows(st *convState, m store.Message) ([][2][]byte, map[str
 			return nil, nil, err
 		}
 		st.members.Store(&members)
-		rows = make(map[string]store.ConvRow, len(members))
+		rows = make([]store.ConvRow, 0, len(members))
 		for _, mb := range members {
 			r, found, err := s.convRow(mb.UserID, st.id)
 			if err != nil {
 				return nil, nil, err
 			}
 			if found && r.LeaveSeq == 0 {
-				rows[mb.UserID] = r
+				rows = append(rows, r)
 			}
 		}
 	}
 	var out [][2][]byte
-	next := make(map[string]store.ConvRow, len(rows))
-	for u, r := range rows {
+	next := make([]store.ConvRow, len(rows))
+	for i, r := range rows {
 		n := r
 		n.LastSeq = max(r.LastSeq, m.Seq)
-		if m.MentionAll || slices.Contains(m.Mentions, u) {
+		if m.MentionAll || slices.Contains(m.Mentions, r.UserID) {
 			n.MentionSeq = max(r.MentionSeq, m.Seq)
 		}
-		next[u] = n
+		next[i] = n
 		if n != r {
-			out = append(out, [2][]byte{userConvKey(u, st.id), encodeConvRow(n)})
+			out = append(out, [2][]byte{userConvKey(r.UserID, st.id), encodeConvRow(n)})
 		}
 	}
 	return out, next, nil
@@ -547,4 +550,13 @@ func (s *Store) messages(conv, from, to uint64, limit int, newest bool) ([]store
 		return nil, err
 	}
 	return out, nil
+}
+
+// doneInflight forgets the append of idem; mu held. An empty map goes, so
+// an idle conversation keeps none (a map keeps its storage).
+func (st *convState) doneInflight(idem string) {
+	delete(st.inflight, idem)
+	if len(st.inflight) == 0 {
+		st.inflight = nil
+	}
 }

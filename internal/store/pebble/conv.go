@@ -36,7 +36,8 @@ type convState struct {
 	row  store.Conversation
 	snap atomic.Pointer[store.Conversation]
 	// inflight maps sender 0x00 client_msg_id to an append that is applied
-	// but not yet durable; a duplicate waits for it. Guarded by mu.
+	// but not yet durable; a duplicate waits for it (nil when none).
+	// Guarded by mu.
 	inflight map[string]*pendingAppend
 
 	// rowsMu serialises the read-modify-write of the conversation's U rows:
@@ -47,7 +48,7 @@ type convState struct {
 	// them (nil: unknown), so an append to a direct conversation reads
 	// neither the B nor the U rows. Guarded by rowsMu and filled under mu
 	// too; every other writer of the conversation's B or U rows drops it.
-	inline map[string]store.ConvRow
+	inline []store.ConvRow
 	// members caches the current memberships (nil: unknown): filled under
 	// mu by Append.Rows, dropped under mu by every membership change, read
 	// by Members without a lock.
@@ -260,7 +261,6 @@ func (s *Store) lockState(conv uint64, create bool) (*convState, error) {
 		}
 		st = s.convs.GetOrCreate(conv, func(st *convState) {
 			st.id = conv
-			st.inflight = make(map[string]*pendingAppend)
 		})
 	}
 	st.mu.Lock()
