@@ -351,7 +351,16 @@ func (s *Server) openEngines(ctx context.Context) error {
 	if resync <= 0 {
 		resync = 15 * time.Second
 	}
-	s.relay = relay.New(nc, ns, o.Node, tracker{s.presence, s.online}, resync, o.Logger)
+	// Each role mirrors only what it reads: a gateway's watchers read the
+	// presence tracker, a chat process's fan-out the online-member index.
+	var tr tracker
+	if o.RunGateway {
+		tr.presence = s.presence
+	}
+	if o.RunChat {
+		tr.online = s.online
+	}
+	s.relay = relay.New(nc, ns, o.Node, tr, resync, o.Logger)
 	s.runLoop(func(ctx context.Context) {
 		if err := s.relay.Run(ctx); err != nil {
 			s.log.Error("presence relay stopped", "err", err)
@@ -518,27 +527,46 @@ func (o onlineIndex) Left(conv uint64, users []string)           { o.relay.Left(
 
 // tracker feeds connects and disconnects to the presence tracker and the
 // online-member index, and membership changes to the latter (what the
-// cluster relay applies for other processes).
+// cluster relay applies for other processes); a nil one is not fed (the
+// process does not have the role that reads it).
 type tracker struct {
 	presence *presence.Tracker
 	online   *fanout.Online
 }
 
 func (t tracker) Connected(ctx context.Context, user string) {
-	t.presence.Connected(ctx, user)
-	t.online.Connected(ctx, user)
+	if t.presence != nil {
+		t.presence.Connected(ctx, user)
+	}
+	if t.online != nil {
+		t.online.Connected(ctx, user)
+	}
 }
 
 func (t tracker) Disconnected(user string) {
-	t.presence.Disconnected(user)
-	t.online.Disconnected(user)
+	if t.presence != nil {
+		t.presence.Disconnected(user)
+	}
+	if t.online != nil {
+		t.online.Disconnected(user)
+	}
 }
 
-func (t tracker) Joined(conv uint64, members []store.Member) { t.online.Joined(conv, members) }
-func (t tracker) Left(conv uint64, users []string)           { t.online.Left(conv, users) }
+func (t tracker) Joined(conv uint64, members []store.Member) {
+	if t.online != nil {
+		t.online.Joined(conv, members)
+	}
+}
 
-// hub is the gateway's presence: the node's tracker and online index, plus
-// the relay that tells the other processes in cluster mode.
+func (t tracker) Left(conv uint64, users []string) {
+	if t.online != nil {
+		t.online.Left(conv, users)
+	}
+}
+
+// hub is the gateway's presence: the node's tracker and online index (nil
+// on a gateway without the chat role: nothing reads it there), plus the
+// relay that tells the other processes in cluster mode.
 type hub struct {
 	*presence.Tracker
 	online *fanout.Online
@@ -547,7 +575,9 @@ type hub struct {
 
 func (h hub) Connected(ctx context.Context, user string) {
 	h.Tracker.Connected(ctx, user)
-	h.online.Connected(ctx, user)
+	if h.online != nil {
+		h.online.Connected(ctx, user)
+	}
 	if h.relay != nil {
 		h.relay.Local(user, true)
 	}
@@ -555,10 +585,21 @@ func (h hub) Connected(ctx context.Context, user string) {
 
 func (h hub) Disconnected(user string) {
 	h.Tracker.Disconnected(user)
-	h.online.Disconnected(user)
+	if h.online != nil {
+		h.online.Disconnected(user)
+	}
 	if h.relay != nil {
 		h.relay.Local(user, false)
 	}
+}
+
+// hub returns the gateway's presence hub.
+func (s *Server) hub() hub {
+	h := hub{Tracker: s.presence, relay: s.relay}
+	if s.opts.RunChat {
+		h.online = s.online
+	}
+	return h
 }
 
 func (s *Server) startGateway(ctx context.Context) error {
@@ -587,7 +628,7 @@ func (s *Server) startGateway(ctx context.Context) error {
 	}
 	s.gw, err = gateway.New(gcfg, gateway.Deps{
 		Backend: s.backend, Verifier: v, Registry: s.registry, Bus: s.bus, Logger: o.Logger,
-		Presence: hub{s.presence, s.online, s.relay}, MayWatch: mayWatch, Access: s.access.List(),
+		Presence: s.hub(), MayWatch: mayWatch, Access: s.access.List(),
 		Observer: gateway.Observer{
 			Connections: func(d int) { m.Connections.Add(float64(d)) },
 			Handshake:   func(r string) { m.Handshakes.WithLabelValues(r).Inc() },
