@@ -66,6 +66,9 @@ func startRaw(t testing.TB, ws *websocket.Conn) *rawConn {
 		}
 	}()
 	raw := make(chan []byte, 1<<14)
+	// quit is closed by the cleanup: frames nobody will read are dropped
+	// then, so a test that left many unread never blocks its own cleanup.
+	quit := make(chan struct{})
 	paused := false // set by the reader before it closes raw
 	go func() {
 		defer close(c.done)
@@ -82,7 +85,10 @@ func startRaw(t testing.TB, ws *websocket.Conn) *rawConn {
 				t.Errorf("server sent undecodable frame %q: %v", data, err)
 				continue
 			}
-			c.in <- &f
+			select {
+			case c.in <- &f:
+			case <-quit:
+			}
 		}
 	}()
 	go func() {
@@ -106,7 +112,7 @@ func startRaw(t testing.TB, ws *websocket.Conn) *rawConn {
 	}()
 	f := c.next(protocol.TypeHello)
 	c.hello = *f.Hello
-	t.Cleanup(func() { _ = ws.Close(); <-c.done; <-checked })
+	t.Cleanup(func() { _ = ws.Close(); close(quit); <-c.done; <-checked })
 	return c
 }
 
