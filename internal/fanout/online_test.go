@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/internal/store/statecache"
 )
 
 type rows map[string][]store.ConvRow
@@ -231,5 +232,40 @@ func TestScopedRebuildsAfterOwnershipMoves(t *testing.T) {
 	}
 	if s.Tracked(7) {
 		t.Fatal("an entry built without ownership is trusted on the next use")
+	}
+}
+
+// TestScopedBounded: a cluster chat process tracks at most the bound's
+// worth of groups; the least recently used go, and a group whose entry
+// went is rebuilt (Tracked answers false) on its next message.
+func TestScopedBounded(t *testing.T) {
+	ctx := context.Background()
+	o := NewOnline(rows{})
+	o.Connected(ctx, "a")
+	s := newScoped(o, func(uint64) (uint64, bool) { return 1, true }, statecache.Config{Max: 10, Idle: -1})
+	for conv := uint64(1); conv <= 1000; conv++ {
+		if s.Tracked(conv) {
+			t.Fatalf("group %d tracked before Track", conv)
+		}
+		s.Track(conv, []store.Member{{UserID: "a", JoinSeq: 1}})
+		if !s.Tracked(conv) {
+			t.Fatalf("group %d not tracked after Track", conv)
+		}
+	}
+	if n := s.Groups(); n > 10+1 {
+		t.Fatalf("%d group records held with a bound of 10", n)
+	}
+	tracked := 0
+	for i := range o.groups {
+		tracked += len(o.groups[i].m)
+	}
+	if tracked > 10+1 {
+		t.Fatalf("%d groups indexed with a bound of 10", tracked)
+	}
+	if s.Tracked(1) {
+		t.Fatal("an evicted group is trusted")
+	}
+	if got, ok := s.GroupOnline(1000); !ok || len(got) != 1 {
+		t.Fatalf("the latest group's online members = %v, %v", got, ok)
 	}
 }

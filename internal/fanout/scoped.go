@@ -1,14 +1,17 @@
 package fanout
 
 import (
-	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/internal/store/statecache"
 )
 
 // Scoped is the online-member index of a cluster chat process: Online,
 // with each tracked group's entry valid only under the ownership epoch
-// of the conversation's partition it was built in.
+// of the conversation's partition it was built in, and at most
+// ScopedGroups entries, none idle for longer than ScopedIdle.
 //
 // In cluster mode a conversation's writes — sends, joins, leaves — run on
 // its partition's owner, which fans its messages out from its own index.
@@ -23,32 +26,65 @@ import (
 // changes are thereby never lost with a relay event: the relay (best
 // effort) only narrows the window of a change made by a stale owner
 // during a takeover.
+//
+// An entry also goes when it is the least recently used past
+// ScopedGroups, or unused for ScopedIdle (a group whose partition moved
+// away, or that went quiet): the next message rebuilds it, one membership
+// read.
 type Scoped struct {
 	*Online
 	// epoch returns the epoch under which this process holds conv's
 	// partition, or false if it holds none.
 	epoch func(conv uint64) (uint64, bool)
-
-	mu    sync.Mutex
-	built map[uint64]uint64 // tracked conv → epoch its entry was built under
+	built *statecache.Cache[builtEntry, *builtEntry]
 }
+
+// builtEntry records the epoch a tracked group's entry was built under.
+type builtEntry struct {
+	statecache.Node
+	conv  uint64
+	epoch atomic.Uint64
+	ok    atomic.Bool // built while owning the partition
+}
+
+// Bounds of a Scoped index.
+const (
+	ScopedGroups = 65536
+	ScopedIdle   = 10 * time.Minute
+)
 
 // NewScoped scopes o's tracked groups to epoch.
 func NewScoped(o *Online, epoch func(conv uint64) (uint64, bool)) *Scoped {
-	return &Scoped{Online: o, epoch: epoch, built: make(map[uint64]uint64)}
+	return newScoped(o, epoch, statecache.Config{Max: ScopedGroups, Idle: ScopedIdle})
+}
+
+func newScoped(o *Online, epoch func(conv uint64) (uint64, bool), cfg statecache.Config) *Scoped {
+	s := &Scoped{Online: o, epoch: epoch}
+	s.built = statecache.New(cfg, func(e *builtEntry) bool {
+		// Evicted: the group's entry goes with its record (Untrack takes
+		// only the index's own locks, never the cache's).
+		o.Untrack(e.conv)
+		return true
+	})
+	return s
 }
 
 // Tracked reports whether conv's entry exists and was built under the
 // epoch this process holds now; a stale entry is dropped.
 func (s *Scoped) Tracked(conv uint64) bool {
+	e := s.built.Get(conv) // touches it: in use
+	if e == nil {
+		if s.Online.Tracked(conv) {
+			s.Online.Untrack(conv) // evicted record, or never recorded
+		}
+		return false
+	}
+	built, ok := e.epoch.Load(), e.ok.Load()
+	s.built.Release(e)
 	if !s.Online.Tracked(conv) {
 		return false
 	}
-	epoch, ok := s.epoch(conv)
-	s.mu.Lock()
-	built, known := s.built[conv]
-	s.mu.Unlock()
-	if ok && known && built == epoch {
+	if epoch, now := s.epoch(conv); ok && now && built == epoch {
 		return true
 	}
 	s.Untrack(conv)
@@ -60,20 +96,22 @@ func (s *Scoped) Tracked(conv uint64) bool {
 // began after its memberships were read.
 func (s *Scoped) Track(conv uint64, members []store.Member) {
 	epoch, ok := s.epoch(conv)
-	s.mu.Lock()
-	if ok {
-		s.built[conv] = epoch
-	} else {
-		delete(s.built, conv) // used once, rebuilt next time
-	}
-	s.mu.Unlock()
+	e := s.built.GetOrCreate(conv, func(e *builtEntry) { e.conv = conv })
+	e.ok.Store(false) // never trusted half-written
+	e.epoch.Store(epoch)
+	e.ok.Store(ok)
+	s.built.Release(e)
 	s.Online.Track(conv, members)
 }
 
 // Untrack drops conv's entry.
 func (s *Scoped) Untrack(conv uint64) {
-	s.mu.Lock()
-	delete(s.built, conv)
-	s.mu.Unlock()
+	if e := s.built.Get(conv); e != nil {
+		e.ok.Store(false) // never trusted again; evicted in time
+		s.built.Release(e)
+	}
 	s.Online.Untrack(conv)
 }
+
+// Groups returns how many groups have an entry record (tests, metrics).
+func (s *Scoped) Groups() int { return s.built.Len() }
