@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	gocql "github.com/apache/cassandra-gocql-driver/v2"
+
 	"github.com/parley-im/parley/internal/store"
 )
 
@@ -221,5 +223,83 @@ func TestCoalesceSwept(t *testing.T) {
 	only, err := b.Messages(context.Background(), 1, 2, 2, 1)
 	if err != nil || len(only) != 1 || !only[0].Superseded {
 		t.Fatalf("seq 2 alone = %+v, %v; want superseded after the sweep", only, err)
+	}
+}
+
+// failOnce makes the next pass of s through point fail (not a crash: the
+// process goes on).
+func failOnce(s *Store, point string) {
+	var done atomic.Bool
+	f := func(p string) error {
+		if p == point && done.CompareAndSwap(false, true) {
+			return fmt.Errorf("injected failure at %s", p)
+		}
+		return nil
+	}
+	s.faultHook.Store(&f)
+}
+
+// TestOrphanBodiesDropped: the bodies an owner wrote for nothing — a
+// duplicate's, a batch whose slot write failed — are deleted (the latter
+// at the next load, after the fence), while the body of a batch whose
+// write landed but whose answer was lost stays readable.
+func TestOrphanBodiesDropped(t *testing.T) {
+	e, s := newAtomicEnv(t, true)
+	ctx := context.Background()
+	hasBody := func(m store.Message) bool {
+		t.Helper()
+		_, err := s.readRow(ctx, 1, s.bucketOf(m.ServerTime), m.MsgID)
+		if err != nil && !errors.Is(err, gocql.ErrNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	orig := e.msg("text", "once")
+	if _, err := s.Append(ctx, store.Append{Msg: orig}); err != nil {
+		t.Fatal(err)
+	}
+	retry := e.msg("text", "once")
+	retry.ClientMsgID = orig.ClientMsgID
+	res, err := s.Append(ctx, store.Append{Msg: retry})
+	if err != nil || !res.Duplicate || res.Msg.MsgID != orig.MsgID {
+		t.Fatalf("retry = %+v, %v; want the original as a duplicate", res, err)
+	}
+	if hasBody(retry) || !hasBody(orig) {
+		t.Fatalf("bodies: retry's %v (want deleted), original's %v (want kept)", hasBody(retry), hasBody(orig))
+	}
+
+	lost := e.msg("text", "lost")
+	failOnce(s, "slots.lost")
+	if _, err := s.Append(ctx, store.Append{Msg: lost}); err == nil {
+		t.Fatal("append through a failed slot write succeeded")
+	}
+	if !hasBody(lost) {
+		t.Fatal("the body should be written before the slot")
+	}
+	landed := e.msg("text", "landed")
+	failOnce(s, "slots.unknown")
+	if _, err := s.Append(ctx, store.Append{Msg: landed}); err == nil {
+		t.Fatal("append through a lost answer succeeded")
+	}
+	after, err := s.Append(ctx, store.Append{Msg: e.msg("text", "after")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hasBody(lost) {
+		t.Fatal("the body of a failed slot write is still there after the next load")
+	}
+	if !hasBody(landed) {
+		t.Fatal("the body of a stored message was deleted")
+	}
+	msgs := history(t, s)
+	if n := len(msgs); uint64(n) != after.Msg.Seq {
+		t.Fatalf("history has %d messages up to seq %d", n, after.Msg.Seq)
+	}
+	var bodies []string
+	for _, m := range msgs {
+		bodies = append(bodies, m.Body)
+	}
+	if msgs[len(msgs)-2].Body != "landed" || msgs[len(msgs)-1].Body != "after" {
+		t.Fatalf("history ends %q, want ... landed, after", bodies)
 	}
 }

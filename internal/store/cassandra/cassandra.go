@@ -119,10 +119,13 @@
 // Edits write only the rev and edit columns, which plain writes never
 // touch, so Paxos and client timestamps never compete for one cell.
 //
-// Left as they were: a message's body is written before its slot, and a
-// body whose slot never comes (a failed or fenced write) is invisible but
-// never deleted; message_edits (what former members read, AsOf) is
-// written after the event, best effort.
+// A message's body is written before its slot; a body whose slot never
+// counts is invisible. An owner deletes a duplicate's body at once and
+// the bodies of a batch whose slot write failed or was not confirmed at
+// its next load, after its fence (orphans.go); a crashed process's such
+// bodies, and a transactional append's after a failed claim, stay.
+// message_edits (what former members read, AsOf) is written after the
+// event, best effort.
 //
 // # Coalesced state messages
 //

@@ -65,6 +65,9 @@ type ownedConv struct {
 	// sweep: a batch's effects (coalesce keys, hint) failed; the next
 	// load finishes them (finishLast), even of this process's own slots.
 	sweep bool
+	// orphans are the slots of bodies whose slot write failed or was not
+	// confirmed: the next load deletes those it does not find (orphans.go).
+	orphans []slot
 	// direct holds the members of a direct conversation once read: they
 	// never change.
 	direct []string
@@ -206,6 +209,7 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 		return
 	}
 	var fresh []*ownedReq
+	var dupBodies []slot // bodies of duplicates: never to be used
 	for i, r := range batch {
 		if !found[i] {
 			fresh = append(fresh, r)
@@ -218,6 +222,9 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 		case at == 0:
 			fresh = append(fresh, r) // a record of a write that never counted
 		default:
+			if m := r.a.Msg; m.TargetSeq == 0 && m.MsgID != recs[i].msgID {
+				dupBodies = append(dupBodies, slot{msgID: m.MsgID, bucket: s.bucketOf(m.ServerTime)})
+			}
 			m, err := s.messageAt(ctx, st.id, slot{seq: at, msgID: recs[i].msgID, bucket: recs[i].bucket})
 			if err == nil {
 				// The original may have lost its outbox entry: write it again.
@@ -226,6 +233,7 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 			r.res, r.err = store.AppendResult{Msg: m, Duplicate: true}, err
 		}
 	}
+	s.dropBodies(ctx, st.id, dupBodies)
 	if len(fresh) == 0 {
 		return
 	}
@@ -264,10 +272,17 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 		m.Seq = top + 1 + uint64(i)
 		msgs[i] = m
 	}
-	if err := s.writeSlots(ctx, st.id, msgs, epoch, gen); err != nil {
+	err := s.fault("slots.lost")
+	if err == nil {
+		if err = s.writeSlots(ctx, st.id, msgs, epoch, gen); err == nil {
+			err = s.fault("slots.unknown")
+		}
+	}
+	if err != nil {
 		// The outcome is unknown: the next batch loads the top again and
 		// fences above it at a new generation, so a late arrival of this
-		// write is shadowed.
+		// write is shadowed (and its bodies, if not stored, deleted).
+		s.rememberOrphans(o, msgs)
 		s.regenerate(o, epoch, gen)
 		failAll(fresh, fmt.Errorf("seqs %d..%d: outcome unknown, the messages may be stored: %w",
 			msgs[0].Seq, msgs[len(msgs)-1].Seq, err))
@@ -281,6 +296,7 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 	// it; a new owner loads the top after taking the lease, so it either
 	// saw these slots or shadows them.
 	if err := s.lease.Confirm(ctx, st.id, epoch); err != nil {
+		s.rememberOrphans(o, msgs)
 		o.mu.Lock()
 		o.epoch, o.lost = 0, max(o.lost, epoch)
 		o.mu.Unlock()
@@ -399,6 +415,7 @@ func (s *Store) takeConv(ctx context.Context, st *convState, epoch, gen uint64) 
 	st.own.mu.Lock()
 	st.own.sweep = false
 	st.own.mu.Unlock()
+	s.dropOrphans(ctx, st, top) // the fence is written
 	return top, nil
 }
 
