@@ -152,6 +152,7 @@ func runBenchFanout(ctx context.Context, args []string) error {
 	members := fs.Int("delivery-members", 10000, "members of the delivery scenario's group, all online")
 	only := fs.String("only", "", "comma-separated scenario names to run (default: all)")
 	fs.DurationVar(&cfg.DeliveryWait, "delivery-wait", cfg.DeliveryWait, "wait for pushes after the last ACK")
+	fs.IntVar(&cfg.Chunk, "chunk", cfg.Chunk, "member ids per create_group / add_members frame of the setup")
 	fs.StringVar(&cfg.Addr, "addr", "", "attach to this running node (host:port) instead of starting one")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "with -addr: the node's data directory (its development key signs the tokens)")
 	fs.IntVar(&cfg.ServerPID, "server-pid", 0, "with -addr: the node's process id, to report its CPU time per delivery")

@@ -14,7 +14,8 @@
 #   source /tmp/parley-engines/env; export PARLEY_TEST_REDIS PARLEY_TEST_NATS PARLEY_TEST_CASSANDRA
 #   scripts/bench/cluster-compare.sh /tmp/new /tmp/old /tmp/main /tmp/new
 #
-# ONLY=send or ONLY=fanout runs one kind. Reports go to stdout; each
+# ONLY=send or ONLY=fanout runs one kind; CHUNK (default 250) is the
+# members per add_members frame of the fan-out's setup. Reports go to stdout; each
 # cluster's logs stay under ${BENCH_DIR:-/tmp/parley-bench}/<name>.
 set -euo pipefail
 : "${PARLEY_TEST_REDIS:?source /tmp/parley-engines/env first}"
@@ -78,7 +79,7 @@ for round in $(seq "$rounds"); do
 		fi
 		if [[ $only != send ]]; then
 			# shellcheck disable=SC2086
-			measure "$name" "3,000 members × 20" 20 "$client" bench fanout $T -only delivery-3000 -delivery-members 3000 -procs 3 -messages 20 -rate 1
+			measure "$name" "3,000 members × 20" 20 "$client" bench fanout $T -only delivery-3000 -delivery-members 3000 -procs 3 -messages 20 -rate 1 -chunk "${CHUNK:-250}"
 		fi
 		"$here/cluster.sh" down "$name"
 		trap - EXIT

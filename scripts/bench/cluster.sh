@@ -58,7 +58,12 @@ unthrottled=(--gateway.max-connections 20000 --gateway.handshake-rate 100000 --g
 	--gateway.user-handshake-rate 1e9 --gateway.user-handshake-burst 1000000000
 	--gateway.source-accept-rate 0)
 
-"$bin" migrate "${common[@]}" >"$dir/migrate.log" 2>&1
+# Schema changes time out now and then on a busy shared Cassandra: retry.
+for attempt in 1 2 3 4 5; do
+	if "$bin" migrate "${common[@]}" >"$dir/migrate.log" 2>&1; then break; fi
+	[[ $attempt == 5 ]] && { cat "$dir/migrate.log" >&2; exit 1; }
+	sleep 5
+done
 
 # start NAME PORT PPROFPORT ARGS...: one process, waiting for its port.
 start() {

@@ -93,6 +93,7 @@ func run() error {
 	dur := flag.Duration("duration", 5*time.Second, "time per statement kind")
 	only := flag.String("only", "", "comma-separated kinds to run (default: all)")
 	conns := flag.Int("conns", 2, "connections per host (gocql NumConns)")
+	coalesce := flag.Duration("coalesce", 200*time.Microsecond, "gocql WriteCoalesceWaitTime (0: every frame written at once)")
 	flag.Parse()
 	if *hosts == "" {
 		return fmt.Errorf("-hosts or $PARLEY_TEST_CASSANDRA required")
@@ -101,6 +102,7 @@ func run() error {
 	cl := gocql.NewCluster(strings.Split(*hosts, ",")...)
 	cl.Timeout = 10 * time.Second
 	cl.NumConns = *conns
+	cl.WriteCoalesceWaitTime = *coalesce
 	cl.Consistency = gocql.Quorum
 	admin, err := cl.CreateSession()
 	if err != nil {
@@ -131,7 +133,7 @@ func run() error {
 		idle = (cpuMS(*pid) - c0) / dur.Seconds()
 		fmt.Printf("node CPU while idle: %.0f ms/s (subtracted below)\n", idle)
 	}
-	fmt.Printf("%d workers, %s per kind, NumConns %d\n\n", *workers, *dur, *conns)
+	fmt.Printf("%d workers, %s per kind, NumConns %d, WriteCoalesceWaitTime %s\n\n", *workers, *dur, *conns, *coalesce)
 	fmt.Println("| statement | per s | p50 | p99 | node CPU per statement |")
 	fmt.Println("|---|---:|---:|---:|---:|")
 	var seq atomic.Int64
