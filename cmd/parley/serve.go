@@ -89,8 +89,9 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 		Gateway: cfg.GatewayConfig(), Chat: cfg.ChatConfig(), Fanout: cfg.Fanout, Webhooks: cfg.Webhooks,
 		BucketWidth: cfg.Store.BucketWidth, Presence: cfg.Presence,
 		ConvStates: cfg.Store.ConversationStates, ConvIdle: cfg.Store.ConversationIdle,
-		Logger:    log,
-		NoMetrics: !cfg.Metrics.Enabled,
+		Logger:       log,
+		NoMetrics:    !cfg.Metrics.Enabled,
+		ReservedUser: cfg.Admin.Actor,
 		Web: server.Web{
 			Page:        cfg.Web.Page,
 			CORSOrigins: server.ParseOrigins(cfg.Web.CORSOrigins),

@@ -185,7 +185,7 @@ type Admin struct {
 	Listen  string `yaml:"listen" help:"host:port of the server API (docs/admin.md; needs the chat role); empty: off"`
 	Key     string `yaml:"key" help:"the server API's key, hex (at least 32 bytes); requests send it as Authorization: Bearer"`
 	KeyFile string `yaml:"key_file" help:"file holding the server API's hex key"`
-	Actor   string `yaml:"actor" help:"actor id of the server API's events, notices and moderation"`
+	Actor   string `yaml:"actor" help:"actor id of the server API's events, notices and moderation (reserved: refused as a client token's user)"`
 }
 
 // ResolveAdminKey returns the admin key (nil when the API is off).

@@ -180,6 +180,30 @@ func TestAdminAuth(t *testing.T) {
 	}
 }
 
+// TestAdminActorIsNoClient: a token for the server API's actor id
+// (admin.actor, default "admin") is refused on every client entry point,
+// so no client can send as the operator.
+func TestAdminActorIsNoClient(t *testing.T) {
+	srv := servertest.Start(t, servertest.WithAdmin())
+	tok := srv.Token("admin")
+	_, resp, err := dialRawErr(srv.URL, tok, "phone")
+	if err == nil || resp == nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("handshake as the admin actor: %v %v, want 401", err, resp)
+	}
+	c := &pollClient{t: t, base: srv.HTTPURL, token: tok}
+	for _, path := range []string{"/v1/poll?device=x", "/v1/conversations/snapshot?all=true"} {
+		st, body := c.do("GET", path, nil)
+		if st != http.StatusUnauthorized || !strings.Contains(string(body), `"code":"unauthorized"`) {
+			t.Fatalf("GET %s as the admin actor: %d %s, want 401 unauthorized", path, st, body)
+		}
+	}
+	if st, body := c.do("POST", "/v1/rpc?device=x", []byte(`{"type":"ping"}`)); st != http.StatusUnauthorized {
+		t.Fatalf("rpc as the admin actor: %d %s, want 401", st, body)
+	}
+	// Another user is served as usual.
+	dialRaw(t, srv, "administrator", "phone")
+}
+
 // TestAdminConversations: direct and group creation follow the client
 // path (the same direct conversation for the same pair, whoever opens
 // it), get and the paged list of a user's conversations, and errors.

@@ -294,11 +294,11 @@ func TestJoinAndLeaveBySeq(t *testing.T) {
 func TestPermissionMatrix(t *testing.T) {
 	srv := servertest.Start(t)
 	owner := dialRaw(t, srv, "owner", "d")
-	admin := dialRaw(t, srv, "admin", "d")
+	admin := dialRaw(t, srv, "adm", "d")
 	member := dialRaw(t, srv, "member", "d")
 	outsider := dialRaw(t, srv, "outsider", "d")
-	conv := owner.createGroup("g", "admin", "member", "victim")
-	mustOK(t, owner.call(protocol.Frame{Type: protocol.TypeSetRole, ConvID: conv, UserID: "admin", Role: protocol.RoleAdmin}), protocol.TypeConv)
+	conv := owner.createGroup("g", "adm", "member", "victim")
+	mustOK(t, owner.call(protocol.Frame{Type: protocol.TypeSetRole, ConvID: conv, UserID: "adm", Role: protocol.RoleAdmin}), protocol.TypeConv)
 	tests := []struct {
 		name string
 		c    *rawConn
@@ -334,7 +334,7 @@ func TestPermissionMatrix(t *testing.T) {
 	}
 	mustOK(t, admin.call(protocol.Frame{Type: protocol.TypeMute, ConvID: conv, UserID: "member", Muted: false}), protocol.TypeConv)
 	mustOK(t, member.sendText(conv, "m2", "x"), protocol.TypeAck)
-	mustOK(t, owner.call(protocol.Frame{Type: protocol.TypeRemove, ConvID: conv, Members: []string{"admin"}}), protocol.TypeConv)
+	mustOK(t, owner.call(protocol.Frame{Type: protocol.TypeRemove, ConvID: conv, Members: []string{"adm"}}), protocol.TypeConv)
 	mustOK(t, member.call(protocol.Frame{Type: protocol.TypePresenceSub, Users: []string{"owner"}}), protocol.TypePresence)
 }
 

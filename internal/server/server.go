@@ -104,6 +104,10 @@ type Options struct {
 	Logger       *slog.Logger
 	// NoMetrics leaves /metrics unserved (cmd/parley: metrics.enabled).
 	NoMetrics bool
+	// ReservedUser is a user id no token may carry: the server API's
+	// actor (admin.actor), so that no client can send as the operator.
+	// Empty: Admin.Actor, or admin.DefaultActor.
+	ReservedUser string
 }
 
 // Web configures the browser-facing side of a gateway node.
@@ -191,7 +195,7 @@ type Server struct {
 	outbox   *fanout.Outbox
 	hooks    *hooks.Hooks // nil without webhook endpoints
 	backend  gateway.Backend
-	verifier *auth.Verifier
+	verifier gateway.Verifier
 	gw       *gateway.Gateway
 
 	bg       sync.WaitGroup // loops owned by the server
@@ -604,10 +608,11 @@ func (s *Server) hub() hub {
 
 func (s *Server) startGateway(ctx context.Context) error {
 	o, m := s.opts, s.metrics
-	v, err := auth.NewVerifier(o.Auth)
+	tv, err := auth.NewVerifier(o.Auth)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
+	v := reserving{Verifier: tv, user: o.reservedUser()}
 	s.verifier = v
 	var mayWatch gateway.MayWatch
 	switch {
@@ -878,4 +883,30 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.shutErr = errors.Join(errGW, s.closeEngines())
 	})
 	return s.shutErr
+}
+
+// reservedUser is the user id no token may carry.
+func (o Options) reservedUser() string {
+	switch {
+	case o.ReservedUser != "":
+		return o.ReservedUser
+	case o.Admin != nil && o.Admin.Actor != "":
+		return o.Admin.Actor
+	}
+	return admin.DefaultActor
+}
+
+// reserving refuses tokens of the reserved user id (the server API's
+// actor) as invalid, on every path a gateway authenticates.
+type reserving struct {
+	*auth.Verifier
+	user string
+}
+
+func (r reserving) Verify(token string, now time.Time) (auth.Identity, error) {
+	id, err := r.Verifier.Verify(token, now)
+	if err == nil && id.User == r.user {
+		return auth.Identity{}, fmt.Errorf("verify: user id %q is reserved for the server API: %w", r.user, auth.ErrInvalid)
+	}
+	return id, err
 }

@@ -56,6 +56,10 @@ func (s *Server) handleDevToken(w http.ResponseWriter, r *http.Request) {
 		writeError(w, protocol.Errorf(protocol.CodeInvalidArgument, "user must be 1-64 bytes of [A-Za-z0-9._@-]"))
 		return
 	}
+	if req.User == s.opts.reservedUser() {
+		writeError(w, protocol.Errorf(protocol.CodeInvalidArgument, "user %q is reserved for the server API", req.User))
+		return
+	}
 	now := s.now()
 	exp := now.Add(DevTokenTTL)
 	tok, err := auth.MintHS256(s.opts.Web.DevKey, auth.Claims{User: req.User, IssuedAt: now, Expires: exp})
