@@ -3,6 +3,7 @@ package churn_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -133,6 +134,12 @@ func TestChurnEmbedded(t *testing.T) {
 	if _, evicted := st.ConvStates(); n > 2*limit && evicted < uint64(n-limit-4*workers) {
 		t.Errorf("%d states evicted after %d conversations with a bound of %d", evicted, n, limit)
 	}
+	// The node exports its state count.
+	if m, err := bench.ScrapeMetrics(context.Background(), http.DefaultClient, srv.HTTPURL+"/metrics"); err != nil {
+		t.Errorf("metrics: %v", err)
+	} else if held, _ := st.ConvStates(); !metricIs(m, "parley_conversation_states", float64(held)) {
+		t.Errorf("parley_conversation_states does not report the %d states held", held)
+	}
 	if s.peakRSS > rssLimit {
 		t.Errorf("peak RSS %.1f MiB above the bound of %d MiB", float64(s.peakRSS)/(1<<20), rssLimit>>20)
 	}
@@ -250,4 +257,10 @@ func dropKeyspace(t *testing.T, cc cassandra.Config) {
 	if err := sess.Query(`DROP KEYSPACE IF EXISTS ` + cc.Keyspace).Exec(); err != nil {
 		t.Logf("drop keyspace %s: %v", cc.Keyspace, err)
 	}
+}
+
+// metricIs reports whether the scraped metric has value v.
+func metricIs(m bench.Metrics, name string, v float64) bool {
+	got, ok := m.Get(name)
+	return ok && got == v
 }

@@ -478,6 +478,15 @@ func (s *Server) startChat() error {
 	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "parley_compensation_backlog", Help: "Compensation tasks waiting for a successful retry.",
 	}, func() float64 { return float64(s.ledger.Backlog()) }))
+	if cs, ok := s.store.(interface{ ConvStates() (int, uint64) }); ok {
+		// The bounded per-conversation state (store.conversation_states).
+		s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "parley_conversation_states", Help: "Conversations whose state the store keeps in memory (bounded by store.conversation_states).",
+		}, func() float64 { n, _ := cs.ConvStates(); return float64(n) }))
+		s.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "parley_conversation_states_evicted_total", Help: "Conversation states evicted from memory (idle or least recently used).",
+		}, func() float64 { _, n := cs.ConvStates(); return float64(n) }))
+	}
 	s.runLoop(func(ctx context.Context) {
 		if err := s.ledger.Run(ctx, svc.Compensate); err != nil && ctx.Err() == nil {
 			s.log.Error("compensation ledger stopped", "err", err)
