@@ -162,7 +162,7 @@ type Store struct {
 	BucketWidth time.Duration `yaml:"bucket_width" help:"time span of one message partition (fixed for the life of a store)"`
 	// ConversationStates and ConversationIdle bound the per-conversation
 	// state a chat process keeps in memory (internal/store/statecache).
-	ConversationStates int           `yaml:"conversation_states" help:"conversations whose state a chat process keeps in memory (least recently used idle ones go first; about 1 KiB each)"`
+	ConversationStates int           `yaml:"conversation_states" help:"conversations whose state a chat process keeps in memory (least recently used idle ones go first; about 1.3 KiB each)"`
 	ConversationIdle   time.Duration `yaml:"conversation_idle" help:"a conversation's in-memory state is dropped after this long unused"`
 }
 

@@ -63,8 +63,9 @@ type Config struct {
 	Scan int
 }
 
-// Defaults: about 1 KiB per state in either store, so the default bound is
-// about 64 MiB of conversation state per process.
+// Defaults: a state costs about 1.3 KiB of heap (measured on Pebble,
+// docs/benchmarks.md "Bounded memory"), so the default bound is about
+// 85 MiB of conversation state per process.
 const (
 	DefaultMax  = 65536
 	DefaultIdle = 10 * time.Minute
