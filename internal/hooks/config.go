@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	pnats "github.com/parley-im/parley/internal/bus/nats"
 	"github.com/parley-im/parley/internal/settings"
 	"github.com/parley-im/parley/webhook"
 )
@@ -104,7 +105,7 @@ func (c Config) Validate() error {
 	names := map[string]bool{}
 	for i, e := range c.Endpoints {
 		key := fmt.Sprintf("endpoints[%d]", i)
-		p.Check(validName(e.Name), key+".name", "%q must be 1-64 of [A-Za-z0-9_-]", e.Name)
+		p.Check(pnats.ValidName(e.Name), key+".name", "%q must be 1-64 of [A-Za-z0-9_-]", e.Name)
 		p.Check(!names[e.Name], key+".name", "%q used twice", e.Name)
 		names[e.Name] = true
 		u, err := url.Parse(e.URL)
@@ -134,17 +135,4 @@ func (e Endpoint) secret() ([]byte, error) {
 		return nil, errors.New("webhooks: endpoint " + e.Name + ": secret file is empty")
 	}
 	return []byte(s), nil
-}
-
-func validName(k string) bool {
-	if k == "" || len(k) > 64 {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		c := k[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
 }

@@ -83,7 +83,7 @@ func (c *TasksConfig) withDefaults() TasksConfig {
 func (c *TasksConfig) Validate() error {
 	d := c.withDefaults()
 	switch {
-	case !validKind(d.Stream):
+	case !ValidName(d.Stream):
 		return fmt.Errorf("nats: tasks config: bad stream name %q", d.Stream)
 	case d.Subject == d.DeadSubject:
 		return errors.New("nats: tasks config: Subject and DeadSubject must differ")
@@ -148,7 +148,7 @@ func NewTasks(ctx context.Context, nc *natsio.Conn, cfg TasksConfig) (*Tasks, er
 // unknown whether the task was stored: a caller that retries must accept a
 // duplicate, which idempotent handlers absorb.
 func (t *Tasks) Enqueue(ctx context.Context, kind string, payload []byte) error {
-	if !validKind(kind) {
+	if !ValidName(kind) {
 		return fmt.Errorf("nats: enqueue: bad kind %q", kind)
 	}
 	if !t.js.Conn().IsConnected() {
@@ -184,7 +184,7 @@ func (t *Tasks) Consume(ctx context.Context, kind string, handler func(ctx conte
 // ConsumeDeliveries is Consume with each attempt's number and the task's
 // sequence.
 func (t *Tasks) ConsumeDeliveries(ctx context.Context, kind string, handler func(ctx context.Context, d Delivery) error) error {
-	if !validKind(kind) {
+	if !ValidName(kind) {
 		return fmt.Errorf("nats: consume: bad kind %q", kind)
 	}
 	cons, err := t.js.CreateOrUpdateConsumer(ctx, t.cfg.Stream, jetstream.ConsumerConfig{
@@ -247,9 +247,10 @@ func (t *Tasks) ConsumeDeliveries(ctx context.Context, kind string, handler func
 	return nil
 }
 
-// validKind admits [A-Za-z0-9_-]{1,64}: a kind is both a subject token and
-// the durable consumer's name.
-func validKind(k string) bool {
+// ValidName admits [A-Za-z0-9_-]{1,64}: a name that can be both a subject
+// token and part of a durable consumer's name (task kinds, webhook
+// endpoints).
+func ValidName(k string) bool {
 	if k == "" || len(k) > 64 {
 		return false
 	}

@@ -312,12 +312,5 @@ func respondAdmin(m *natsio.Msg, ans adminAnswer) {
 	if err != nil {
 		data, _ = json.Marshal(adminAnswer{Err: toWire(protocol.Errorf(protocol.CodeInternal, "encode answer"))})
 	}
-	if ans.moving() {
-		r := natsio.NewMsg(m.Reply)
-		r.Data = data
-		r.Header.Set(headerMoved, "1")
-		_ = m.RespondMsg(r)
-		return
-	}
-	_ = m.Respond(data)
+	respond(m, data, ans.moving())
 }

@@ -201,15 +201,7 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 			}
 			answered = true
 			data, _ := json.Marshal(resp)
-			if resp.Type == protocol.TypeError && resp.Code == protocol.CodeOverloaded && resp.Error == chat.MovingMsg {
-				// Tell the gateway to retry on the new owner.
-				r := natsio.NewMsg(m.Reply)
-				r.Data = data
-				r.Header.Set(headerMoved, "1")
-				_ = m.RespondMsg(r)
-				return
-			}
-			_ = m.Respond(data)
+			respond(m, data, resp.Type == protocol.TypeError && resp.Code == protocol.CodeOverloaded && resp.Error == chat.MovingMsg)
 		}
 		ok := admit(func(rctx context.Context) {
 			svc.Handle(rctx, chat.Caller{User: req.User, Device: req.Device}, f, reply)
@@ -389,4 +381,18 @@ func (r Routed) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, re
 		return
 	}
 	r.Local.Handle(ctx, c, f, reply)
+}
+
+// respond answers m with data; moved marks the answer "the conversation
+// just moved away from this process", which the caller retries on the new
+// owner.
+func respond(m *natsio.Msg, data []byte, moved bool) {
+	if !moved {
+		_ = m.Respond(data)
+		return
+	}
+	r := natsio.NewMsg(m.Reply)
+	r.Data = data
+	r.Header.Set(headerMoved, "1")
+	_ = m.RespondMsg(r)
 }
