@@ -334,6 +334,8 @@ type Store struct {
 	bucketMS int64
 	block    uint64
 	lease    Lease // nil: transactional appends
+	// commit groups the owned path's plain writes (commit.go).
+	commit *committer
 
 	// gate is held for reading by every call and for writing by Close, so
 	// Close never closes the session under a call in progress.
@@ -422,6 +424,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		block:    cfg.SeqBlock,
 		lease:    cfg.Lease,
 	}
+	s.commit = newCommitter(s)
 	s.convs = statecache.New(statecache.Config{Max: cfg.ConvStates, Idle: cfg.ConvIdle}, s.quiescent)
 	return s, nil
 }

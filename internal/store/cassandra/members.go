@@ -236,13 +236,18 @@ func (s *Store) raiseRow(ctx context.Context, conv uint64, user string, seq uint
 	if seq == 0 {
 		return nil
 	}
-	stmt := `UPDATE user_conversations USING TIMESTAMP ? SET last_seq = ? WHERE user_id = ? AND conv_id = ?`
-	args := []any{i64(seq), i64(seq), user, i64(conv)}
+	st := rowStmt(conv, user, seq, mention)
+	return s.q(ctx, st.cql, st.args...).Exec()
+}
+
+// rowStmt is raiseRow's write.
+func rowStmt(conv uint64, user string, seq uint64, mention bool) stmt {
 	if mention {
-		stmt = `UPDATE user_conversations USING TIMESTAMP ? SET last_seq = ?, mention_seq = ? WHERE user_id = ? AND conv_id = ?`
-		args = []any{i64(seq), i64(seq), i64(seq), user, i64(conv)}
+		return stmt{`UPDATE user_conversations USING TIMESTAMP ? SET last_seq = ?, mention_seq = ? WHERE user_id = ? AND conv_id = ?`,
+			[]any{i64(seq), i64(seq), i64(seq), user, i64(conv)}}
 	}
-	return s.q(ctx, stmt, args...).Exec()
+	return stmt{`UPDATE user_conversations USING TIMESTAMP ? SET last_seq = ? WHERE user_id = ? AND conv_id = ?`,
+		[]any{i64(seq), i64(seq), user, i64(conv)}}
 }
 
 // RemoveMembers sets LeaveSeq = the top of the seq index for the users that

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -190,21 +189,26 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 	// written (the bodies of duplicates stay unreferenced, invisible).
 	recs := make([]idemRecord, len(batch))
 	found := make([]bool, len(batch))
-	if err := s.each(ctx, 2*len(batch), func(ctx context.Context, i int) error {
-		r := batch[i%len(batch)]
-		if i < len(batch) {
-			if !r.idem {
-				return nil
-			}
-			rec, f, err := s.readOwnedIdem(ctx, st.id, r.a.Msg)
-			recs[i], found[i] = rec, f
-			return err
+	var bodies []store.Message
+	for _, r := range batch {
+		if r.a.Msg.TargetSeq == 0 { // an edit's is written after Check, below
+			bodies = append(bodies, r.a.Msg)
 		}
-		if r.a.Msg.TargetSeq != 0 {
-			return nil // written after Check, below
+	}
+	var bodyErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { bodyErr = s.insertBodies(ctx, bodies) })
+	err := s.each(ctx, len(batch), func(ctx context.Context, i int) error {
+		r := batch[i]
+		if !r.idem {
+			return nil
 		}
-		return s.insertBody(ctx, r.a.Msg, s.bucketOf(r.a.Msg.ServerTime))
-	}); err != nil {
+		rec, f, err := s.readOwnedIdem(ctx, st.id, r.a.Msg)
+		recs[i], found[i] = rec, f
+		return err
+	})
+	wg.Wait()
+	if err := errors.Join(err, bodyErr); err != nil {
 		failAll(batch, err)
 		return
 	}
@@ -251,7 +255,7 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 			fresh[0].err = err
 			return
 		}
-		if err := s.insertBody(ctx, t.Msg, s.bucketOf(t.Msg.ServerTime)); err != nil {
+		if err := s.insertBodies(ctx, []store.Message{t.Msg}); err != nil {
 			s.unpend(ctx, st.id, w) // its slot is never written
 			fresh[0].err = err
 			return
@@ -272,7 +276,7 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 		m.Seq = top + 1 + uint64(i)
 		msgs[i] = m
 	}
-	err := s.fault("slots.lost")
+	err = s.fault("slots.lost")
 	if err == nil {
 		if err = s.writeSlots(ctx, st.id, msgs, epoch, gen); err == nil {
 			err = s.fault("slots.unknown")
@@ -447,14 +451,30 @@ func (s *Store) finishLast(ctx context.Context, conv, top, epoch, gen uint64) er
 	return s.sweep(ctx, conv, msgs)
 }
 
-// insertBody writes a message body; msg ids are unique (Snowflake), and a
-// body no slot points to is invisible.
-func (s *Store) insertBody(ctx context.Context, m store.Message, bucket int32) error {
-	return s.q(ctx, `INSERT INTO messages (conv_id, bucket, message_id, sender, sender_device, client_msg_id,
+// insertBodies writes message bodies (group commit: commit.go); msg ids
+// are unique (Snowflake), and a body no slot points to is invisible. A
+// large body is written on its own.
+func (s *Store) insertBodies(ctx context.Context, msgs []store.Message) error {
+	var small []stmt
+	var big []stmt
+	for _, m := range msgs {
+		st := stmt{`INSERT INTO messages (conv_id, bucket, message_id, sender, sender_device, client_msg_id,
 		kind, body, target_seq, server_time, mentions, mention_all, coalesce_key)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		i64(m.ConvID), bucket, i64(m.MsgID), m.Sender, m.SenderDevice, m.ClientMsgID,
-		m.Kind, m.Body, i64(m.TargetSeq), m.ServerTime, unsetIfEmpty(m.Mentions), m.MentionAll, m.CoalesceKey).Exec()
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, []any{
+			i64(m.ConvID), s.bucketOf(m.ServerTime), i64(m.MsgID), m.Sender, m.SenderDevice, m.ClientMsgID,
+			m.Kind, m.Body, i64(m.TargetSeq), m.ServerTime, unsetIfEmpty(m.Mentions), m.MentionAll, m.CoalesceKey}}
+		if st.size() > maxGroupBytes/4 {
+			big = append(big, st)
+		} else {
+			small = append(small, st)
+		}
+	}
+	return s.each(ctx, 1+len(big), func(ctx context.Context, i int) error {
+		if i == 0 {
+			return s.commit.exec(ctx, small)
+		}
+		return s.q(ctx, big[i-1].cql, big[i-1].args...).Exec()
+	})
 }
 
 // readOwnedIdem reads an idempotency record with its seq (0 for a record
@@ -502,20 +522,21 @@ func (s *Store) verifyIdem(ctx context.Context, conv uint64, rec idemRecord, top
 }
 
 // writeSlots writes the slots of msgs (dense, one message_seq partition)
-// in one batch at the epoch's write timestamp: a single-partition batch is
-// applied atomically (no batch log), and a later owner's writes and fences
-// win over it. The identical batch is retried, which is idempotent. The
+// in one batch at the epoch's write timestamp: a batch's writes of one
+// partition are applied atomically (no batch log; the group commit may
+// share the batch with other conversations' writes, each partition's share
+// atomic), and a later owner's writes and fences win over it. The identical batch is retried, which is idempotent. The
 // idempotency records follow (afterOwned); takeConv repairs those of a
 // batch whose writer died or failed in between.
 func (s *Store) writeSlots(ctx context.Context, conv uint64, msgs []store.Message, epoch, gen uint64) error {
+	stmts := make([]stmt, len(msgs))
+	for i, m := range msgs {
+		stmts[i] = stmt{`INSERT INTO message_seq (conv_id, seq_block, seq, message_id, bucket) VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?`,
+			[]any{i64(conv), s.blockOf(m.Seq), i64(m.Seq), i64(m.MsgID), s.bucketOf(m.ServerTime), writeTS(epoch, gen)}}
+	}
 	var err error
 	for attempt := range writeAttempts {
-		b := s.sess.Batch(gocql.UnloggedBatch).WithContext(ctx).Consistency(s.cons).WithTimestamp(writeTS(epoch, gen))
-		for _, m := range msgs {
-			b.Query(`INSERT INTO message_seq (conv_id, seq_block, seq, message_id, bucket) VALUES (?, ?, ?, ?, ?)`,
-				i64(conv), s.blockOf(m.Seq), i64(m.Seq), i64(m.MsgID), s.bucketOf(m.ServerTime))
-		}
-		if err = b.Exec(); err == nil {
+		if err = s.commit.exec(ctx, stmts); err == nil {
 			return nil
 		}
 		if werr := backoff(ctx, attempt); werr != nil {
@@ -528,32 +549,36 @@ func (s *Store) writeSlots(ctx context.Context, conv uint64, msgs []store.Messag
 // writeIdem writes the idempotency records of msgs (their seqs included)
 // at the epoch's write timestamp.
 func (s *Store) writeIdem(ctx context.Context, conv uint64, msgs []store.Message, epoch, gen uint64) error {
-	var with []store.Message
+	return s.commit.exec(ctx, s.idemStmts(conv, msgs, epoch, gen))
+}
+
+// idemStmts are the writes of msgs' idempotency records.
+func (s *Store) idemStmts(conv uint64, msgs []store.Message, epoch, gen uint64) []stmt {
+	var out []stmt
 	for _, m := range msgs {
 		if m.ClientMsgID != "" {
-			with = append(with, m)
+			out = append(out, stmt{`INSERT INTO idempotency (conv_id, sender, client_msg_id, message_id, bucket, start_seq, seq)
+			VALUES (?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?`,
+				[]any{i64(conv), m.Sender, m.ClientMsgID, i64(m.MsgID), s.bucketOf(m.ServerTime), i64(m.Seq), i64(m.Seq), writeTS(epoch, gen)}})
 		}
 	}
-	return s.each(ctx, len(with), func(ctx context.Context, i int) error {
-		m := with[i]
-		return s.q(ctx, `INSERT INTO idempotency (conv_id, sender, client_msg_id, message_id, bucket, start_seq, seq)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`,
-			i64(conv), m.Sender, m.ClientMsgID, i64(m.MsgID), s.bucketOf(m.ServerTime), i64(m.Seq), i64(m.Seq)).
-			WithTimestamp(writeTS(epoch, gen)).Exec()
-	})
+	return out
 }
 
 // afterOwned writes, after the lease is confirmed, what the batch's
-// acknowledgements promise, all at once: the idempotency records, outbox
-// entries and @everyone (a failure fails the requests: the client's
-// retry, a duplicate, writes them again, after the next batch repaired
-// the records), the read positions of ReadBy and, if asked, the members'
-// rows (returned: whether each was written; a failure is logged and left
-// to the caller), and the last_seq hint and coalesce keys (max-registers;
-// a failure is logged). The hint is written only when the batch enters a
-// message_seq partition the last hint did not reach: every reader probes
-// the index from the hint's partition up, so a hint within the right
-// partition is as good as an exact one.
+// acknowledgements promise, as one group-committed write (commit.go): the
+// idempotency records, outbox entries, @everyone and the read positions of
+// ReadBy, with the members' rows if asked and the members are known
+// without a read (a direct conversation's, once read); a failure fails the
+// requests (the client's retry, a duplicate, writes the outbox entry
+// again, after the next batch repaired the records, and leaves rows and
+// read position to the caller). Rows that need the members read are
+// written alongside (returned: whether they were; a failure is logged and
+// left to the caller), as are the last_seq hint and coalesce keys
+// (max-registers; a failure is logged). The hint is written only when the
+// batch enters a message_seq partition the last hint did not reach: every
+// reader probes the index from the hint's partition up, so a hint within
+// the right partition is as good as an exact one.
 func (s *Store) afterOwned(ctx context.Context, st *convState, reqs []*ownedReq, msgs []store.Message, epoch, gen uint64) (rows, read bool, err error) {
 	last := msgs[len(msgs)-1].Seq
 	var everyone uint64
@@ -576,20 +601,35 @@ func (s *Store) afterOwned(ctx context.Context, st *convState, reqs []*ownedReq,
 	o.mu.Lock()
 	hint := o.hinted == 0 || s.blockOf(last) != s.blockOf(o.hinted)
 	o.mu.Unlock()
-	var rowsErr, readErr, idemErr, outboxErr error
+	// One group-committed write (commit.go) carries the idempotency
+	// records, outbox entries, @everyone, read positions and, when the
+	// members are known without a read, their rows.
+	stmts := s.idemStmts(st.id, msgs, epoch, gen)
+	for _, m := range msgs {
+		stmts = append(stmts, stmt{`INSERT INTO fanout_pending (shard, conv_id, seq) VALUES (?, ?, ?)`,
+			[]any{outboxShard(st.id), i64(st.id), i64(m.Seq)}})
+	}
+	if everyone != 0 {
+		stmts = append(stmts, stmt{`UPDATE conversations USING TIMESTAMP ? SET everyone_seq = ? WHERE conv_id = ?`,
+			[]any{i64(everyone), i64(everyone), i64(st.id)}})
+	}
+	for r, seq := range readers {
+		stmts = append(stmts, stmt{`UPDATE read_positions USING TIMESTAMP ? SET seq = ? WHERE user_id = ? AND conv_id = ? AND device = ?`,
+			[]any{i64(seq), i64(seq), r.User, i64(st.id), r.Device}})
+	}
+	rowsInline := false
+	if wantRows {
+		o.mu.Lock()
+		users := o.direct
+		o.mu.Unlock()
+		if users != nil {
+			rowsInline = true
+			stmts = append(stmts, s.rowStmts(st.id, users, msgs)...)
+		}
+	}
+	var rowsErr, mainErr error
 	var wg sync.WaitGroup
-	wg.Go(func() { idemErr = s.writeIdem(ctx, st.id, msgs, epoch, gen) })
-	wg.Go(func() {
-		b := s.sess.Batch(gocql.UnloggedBatch).WithContext(ctx).Consistency(s.cons)
-		for _, m := range msgs {
-			b.Query(`INSERT INTO fanout_pending (shard, conv_id, seq) VALUES (?, ?, ?)`, outboxShard(st.id), i64(st.id), i64(m.Seq))
-		}
-		outboxErr = b.Exec()
-		if outboxErr == nil && everyone != 0 {
-			outboxErr = s.q(ctx, `UPDATE conversations USING TIMESTAMP ? SET everyone_seq = ? WHERE conv_id = ?`,
-				i64(everyone), i64(everyone), i64(st.id)).Exec()
-		}
-	})
+	wg.Go(func() { mainErr = s.commit.exec(ctx, stmts) })
 	if hint || len(keys) > 0 {
 		wg.Go(func() {
 			var err error
@@ -620,31 +660,18 @@ func (s *Store) afterOwned(ctx context.Context, st *convState, reqs []*ownedReq,
 			}
 		})
 	}
-	if len(readers) > 0 {
-		wg.Go(func() {
-			rs := slices.Collect(maps.Keys(readers))
-			readErr = s.each(ctx, len(rs), func(ctx context.Context, i int) error {
-				seq := readers[rs[i]]
-				return s.q(ctx, `UPDATE read_positions USING TIMESTAMP ? SET seq = ? WHERE user_id = ? AND conv_id = ? AND device = ?`,
-					i64(seq), i64(seq), rs[i].User, i64(st.id), rs[i].Device).Exec()
-			})
-		})
-	}
-	if wantRows {
+	if wantRows && !rowsInline {
 		wg.Go(func() { rowsErr = s.batchRows(ctx, st, msgs) })
 	}
 	wg.Wait()
-	if err := errors.Join(idemErr, outboxErr); err != nil {
+	if mainErr != nil {
 		return false, false, fmt.Errorf("seqs %d..%d are stored but their idempotency records or fan-out could not be recorded; retry to finish it: %w",
-			msgs[0].Seq, last, err)
+			msgs[0].Seq, last, mainErr)
 	}
 	if rowsErr != nil {
 		s.log.Warn("cassandra: append: rows left to fan-out", logKeyConv, st.id, logKeySeq, last, logKeyErr, rowsErr)
 	}
-	if readErr != nil {
-		s.log.Warn("cassandra: append: read position left to the caller", logKeyConv, st.id, logKeySeq, last, logKeyErr, readErr)
-	}
-	return wantRows && rowsErr == nil, len(readers) > 0 && readErr == nil, nil
+	return wantRows && rowsErr == nil, len(readers) > 0, nil
 }
 
 // batchRows raises the rows of the conversation's current members to the
@@ -656,10 +683,14 @@ func (s *Store) batchRows(ctx context.Context, st *convState, msgs []store.Messa
 	if err != nil {
 		return err
 	}
-	conv := st.id
+	return s.commit.exec(ctx, s.rowStmts(st.id, users, msgs))
+}
+
+// rowStmts are the writes of batchRows for users (as raiseRow's).
+func (s *Store) rowStmts(conv uint64, users []string, msgs []store.Message) []stmt {
 	last := msgs[len(msgs)-1].Seq
-	return s.each(ctx, len(users), func(ctx context.Context, i int) error {
-		u := users[i]
+	var out []stmt
+	for _, u := range users {
 		var mention uint64
 		for _, m := range msgs {
 			if m.MentionAll || slices.Contains(m.Mentions, u) {
@@ -667,12 +698,11 @@ func (s *Store) batchRows(ctx context.Context, st *convState, msgs []store.Messa
 			}
 		}
 		if mention != 0 && mention != last {
-			if err := s.raiseRow(ctx, conv, u, mention, true); err != nil {
-				return err
-			}
+			out = append(out, rowStmt(conv, u, mention, true))
 		}
-		return s.raiseRow(ctx, conv, u, last, mention == last)
-	})
+		out = append(out, rowStmt(conv, u, last, mention == last))
+	}
+	return out
 }
 
 // rowUsers returns the conversation's current members.

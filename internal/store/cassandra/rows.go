@@ -148,10 +148,14 @@ func (s *Store) FanoutDone(ctx context.Context, convID uint64, seqs []uint64) er
 		if err := s.check(ctx, convID); err != nil {
 			return err
 		}
-		return s.each(ctx, len(seqs), func(ctx context.Context, i int) error {
-			return s.q(ctx, `DELETE FROM fanout_pending WHERE shard = ? AND conv_id = ? AND seq = ?`,
-				outboxShard(convID), i64(convID), i64(seqs[i])).Exec()
-		})
+		// Group-committed (commit.go): the deletes of every conversation
+		// fanned out meanwhile share a batch.
+		stmts := make([]stmt, len(seqs))
+		for i, seq := range seqs {
+			stmts[i] = stmt{`DELETE FROM fanout_pending WHERE shard = ? AND conv_id = ? AND seq = ?`,
+				[]any{outboxShard(convID), i64(convID), i64(seq)}}
+		}
+		return s.commit.exec(ctx, stmts)
 	}()
 	if err != nil {
 		return fmt.Errorf("cassandra: %s %d: %w", op, convID, err)
