@@ -2,10 +2,13 @@ package chat
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/snowflake"
+	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -203,5 +206,73 @@ func TestOwnMessagesPerDeviceReadScope(t *testing.T) {
 	}
 	if s := list("other"); s.Unread != 1 || s.ReadSeq != 0 {
 		t.Fatalf("other device's row %+v, want unread 1", s)
+	}
+}
+
+// countingStore counts the reads a send may skip.
+type countingStore struct {
+	store.Store
+	mu            sync.Mutex
+	convs, member int
+}
+
+func (c *countingStore) Conversation(ctx context.Context, id uint64) (store.Conversation, error) {
+	c.mu.Lock()
+	c.convs++
+	c.mu.Unlock()
+	return c.Store.Conversation(ctx, id)
+}
+
+func (c *countingStore) Member(ctx context.Context, conv uint64, user string) (store.Member, error) {
+	c.mu.Lock()
+	c.member++
+	c.mu.Unlock()
+	return c.Store.Member(ctx, conv, user)
+}
+
+func (c *countingStore) reads() (int, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.convs, c.member
+}
+
+// TestDirectSendRemembersConversation: once a direct conversation and its
+// members are known, its members' sends read neither the conversation nor
+// the membership again; anyone else is still refused as before.
+func TestDirectSendRemembersConversation(t *testing.T) {
+	r := newReceiptRig(t)
+	cs := &countingStore{Store: r.st}
+	r.st = cs
+	svc := r.service()
+	conv := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeOpenDirect, Peer: "b"}).Conv.ConvID
+	send := func(user, id string) *protocol.Frame {
+		return r.call(svc, user, &protocol.Frame{Type: protocol.TypeSend, ConvID: conv, ClientMsgID: id, Kind: protocol.KindText, Body: id})
+	}
+	for i := range 2 { // the first fans out (members known), the second remembers
+		if ack := send("a", fmt.Sprint("w", i)); ack == nil || ack.Type != protocol.TypeAck {
+			t.Fatalf("send answered %+v", ack)
+		}
+	}
+	c0, m0 := cs.reads()
+	for i := range 5 {
+		user := []string{"a", "b"}[i%2]
+		if ack := send(user, fmt.Sprint("m", i)); ack == nil || ack.Type != protocol.TypeAck || ack.Seq != uint64(3+i) {
+			t.Fatalf("send %d by %s answered %+v", i, user, ack)
+		}
+	}
+	if c1, m1 := cs.reads(); c1 != c0 || m1 != m0 {
+		t.Errorf("5 sends read the conversation %d and a membership %d times, want 0 and 0", c1-c0, m1-m0)
+	}
+	// A non-member is refused, with or without anything remembered.
+	if resp := send("c", "x"); resp == nil || resp.Code != protocol.CodeNotMember {
+		t.Errorf("a non-member's send answered %+v", resp)
+	}
+	// A restarted process reads once more.
+	svc2 := r.service()
+	if ack := r.call(svc2, "a", &protocol.Frame{Type: protocol.TypeSend, ConvID: conv, ClientMsgID: "n", Kind: protocol.KindText, Body: "n"}); ack == nil || ack.Type != protocol.TypeAck {
+		t.Fatalf("send after a restart answered %+v", ack)
+	}
+	if c2, m2 := cs.reads(); c2 == c0 || m2 == m0 {
+		t.Errorf("a restarted process did not read the conversation and membership")
 	}
 }

@@ -63,6 +63,40 @@ type convInfo struct {
 	members []string // direct conversations only
 	lastSeq uint64
 	touched int64
+	// conv is a direct conversation as a send read it (directConv): all
+	// of it but LastSeq, Tier and EveryoneSeq is fixed at its creation.
+	conv *store.Conversation
+}
+
+// directConv returns direct conversation conv as remembered, if user is
+// one of its two members: a send then needs neither the conversation nor
+// the membership read. Both never change (no membership operation applies
+// to a direct conversation: members.go group), so the copy never goes
+// stale; only LastSeq, which the send does not use, moves.
+func (s *Service) directConv(conv uint64, user string) (store.Conversation, bool) {
+	p := s.pos
+	p.convMu.Lock()
+	defer p.convMu.Unlock()
+	ci := p.convs[conv]
+	if ci == nil || ci.conv == nil || len(ci.members) != 2 || (ci.members[0] != user && ci.members[1] != user) {
+		return store.Conversation{}, false
+	}
+	ci.touched = s.now().UnixMilli()
+	return *ci.conv, true
+}
+
+// rememberDirect keeps cv, a direct conversation a send just read, for
+// directConv once its members are known (the fan-out reads them).
+func (s *Service) rememberDirect(cv store.Conversation) {
+	if cv.Kind != store.Direct {
+		return
+	}
+	p := s.pos
+	p.convMu.Lock()
+	defer p.convMu.Unlock()
+	if ci := p.convs[cv.ID]; ci != nil && ci.conv == nil && len(ci.members) == 2 {
+		ci.conv = &cv
+	}
 }
 
 // lastSeqer is implemented by stores that read a conversation's last seq

@@ -89,13 +89,10 @@ func (s *Service) conversation(ctx context.Context, user string, conv uint64) (s
 func (s *Service) receipt(ctx context.Context, c Caller, cv store.Conversation, seq uint64, state string, self bool) {
 	var members []string
 	if cv.Kind == store.Direct {
-		ms, err := s.store.Members(ctx, cv.ID)
-		if err != nil {
+		var err error
+		if members, err = s.directMembers(ctx, cv.ID); err != nil {
 			s.log.Warn("receipt: members", "err", err)
 			return
-		}
-		for _, m := range ms {
-			members = append(members, m.UserID)
 		}
 	}
 	s.receiptTo(ctx, c, cv.ID, seq, state, members, self)

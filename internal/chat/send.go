@@ -36,12 +36,22 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 		ownErr  = errors.New("not read")
 		ownRead chan struct{}
 	)
+	// A direct conversation the caller is a member of, as remembered:
+	// neither it nor the membership is read again (directConv).
+	var known bool
+	if !c.Admin {
+		cv, known = s.directConv(f.ConvID, c.User)
+	}
 	if _, ok := s.store.(networked); ok {
 		// Over the network the conversation and the caller's read
 		// position are read alongside the membership: one round trip
 		// before the append instead of three.
 		read = make(chan struct{})
-		go func() { cv, err = s.store.Conversation(ctx, f.ConvID); close(read) }()
+		if known {
+			close(read)
+		} else {
+			go func() { cv, err = s.store.Conversation(ctx, f.ConvID); close(read) }()
+		}
 		if !c.Admin {
 			ownRead = make(chan struct{})
 			go func() { own, ownErr = s.store.Read(ctx, c.User, s.readDevice(c), f.ConvID); close(ownRead) }()
@@ -55,7 +65,7 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 		}
 	}
 	defer waitOwn()
-	if !c.Admin {
+	if !c.Admin && !known {
 		// The admin (moderation edit and recall, admin.go) is no member:
 		// its authority replaces the membership check.
 		m, perr := s.member(ctx, c.User, f.ConvID)
@@ -74,11 +84,14 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	} else if read != nil {
 		<-read
 	}
-	if read == nil {
+	if read == nil && !known {
 		cv, err = s.store.Conversation(ctx, f.ConvID)
 	}
 	if err != nil {
 		return s.storeErr("conversation", err)
+	}
+	if !known {
+		s.rememberDirect(cv)
 	}
 	if c.Admin && cv.E2E && f.Type != protocol.TypeRecall {
 		return protocol.Errorf(protocol.CodeE2EUnsupported, "the server never produces the body of an end-to-end encrypted conversation: moderation can recall, not edit")
