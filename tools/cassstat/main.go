@@ -1,7 +1,8 @@
 // Command cassstat prints, per table of one keyspace, how many reads,
-// writes (mutations, and write statements it coordinated: a batch counts
-// once) and range scans the Cassandra node served (Cassandra 4+'s
-// system_views). Run it before and after a
+// writes (mutations: a batch's rows of one partition count once, and as
+// coordinator) and range scans the Cassandra node served, and the requests
+// (a batch counts once) of the client connections using the keyspace
+// (Cassandra 4+'s system_views). Run it before and after a
 // benchmark and pass the first output's file to -since, with -per the
 // messages the benchmark sent, for statements per message:
 //
@@ -64,6 +65,19 @@ func run(hosts, ks, since string, per float64) error {
 			return fmt.Errorf("%s: %w", v[0], err)
 		}
 	}
+	// Requests (a batch is one) on the connections of the keyspace's
+	// sessions: what the clients asked, whoever else uses the node.
+	it := s.Query(`SELECT keyspace_name, request_count FROM system_views.clients`).Iter()
+	var name string
+	var n int64
+	for it.Scan(&name, &n) {
+		if name == ks {
+			now["clients requests"] += float64(n)
+		}
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("clients: %w", err)
+	}
 	if since == "" {
 		for k, n := range now {
 			fmt.Printf("%s %.0f\n", k, n)
@@ -104,5 +118,6 @@ func run(hosts, ks, since string, per float64) error {
 	for _, v := range views {
 		fmt.Printf("%-40s %8.2f\n", "total "+v[1], total[v[1]])
 	}
+	fmt.Printf("%-40s %8.2f\n", "total requests", total["requests"])
 	return nil
 }
