@@ -111,6 +111,7 @@ func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) ser
 			Redis: cfg.Cluster.Redis, NATS: cfg.Cluster.NATS, Cassandra: cfg.Cassandra(),
 			Namespace: cfg.Cluster.Namespace, JetStreamReplicas: cfg.Cluster.JetStreamReplicas,
 			PresenceResync: cfg.Cluster.PresenceResync,
+			PresenceShards: cfg.Cluster.PresenceShards,
 			Partitions:     cfg.Cluster.Partitions, PartitionLease: cfg.Cluster.PartitionLease,
 			ChatMaxInflight: cfg.Cluster.ChatMaxInflight,
 		}

@@ -120,9 +120,14 @@ type Cluster struct {
 	// Namespace prefixes the deployment's NATS subjects, JetStream streams
 	// and Redis keys, so several deployments can share engines.
 	Namespace string `yaml:"namespace" help:"prefix of the deployment's NATS subjects, streams and Redis keys"`
-	// PresenceResync is how often each gateway sends a digest of its
-	// online users; a process whose view disagrees fetches the list.
-	PresenceResync time.Duration `yaml:"presence_resync" help:"how often each gateway sends a digest of who is online on it (a process whose view disagrees fetches its list; a gateway silent for three intervals loses its users)"`
+	// PresenceResync is how often a process reads again the followed
+	// users it believes online (a gateway killed without disconnecting
+	// announces nothing; its users go offline once its registry lease
+	// lapses).
+	PresenceResync time.Duration `yaml:"presence_resync" help:"how often a process reads again, from Redis, the watched users and tracked group members it believes online (bounds how late a gateway's death is seen)"`
+	// PresenceShards is how many NATS subjects presence hints are spread
+	// over; a process subscribes to the shards of the users it follows.
+	PresenceShards int `yaml:"presence_shards" help:"how many NATS subjects (<ns>.presence.s.<n>) presence changes are spread over, by user; the same on every process of a deployment"`
 	// Partitions: conversations map to this many partitions, each owned
 	// by one chat process at a time (the same in every process of a
 	// deployment, gateways included).
@@ -271,7 +276,7 @@ func defaults() Config {
 		Web:        Web{Page: true},
 		Admin:      Admin{Actor: "admin"},
 		Cluster: Cluster{Keyspace: "parley", ReplicationFactor: 1, Consistency: "QUORUM", SerialConsistency: "SERIAL",
-			JetStreamReplicas: 1, Namespace: "parley", PresenceResync: 15 * time.Second,
+			JetStreamReplicas: 1, Namespace: "parley", PresenceResync: 15 * time.Second, PresenceShards: 256,
 			Partitions: 64, PartitionLease: 3 * time.Second, ChatMaxInflight: 1024},
 	}
 }
@@ -485,6 +490,8 @@ func (c Config) validateRoles(p *settings.Problems) {
 		p.Check(c.Cluster.Partitions >= 1 && c.Cluster.Partitions <= 65536, "cluster.partitions", "must be in [1, 65536], got %d", c.Cluster.Partitions)
 		p.Check(c.Cluster.PartitionLease >= 300*time.Millisecond, "cluster.partition_lease", "must be at least 300ms, got %v", c.Cluster.PartitionLease)
 		p.Check(c.Cluster.ChatMaxInflight >= 1, "cluster.chat_max_inflight", "must be at least 1, got %d", c.Cluster.ChatMaxInflight)
+		p.Check(c.Cluster.PresenceShards >= 1 && c.Cluster.PresenceShards <= 65536, "cluster.presence_shards", "must be in [1, 65536], got %d", c.Cluster.PresenceShards)
+		p.Check(c.Cluster.PresenceResync >= 100*time.Millisecond, "cluster.presence_resync", "must be at least 100ms, got %v", c.Cluster.PresenceResync)
 		if c.RoleSet()[RoleChat] {
 			p.Check(c.Cluster.CassandraHosts != "", "cluster.cassandra_hosts", "the chat role needs Cassandra contact points")
 		}

@@ -8,7 +8,18 @@ import (
 	"github.com/parley-im/parley/internal/store/statecache"
 )
 
-// Scoped is the online-member index of a cluster chat process: Online,
+// Index is an online-member index: Online (embedded node) or Roster
+// (cluster chat process).
+type Index interface {
+	Tracked(conv uint64) bool
+	Track(conv uint64, members []store.Member)
+	Untrack(conv uint64)
+	Joined(conv uint64, members []store.Member)
+	Left(conv uint64, users []string)
+	GroupOnline(conv uint64) ([]store.Member, bool)
+}
+
+// Scoped is the online-member index of a cluster chat process: an Index,
 // with each tracked group's entry valid only under the ownership epoch
 // of the conversation's partition it was built in, and at most
 // ScopedGroups entries, none idle for longer than ScopedIdle.
@@ -32,7 +43,7 @@ import (
 // away, or that went quiet): the next message rebuilds it, one membership
 // read.
 type Scoped struct {
-	*Online
+	Index
 	// epoch returns the epoch under which this process holds conv's
 	// partition, or false if it holds none.
 	epoch func(conv uint64) (uint64, bool)
@@ -54,12 +65,12 @@ const (
 )
 
 // NewScoped scopes o's tracked groups to epoch.
-func NewScoped(o *Online, epoch func(conv uint64) (uint64, bool)) *Scoped {
+func NewScoped(o Index, epoch func(conv uint64) (uint64, bool)) *Scoped {
 	return newScoped(o, epoch, statecache.Config{Max: ScopedGroups, Idle: ScopedIdle})
 }
 
-func newScoped(o *Online, epoch func(conv uint64) (uint64, bool), cfg statecache.Config) *Scoped {
-	s := &Scoped{Online: o, epoch: epoch}
+func newScoped(o Index, epoch func(conv uint64) (uint64, bool), cfg statecache.Config) *Scoped {
+	s := &Scoped{Index: o, epoch: epoch}
 	s.built = statecache.New(cfg, func(e *builtEntry) bool {
 		// Evicted: the group's entry goes with its record (Untrack takes
 		// only the index's own locks, never the cache's).
@@ -74,14 +85,14 @@ func newScoped(o *Online, epoch func(conv uint64) (uint64, bool), cfg statecache
 func (s *Scoped) Tracked(conv uint64) bool {
 	e := s.built.Get(conv) // touches it: in use
 	if e == nil {
-		if s.Online.Tracked(conv) {
-			s.Online.Untrack(conv) // evicted record, or never recorded
+		if s.Index.Tracked(conv) {
+			s.Index.Untrack(conv) // evicted record, or never recorded
 		}
 		return false
 	}
 	built, ok := e.epoch.Load(), e.ok.Load()
 	s.built.Release(e)
-	if !s.Online.Tracked(conv) {
+	if !s.Index.Tracked(conv) {
 		return false
 	}
 	if epoch, now := s.epoch(conv); ok && now && built == epoch {
@@ -101,7 +112,7 @@ func (s *Scoped) Track(conv uint64, members []store.Member) {
 	e.epoch.Store(epoch)
 	e.ok.Store(ok)
 	s.built.Release(e)
-	s.Online.Track(conv, members)
+	s.Index.Track(conv, members)
 }
 
 // Untrack drops conv's entry.
@@ -110,7 +121,7 @@ func (s *Scoped) Untrack(conv uint64) {
 		e.ok.Store(false) // never trusted again; evicted in time
 		s.built.Release(e)
 	}
-	s.Online.Untrack(conv)
+	s.Index.Untrack(conv)
 }
 
 // Groups returns how many groups have an entry record (tests, metrics).

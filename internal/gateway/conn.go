@@ -282,13 +282,14 @@ func (g *Gateway) gone(s *session) {
 	}
 	g.logClose(s)
 	g.presence.Unwatch(s)
-	if s.present.Load() {
-		g.presence.Disconnected(s.user)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 	defer cancel()
 	if err := g.reg.Unregister(ctx, s.user, s.device, s.id); err != nil {
 		g.log.Warn("registry unregister failed", "user", s.user, "err", err)
+	}
+	// After the registry: in cluster mode presence is read from it.
+	if s.present.Load() {
+		g.presence.Disconnected(s.user)
 	}
 }
 
@@ -424,7 +425,11 @@ func (g *Gateway) watch(ctx context.Context, s *session, f *protocol.Frame) *pro
 			return protocol.ErrorFrame(f.RID, protocol.Errorf(protocol.CodeNotMember, "you share no conversation with %s", u))
 		}
 	}
-	resp := &protocol.Frame{Type: protocol.TypePresence, RID: f.RID, States: g.presence.Watch(s, f.Users)}
+	states, err := g.presence.Watch(ctx, s, f.Users)
+	if err != nil {
+		return protocol.ErrorFrame(f.RID, protocol.Errorf(protocol.CodeStoreUnavailable, "presence read failed; retry"))
+	}
+	resp := &protocol.Frame{Type: protocol.TypePresence, RID: f.RID, States: states}
 	resp.FillLists()
 	return resp
 }

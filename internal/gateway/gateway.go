@@ -44,7 +44,7 @@ type Backend interface {
 type Presence interface {
 	Connected(ctx context.Context, user string)
 	Disconnected(user string)
-	Watch(s presence.Subscriber, users []string) []protocol.PresenceState
+	Watch(ctx context.Context, s presence.Subscriber, users []string) ([]protocol.PresenceState, error)
 	Unwatch(s presence.Subscriber)
 }
 

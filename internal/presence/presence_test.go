@@ -25,7 +25,7 @@ func TestFlushAggregatesAndRateLimits(t *testing.T) {
 	now := time.UnixMilli(1_000_000)
 	tr := New(Config{Flush: time.Second, MinGap: 5 * time.Second}, func() time.Time { return now })
 	w := &sink{}
-	if st := tr.Watch(w, []string{"bob"}); len(st) != 1 || st[0].Online {
+	if st := watch(t, tr, w, "bob"); len(st) != 1 || st[0].Online {
 		t.Fatalf("initial state = %+v, want bob offline", st)
 	}
 	ctx := context.Background()
@@ -72,11 +72,11 @@ func TestLastSeenForgotten(t *testing.T) {
 	gone := now.UnixMilli()
 	w := &sink{}
 	now = now.Add(59 * time.Second)
-	if st := tr.Watch(w, []string{"bob"}); st[0].LastSeen != gone {
+	if st := watch(t, tr, w, "bob"); st[0].LastSeen != gone {
 		t.Fatalf("last seen within the TTL = %d, want %d", st[0].LastSeen, gone)
 	}
 	now = now.Add(time.Second)
-	if st := tr.Watch(w, []string{"bob"}); st[0].LastSeen != 0 {
+	if st := watch(t, tr, w, "bob"); st[0].LastSeen != 0 {
 		t.Fatalf("last seen after the TTL = %d, want 0 (forgotten)", st[0].LastSeen)
 	}
 	tr.Unwatch(w)
@@ -96,4 +96,13 @@ func TestLastSeenForgotten(t *testing.T) {
 	if limit := 2*60*10 + 10; peak > limit {
 		t.Fatalf("tracker remembered up to %d users at 10 offline/s with a 1 min TTL; want ≤ %d", peak, limit)
 	}
+}
+
+func watch(t *testing.T, tr *Tracker, s Subscriber, users ...string) []protocol.PresenceState {
+	t.Helper()
+	st, err := tr.Watch(context.Background(), s, users)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }

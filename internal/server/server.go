@@ -140,9 +140,12 @@ type Cluster struct {
 	Namespace string
 	// JetStreamReplicas of the task streams (default 1).
 	JetStreamReplicas int
-	// PresenceResync is how often each gateway sends a digest of its
-	// online users (relay.Relay; default 15s).
+	// PresenceResync is how often a process reads again the followed
+	// users it believes online (relay.Relay; default 15s).
 	PresenceResync time.Duration
+	// PresenceShards is how many NATS subjects presence hints are spread
+	// over (relay.Relay; default 256).
+	PresenceShards int
 	// Partitions and PartitionLease configure conversation ownership
 	// (lease.Owner; defaults 64 and 3s).
 	Partitions     int
@@ -177,7 +180,8 @@ type Server struct {
 	reg      *prometheus.Registry
 	metrics  *metrics.Metrics
 	presence *presence.Tracker
-	online   *fanout.Online // online members of tracked groups
+	online   *fanout.Online // online members of tracked groups (embedded)
+	roster   *fanout.Roster // online members of tracked groups (cluster chat)
 
 	// Engines; nil when the node's roles do not use them.
 	store    store.Store
@@ -278,7 +282,6 @@ func (s *Server) closeEngines() error {
 // bus, embedded or distributed.
 func (s *Server) openEngines(ctx context.Context) error {
 	o := s.opts
-	var rows fanout.RowLister
 	if o.Cluster == nil {
 		st, err := pstore.Open(ctx, pstore.Config{
 			Dir: filepath.Join(o.DataDir, "store"), FS: privatefs.Wrap(o.StoreFS), BucketWidth: o.BucketWidth, Logger: o.Logger,
@@ -338,7 +341,7 @@ func (s *Server) openEngines(ctx context.Context) error {
 		}
 		s.store = st
 		s.onClose(st.Close)
-		rows = st
+
 		led, err := jetstream.Open(ctx, nc, jetstream.Config{
 			Stream: strings.ToUpper(ns) + "_TASKS", Subject: ns + ".tasks", DeadSubject: ns + ".dead",
 			Replicas: c.JetStreamReplicas, Logger: o.Logger,
@@ -348,23 +351,25 @@ func (s *Server) openEngines(ctx context.Context) error {
 		}
 		s.ledger = led
 	}
-	s.presence = presence.New(o.Presence, nil)
-	s.online = fanout.NewOnline(rows)
-	s.runLoop(func(ctx context.Context) { s.presence.Run(ctx) })
-	resync := c.PresenceResync
-	if resync <= 0 {
-		resync = 15 * time.Second
-	}
-	// Each role mirrors only what it reads: a gateway's watchers read the
-	// presence tracker, a chat process's fan-out the online-member index.
-	var tr tracker
-	if o.RunGateway {
-		tr.presence = s.presence
-	}
+	// Presence lives in the registry and Redis (relay.Relay): a gateway's
+	// tracker holds the users its connections watch, a chat process's
+	// roster the members of the groups it tracks; neither mirrors the
+	// cluster's online users.
+	var members relay.Members
 	if o.RunChat {
-		tr.online = s.online
+		s.roster = fanout.NewRoster(nil, o.Logger)
+		members = s.roster
 	}
-	s.relay = relay.New(nc, ns, o.Node, tr, resync, o.Logger)
+	s.relay = relay.New(nc, s.redis, reg, members, relay.Config{
+		Namespace: ns, Node: o.Node, Shards: c.PresenceShards, LastSeenTTL: o.Presence.LastSeenTTL,
+		Resync: c.PresenceResync, Logger: o.Logger,
+	})
+	if s.roster != nil {
+		s.roster.Attach(s.relay)
+		s.runLoop(s.roster.Run)
+	}
+	s.presence = presence.NewWith(o.Presence, s.relay, nil)
+	s.runLoop(func(ctx context.Context) { s.presence.Run(ctx) })
 	s.runLoop(func(ctx context.Context) {
 		if err := s.relay.Run(ctx); err != nil {
 			s.log.Error("presence relay stopped", "err", err)
@@ -383,7 +388,7 @@ func (s *Server) startChat() error {
 	o, m := s.opts, s.metrics
 	var online chat.Online = s.online
 	if s.relay != nil {
-		online = onlineIndex{fanout.NewScoped(s.online, s.owner.Epoch), s.relay}
+		online = onlineIndex{fanout.NewScoped(s.roster, s.owner.Epoch), s.relay}
 	}
 	chatStore := s.store
 	if o.WrapStore != nil {
@@ -527,72 +532,36 @@ func (s *Server) registerHookMetrics(h *hooks.Hooks) {
 func (s *Server) Hooks() *hooks.Hooks { return s.hooks }
 
 // onlineIndex is the chat service's online index in cluster mode: the
-// process's index, its groups trusted only under the ownership epoch they
+// process's roster, its groups trusted only under the ownership epoch they
 // were built in (fanout.Scoped), with joins and leaves also relayed to the
-// other chat processes' indexes (best effort).
+// other chat processes' rosters (best effort).
 type onlineIndex struct {
 	*fanout.Scoped
 	relay *relay.Relay
 }
 
-func (o onlineIndex) Joined(conv uint64, members []store.Member) { o.relay.Joined(conv, members) }
-func (o onlineIndex) Left(conv uint64, users []string)           { o.relay.Left(conv, users) }
-
-// tracker feeds connects and disconnects to the presence tracker and the
-// online-member index, and membership changes to the latter (what the
-// cluster relay applies for other processes); a nil one is not fed (the
-// process does not have the role that reads it).
-type tracker struct {
-	presence *presence.Tracker
-	online   *fanout.Online
+func (o onlineIndex) Joined(conv uint64, members []store.Member) {
+	o.Scoped.Joined(conv, members)
+	o.relay.Joined(conv, members)
 }
 
-func (t tracker) Connected(ctx context.Context, user string) {
-	if t.presence != nil {
-		t.presence.Connected(ctx, user)
-	}
-	if t.online != nil {
-		t.online.Connected(ctx, user)
-	}
+func (o onlineIndex) Left(conv uint64, users []string) {
+	o.Scoped.Left(conv, users)
+	o.relay.Left(conv, users)
 }
 
-func (t tracker) Disconnected(user string) {
-	if t.presence != nil {
-		t.presence.Disconnected(user)
-	}
-	if t.online != nil {
-		t.online.Disconnected(user)
-	}
-}
-
-func (t tracker) Joined(conv uint64, members []store.Member) {
-	if t.online != nil {
-		t.online.Joined(conv, members)
-	}
-}
-
-func (t tracker) Left(conv uint64, users []string) {
-	if t.online != nil {
-		t.online.Left(conv, users)
-	}
-}
-
-// hub is the gateway's presence: the node's tracker and online index (nil
-// on a gateway without the chat role: nothing reads it there), plus the
-// relay that tells the other processes in cluster mode.
+// hub is the gateway's presence: the node's tracker, plus on an embedded
+// node the online index the tracker's connects and disconnects feed (in
+// cluster mode the tracker's directory tells the chat processes).
 type hub struct {
 	*presence.Tracker
 	online *fanout.Online
-	relay  *relay.Relay
 }
 
 func (h hub) Connected(ctx context.Context, user string) {
 	h.Tracker.Connected(ctx, user)
 	if h.online != nil {
 		h.online.Connected(ctx, user)
-	}
-	if h.relay != nil {
-		h.relay.Local(user, true)
 	}
 }
 
@@ -601,15 +570,12 @@ func (h hub) Disconnected(user string) {
 	if h.online != nil {
 		h.online.Disconnected(user)
 	}
-	if h.relay != nil {
-		h.relay.Local(user, false)
-	}
 }
 
 // hub returns the gateway's presence hub.
 func (s *Server) hub() hub {
-	h := hub{Tracker: s.presence, relay: s.relay}
-	if s.opts.RunChat {
+	h := hub{Tracker: s.presence}
+	if s.relay == nil {
 		h.online = s.online
 	}
 	return h

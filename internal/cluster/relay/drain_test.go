@@ -61,7 +61,7 @@ func TestRunDrainsHandlers(t *testing.T) {
 	_, _ = rand.Read(b)
 	ns := "drain" + hex.EncodeToString(b)
 	tr := &blockingTracker{entered: make(chan struct{}), release: make(chan struct{})}
-	r := New(drainConn(t), ns, "a", tr, time.Hour, slog.New(slog.DiscardHandler))
+	r := New(drainConn(t), nil, nil, tr, Config{Namespace: ns, Node: "a", Resync: time.Hour, Logger: slog.New(slog.DiscardHandler)})
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- r.Run(ctx) }()

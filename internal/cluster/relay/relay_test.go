@@ -2,23 +2,29 @@ package relay
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	natsio "github.com/nats-io/nats.go"
+	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/internal/presence"
+	"github.com/parley-im/parley/internal/presence/presencetest"
+	"github.com/parley-im/parley/internal/registry"
+	rredis "github.com/parley-im/parley/internal/registry/redis"
 )
 
-// The tests run against the NATS server at $PARLEY_TEST_NATS (they skip
-// without it, and fail under CI=true), each in a namespace of its own.
+// The tests run against the Redis at $PARLEY_TEST_REDIS and the NATS
+// server at $PARLEY_TEST_NATS (they skip without them, and fail under
+// CI=true), each in a namespace of its own.
 
-func connect(t *testing.T) *natsio.Conn {
+func connect(t testing.TB) *natsio.Conn {
 	t.Helper()
 	url := os.Getenv("PARLEY_TEST_NATS")
 	if url == "" {
@@ -35,143 +41,145 @@ func connect(t *testing.T) *natsio.Conn {
 	return nc
 }
 
-// counts is a Tracker that counts each user's devices, as the presence
-// tracker does.
-type counts struct {
-	mu sync.Mutex
-	m  map[string]int
-}
-
-func newCounts() *counts { return &counts{m: map[string]int{}} }
-
-func (c *counts) Connected(_ context.Context, u string) { c.mu.Lock(); c.m[u]++; c.mu.Unlock() }
-func (c *counts) Disconnected(u string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m[u]--; c.m[u] <= 0 {
-		delete(c.m, u)
-	}
-}
-func (c *counts) Joined(uint64, []store.Member) {}
-func (c *counts) Left(uint64, []string)         {}
-
-func (c *counts) snapshot() map[string]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make(map[string]int, len(c.m))
-	for u, n := range c.m {
-		out[u] = n
-	}
-	return out
-}
-
-// run starts r until the test ends.
-func run(t *testing.T, r *Relay) context.CancelFunc {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return cancel
-}
-
-// eventually waits (generously: the machine is shared) for cond.
-func eventually(t *testing.T, what string, cond func() bool) {
+func redisClient(t testing.TB) *goredis.Client {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached in 60 s", what)
+	addr := os.Getenv("PARLEY_TEST_REDIS")
+	if addr == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI requires Redis: PARLEY_TEST_REDIS is unset (scripts/engines/redis.sh start)")
 		}
-		time.Sleep(20 * time.Millisecond)
+		t.Skip("PARLEY_TEST_REDIS is unset; run scripts/engines/redis.sh start")
 	}
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
-func sameCounts(got, want map[string]int) bool {
-	if len(got) != len(want) {
-		return false
-	}
-	for u, n := range want {
-		if got[u] != n {
-			return false
-		}
-	}
-	return true
+func namespace() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return "rl" + hex.EncodeToString(b)
 }
 
 var quiet = slog.New(slog.DiscardHandler)
 
-// TestListBeyondMaxPayload: a gateway with more users than one NATS
-// message holds; a process that starts later gets them all (its list
-// comes in chunks, none over the max payload), then follows events.
-func TestListBeyondMaxPayload(t *testing.T) {
-	ns := fmt.Sprintf("relaytest%d", time.Now().UnixNano())
-	ncA, ncB := connect(t), connect(t)
-	a := New(ncA, ns, "gw-a", newCounts(), time.Hour, quiet)
-	want := map[string]int{}
-	pad := strings.Repeat("x", 40)
-	n := int(ncA.MaxPayload())/40 + 1000 // well over one message's worth of 40-byte ids
-	for i := range n {
-		u := fmt.Sprintf("u%d-%s", i, pad)
-		a.Local(u, true)
-		want[u]++
-		if i%7 == 0 { // a second device
-			a.Local(u, true)
-			want[u]++
+// cluster is a deployment's engines for a test: one Redis registry per
+// process, as each process has its own.
+type cluster struct {
+	t      testing.TB
+	ns     string
+	rdb    *goredis.Client
+	ttl    time.Duration // registry lease TTL
+	lastTT time.Duration
+}
+
+func newCluster(t testing.TB, lastSeenTTL time.Duration) *cluster {
+	c := &cluster{t: t, ns: namespace(), rdb: redisClient(t), ttl: 2 * time.Second, lastTT: lastSeenTTL}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		keys, _ := c.rdb.Keys(ctx, c.ns+":*").Result()
+		if len(keys) > 0 {
+			c.rdb.Del(ctx, keys...)
 		}
-	}
-	if chunks := chunk(want, int(ncA.MaxPayload())-1024); len(chunks) < 2 {
-		t.Fatalf("%d users fit in one chunk: the test needs more", n)
-	}
-	run(t, a)
-	bc := newCounts()
-	b := New(ncB, ns, "chat-b", bc, time.Hour, quiet)
-	run(t, b) // its hello makes a send its digest; the mismatch fetches a's list
-	eventually(t, "b's view of a's users", func() bool { return sameCounts(bc.snapshot(), want) })
-
-	a.Local("late", true)
-	a.Local(fmt.Sprintf("u0-%s", pad), false)
-	want["late"] = 1
-	want[fmt.Sprintf("u0-%s", pad)]--
-	if want[fmt.Sprintf("u0-%s", pad)] == 0 {
-		delete(want, fmt.Sprintf("u0-%s", pad))
-	}
-	eventually(t, "b following a's events", func() bool { return sameCounts(bc.snapshot(), want) })
-}
-
-// TestLostEventRepaired: an event that never reaches another process
-// (core NATS is at most once) is found by the next digest and repaired
-// from the node's list; a node that goes silent loses its users.
-func TestLostEventRepaired(t *testing.T) {
-	ns := fmt.Sprintf("relaytest%d", time.Now().UnixNano())
-	ncA, ncB := connect(t), connect(t)
-	const resync = 200 * time.Millisecond
-	a := New(ncA, ns, "gw-a", newCounts(), resync, quiet)
-	for i := range 50 {
-		a.Local(fmt.Sprint("u", i), true)
-	}
-	stopA := run(t, a)
-	bc := newCounts()
-	b := New(ncB, ns, "chat-b", bc, resync, quiet)
-	run(t, b)
-	eventually(t, "b's first view", func() bool { return len(bc.snapshot()) == 50 })
-
-	// Lost events: a's users change without an announcement reaching b.
-	a.local.Lock()
-	a.local.dig.set(a.local.users, "u3", 0)
-	a.local.dig.set(a.local.users, "ghost", 2)
-	a.local.seq += 2
-	a.local.Unlock()
-	eventually(t, "b repaired by a's digest", func() bool {
-		got := bc.snapshot()
-		return len(got) == 50 && got["u3"] == 0 && got["ghost"] == 2
 	})
-
-	// a dies without announcing its disconnects.
-	stopA()
-	eventually(t, "b dropping the silent node", func() bool { return len(bc.snapshot()) == 0 && len(b.Views()) == 0 })
+	return c
 }
+
+func (c *cluster) registry() *rredis.Registry {
+	reg, err := rredis.New(c.rdb, rredis.Config{Prefix: c.ns + ":", TTL: c.ttl, LeaseCache: -1})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return reg
+}
+
+// process starts a relay for node on its own NATS connection, running
+// until the test ends.
+func (c *cluster) process(node string, reg registry.Registry, members Members) *Relay {
+	r := New(connect(c.t), c.rdb, reg, members, Config{Namespace: c.ns, Node: node, Shards: 16,
+		LastSeenTTL: c.lastTT, Resync: 200 * time.Millisecond, Logger: quiet})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	c.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			c.t.Errorf("Run: %v", err)
+		}
+	})
+	return r
+}
+
+// gateway is node's registry and relay with its lease kept alive until
+// killed.
+type gateway struct {
+	node  string
+	reg   *rredis.Registry
+	relay *Relay
+	stop  chan struct{}
+	once  sync.Once
+	mu    sync.Mutex
+	sess  map[string]string // user/device → session
+}
+
+func (c *cluster) gateway(node string) *gateway {
+	g := &gateway{node: node, reg: c.registry(), stop: make(chan struct{}), sess: map[string]string{}}
+	g.relay = c.process(node, g.reg, nil)
+	go func() {
+		tick := time.NewTicker(c.ttl / 4)
+		defer tick.Stop()
+		for {
+			select {
+			case <-g.stop:
+				return
+			case <-tick.C:
+				_ = g.reg.Refresh(context.Background(), node)
+			}
+		}
+	}()
+	c.t.Cleanup(g.kill)
+	return g
+}
+
+func (g *gateway) kill() { g.once.Do(func() { close(g.stop) }) }
+
+func (g *gateway) connect(t testing.TB, user, device string) {
+	ctx := context.Background()
+	s := fmt.Sprintf("%s-%s-%d", g.node, device, time.Now().UnixNano())
+	if _, err := g.reg.Register(ctx, registry.Entry{User: user, Device: device, Node: g.node, Session: s, Since: time.Now().UnixMilli()}); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	g.sess[user+"/"+device] = s
+	g.mu.Unlock()
+	g.relay.Changed(ctx, user, true)
+}
+
+func (g *gateway) disconnect(t testing.TB, user, device string) {
+	ctx := context.Background()
+	g.mu.Lock()
+	s := g.sess[user+"/"+device]
+	g.mu.Unlock()
+	if err := g.reg.Unregister(ctx, user, device, s); err != nil {
+		t.Fatal(err)
+	}
+	g.relay.Changed(ctx, user, false)
+}
+
+// TestConformance runs the directory suite on Redis and NATS: two
+// processes, devices connecting to the first; killing it stops its
+// registry lease's refresh, as kill -9 of a gateway does.
+func TestConformance(t *testing.T) {
+	presencetest.Run(t, func(t *testing.T, ttl time.Duration) presencetest.Deployment {
+		c := newCluster(t, ttl)
+		g := c.gateway("gw-a")
+		b := c.process("chat-b", c.registry(), nil)
+		return presencetest.Deployment{A: g.relay, B: b,
+			Connect:    func(u, d string) { g.connect(t, u, d) },
+			Disconnect: func(u, d string) { g.disconnect(t, u, d) },
+			Kill:       g.kill,
+		}
+	})
+}
+
+var _ presence.Directory = (*Relay)(nil)
