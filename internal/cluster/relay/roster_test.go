@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
 	"runtime"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
