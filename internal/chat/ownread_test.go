@@ -212,8 +212,8 @@ func TestOwnMessagesPerDeviceReadScope(t *testing.T) {
 // countingStore counts the reads a send may skip.
 type countingStore struct {
 	store.Store
-	mu            sync.Mutex
-	convs, member int
+	mu                       sync.Mutex
+	convs, member, positions int
 }
 
 func (c *countingStore) Conversation(ctx context.Context, id uint64) (store.Conversation, error) {
@@ -230,10 +230,40 @@ func (c *countingStore) Member(ctx context.Context, conv uint64, user string) (s
 	return c.Store.Member(ctx, conv, user)
 }
 
+func (c *countingStore) Read(ctx context.Context, user, device string, conv uint64) (uint64, error) {
+	c.mu.Lock()
+	c.positions++
+	c.mu.Unlock()
+	return c.Store.Read(ctx, user, device, conv)
+}
+
+// networkedStore is a countingStore that, as Cassandra's owned appends
+// do, is networked and raises the sender's read position with the append
+// (store.Append.ReadBy).
+type networkedStore struct{ *countingStore }
+
+func (networkedStore) Networked() bool { return true }
+
+func (n networkedStore) Append(ctx context.Context, a store.Append) (store.AppendResult, error) {
+	res, err := n.countingStore.Append(ctx, a)
+	if err == nil && a.ReadBy != nil && !res.Duplicate {
+		if _, err = n.SetRead(ctx, a.ReadBy.User, a.ReadBy.Device, res.Msg.ConvID, res.Msg.Seq); err == nil {
+			res.ReadRaised = true
+		}
+	}
+	return res, err
+}
+
 func (c *countingStore) reads() (int, int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.convs, c.member
+}
+
+func (c *countingStore) counts() (convs, member, positions int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.convs, c.member, c.positions
 }
 
 // TestDirectSendRemembersConversation: once a direct conversation and its
@@ -275,4 +305,49 @@ func TestDirectSendRemembersConversation(t *testing.T) {
 	if c2, m2 := cs.reads(); c2 == c0 || m2 == m0 {
 		t.Errorf("a restarted process did not read the conversation and membership")
 	}
+}
+
+// TestSendRemembersOwnReadPosition: with a store that raises the sender's
+// read position with the append, a send takes the position before the
+// message from memory once this process has seen it, and still pushes the
+// read receipt exactly when the move passes others' messages.
+func TestSendRemembersOwnReadPosition(t *testing.T) {
+	r := newReceiptRig(t)
+	cs := &countingStore{Store: r.st}
+	r.st = networkedStore{cs}
+	svc := r.service()
+	conv := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeOpenDirect, Peer: "b"}).Conv.ConvID
+	send := func(user, id string) {
+		t.Helper()
+		ack := r.call(svc, user, &protocol.Frame{Type: protocol.TypeSend, ConvID: conv, ClientMsgID: id, Kind: protocol.KindText, Body: id})
+		if ack == nil || ack.Type != protocol.TypeAck {
+			t.Fatalf("send by %s answered %+v", user, ack)
+		}
+	}
+	readReceipts := func() (out []string) {
+		for _, f := range r.receipts() {
+			if f.State == protocol.StateRead {
+				out = append(out, fmt.Sprint(f.UserID, "@", f.Seq))
+			}
+		}
+		return out
+	}
+	// Warm-up: each member's first send reads its position (alongside
+	// the append, as before), then remembers it.
+	send("a", "w1")
+	send("b", "w2")
+	send("b", "w3")
+	r.receipts()
+	_, _, p0 := cs.counts()
+	send("a", "m4") // a passes 2 and 3
+	send("a", "m5") // own only
+	send("b", "m6") // b passes 4 and 5
+	if _, _, p1 := cs.counts(); p1 != p0 {
+		t.Errorf("3 sends read the read position %d times, want 0", p1-p0)
+	}
+	if got := fmt.Sprint(readReceipts()); got != "[a@4 b@6]" {
+		t.Errorf("read receipts %s, want a@4 and b@6", got)
+	}
+	expectUnread(t, r, svc, "after the sends", "a", conv, 1, 5)
+	expectUnread(t, r, svc, "after the sends", "b", conv, 0, 6)
 }

@@ -139,9 +139,31 @@ func (s *Service) directMembers(ctx context.Context, conv uint64) ([]string, err
 	return members, nil
 }
 
+// ownKey is a read position as the send path keeps it (ownRead).
+type ownKey struct {
+	user, device string
+	conv         uint64
+}
+
+// ownEntry is a lower bound of a read position: a value it had (read
+// positions only rise), so a send that takes it for the position before
+// the message never misses the read receipt the move deserves; at worst,
+// after a move on another process, it pushes one more, as true (the
+// sender has read up to its message).
+type ownEntry struct {
+	seq     uint64
+	touched int64
+}
+
+type ownShard struct {
+	mu sync.Mutex
+	m  map[ownKey]*ownEntry
+}
+
 type positions struct {
 	seed   maphash.Seed
 	shards [positionShards]posShard
+	own    [positionShards]ownShard
 
 	convMu sync.Mutex
 	convs  map[uint64]*convInfo
@@ -153,8 +175,50 @@ func newPositions() *positions {
 	p := &positions{seed: maphash.MakeSeed(), convs: make(map[uint64]*convInfo)}
 	for i := range p.shards {
 		p.shards[i].m = make(map[posKey]*posEntry)
+		p.own[i].m = make(map[ownKey]*ownEntry)
 	}
 	return p
+}
+
+func (p *positions) ownShard(k ownKey) *ownShard {
+	var h maphash.Hash
+	h.SetSeed(p.seed)
+	_, _ = h.WriteString(k.user)
+	_, _ = h.WriteString(k.device)
+	var b [8]byte
+	for i := range b {
+		b[i] = byte(k.conv >> (8 * i))
+	}
+	_, _ = h.Write(b[:])
+	return &p.own[h.Sum64()%positionShards]
+}
+
+// ownRead returns a lower bound of user's read position (of device, with
+// per-device reads) in conv that this process knows, if any.
+func (s *Service) ownRead(user, device string, conv uint64) (uint64, bool) {
+	k := ownKey{user, device, conv}
+	sh := s.pos.ownShard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[k]
+	if e == nil {
+		return 0, false
+	}
+	e.touched = s.now().UnixMilli()
+	return e.seq, true
+}
+
+// sawRead records that the read position reached at least seq.
+func (s *Service) sawRead(user, device string, conv, seq uint64) {
+	k := ownKey{user, device, conv}
+	sh := s.pos.ownShard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.m[k]; e != nil {
+		e.seq, e.touched = max(e.seq, seq), s.now().UnixMilli()
+		return
+	}
+	sh.m[k] = &ownEntry{seq: seq, touched: s.now().UnixMilli()}
 }
 
 func (p *positions) shard(k posKey) *posShard {
@@ -255,7 +319,8 @@ func (s *Service) convInfo(ctx context.Context, conv, seq uint64, nowMS int64) (
 }
 
 // FlushPositions writes every delivered position raised since the last
-// flush to the store and forgets entries idle for positionIdle. A position
+// flush to the store and forgets entries (and remembered read positions
+// and conversations) idle for positionIdle. A position
 // that fails to write stays raised in memory and is tried again next time.
 func (s *Service) FlushPositions(ctx context.Context) error {
 	p := s.pos
@@ -293,6 +358,16 @@ func (s *Service) FlushPositions(ctx context.Context) error {
 		sh.mu.Lock()
 		if e := sh.m[d.k]; e != nil {
 			e.persisted = max(e.persisted, d.seq)
+		}
+		sh.mu.Unlock()
+	}
+	for i := range p.own {
+		sh := &p.own[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if e.touched < idleBefore {
+				delete(sh.m, k)
+			}
 		}
 		sh.mu.Unlock()
 	}

@@ -63,6 +63,7 @@ func (s *Service) read(ctx context.Context, c Caller, conv, seq uint64) *protoco
 	if _, err := s.store.SetRead(ctx, c.User, s.readDevice(c), conv, seq); err != nil {
 		return s.storeErr("read", err)
 	}
+	s.sawRead(c.User, s.readDevice(c), conv, seq)
 	s.receipt(ctx, c, cv, seq, protocol.StateRead, true)
 	return nil
 }

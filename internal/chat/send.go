@@ -53,8 +53,20 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 			go func() { cv, err = s.store.Conversation(ctx, f.ConvID); close(read) }()
 		}
 		if !c.Admin {
-			ownRead = make(chan struct{})
-			go func() { own, ownErr = s.store.Read(ctx, c.User, s.readDevice(c), f.ConvID); close(ownRead) }()
+			if seq, ok := s.ownRead(c.User, s.readDevice(c), f.ConvID); ok {
+				own, ownErr = seq, nil
+				ownRead = make(chan struct{})
+				close(ownRead)
+			} else {
+				ownRead = make(chan struct{})
+				go func() {
+					own, ownErr = s.store.Read(ctx, c.User, s.readDevice(c), f.ConvID)
+					if ownErr == nil {
+						s.sawRead(c.User, s.readDevice(c), f.ConvID, own)
+					}
+					close(ownRead)
+				}()
+			}
 		}
 	}
 	// waitOwn waits for the read position's read, on every return.
@@ -145,6 +157,7 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	var passed bool
 	if waitOwn(); res.ReadRaised {
 		passed = ownErr == nil && own+1 < stored.Seq
+		s.sawRead(c.User, s.readDevice(c), stored.ConvID, stored.Seq)
 	} else {
 		passed = s.readOwn(ctx, c, stored.ConvID, stored.Seq)
 	}
@@ -483,6 +496,7 @@ func (s *Service) readOwn(ctx context.Context, c Caller, conv, seq uint64) bool 
 		s.log.Warn("own read position not raised", "conv", conv, "seq", seq, "user", c.User, "err", err)
 		return false
 	}
+	s.sawRead(c.User, dev, conv, seq)
 	return before+1 < seq
 }
 

@@ -29,15 +29,16 @@ func subjectMayWatch(ns string) string { return ns + ".chat.maywatch" }
 func subjectPart(ns string, p int) string { return ns + ".chat.p." + strconv.Itoa(p) }
 
 // ownerWrites are the frames that append to their conversation, and the
-// delivered acks of its messages: the gateway sends them to the
+// delivered and read acks of its messages: the gateway sends them to the
 // conversation's owner. The owner knows the conversation's last seq in
-// memory, so a delivered ack there costs no read of the seq index (any
-// other process probes it), and one process holds the conversation's
-// delivered positions.
+// memory, so an ack there costs no read of the seq index (any other
+// process probes it), and one process holds the conversation's delivered
+// positions and the read positions its sends remember (chat.ownRead).
 var ownerWrites = map[string]bool{
 	protocol.TypeSend: true, protocol.TypeEdit: true, protocol.TypeRecall: true,
 	protocol.TypeAddMembers: true, protocol.TypeRemove: true, protocol.TypeLeave: true,
 	protocol.TypeSetRole: true, protocol.TypeMute: true, protocol.TypeDelivered: true,
+	protocol.TypeRead: true,
 }
 
 // DefaultMaxInflight is Serve's default bound on requests in progress.
