@@ -370,6 +370,18 @@ func (s *Server) openEngines(ctx context.Context) error {
 	}
 	s.presence = presence.NewWith(o.Presence, s.relay, nil)
 	s.runLoop(func(ctx context.Context) { s.presence.Run(ctx) })
+	// What the process holds of presence follows what it serves.
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "parley_presence_followed_users", Help: "Users whose presence this process follows: watched by its connections or members of its tracked groups.",
+	}, func() float64 { n, _ := s.relay.Followed(); return float64(n) }))
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "parley_presence_shard_subscriptions", Help: "Presence shard subjects this process subscribes to (of cluster.presence_shards).",
+	}, func() float64 { _, n := s.relay.Followed(); return float64(n) }))
+	if s.roster != nil {
+		s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "parley_online_index_users", Help: "Members of tracked groups in the chat role's online index.",
+		}, func() float64 { n, _ := s.roster.Size(); return float64(n) }))
+	}
 	s.runLoop(func(ctx context.Context) {
 		if err := s.relay.Run(ctx); err != nil {
 			s.log.Error("presence relay stopped", "err", err)

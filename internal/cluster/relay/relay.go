@@ -153,6 +153,12 @@ func (r *Relay) Changed(ctx context.Context, user string, online bool) {
 	}
 }
 
+// deadLookup is the Redis registry's lookup that also names the users
+// whose entries belonged to a dead gateway (rredis.Registry.LookupDead).
+type deadLookup interface {
+	LookupDead(ctx context.Context, users []string) (map[string][]registry.Entry, []string, error)
+}
+
 // statesBatch bounds the users of one pipelined read.
 const statesBatch = 1000
 
@@ -164,7 +170,14 @@ func (r *Relay) States(ctx context.Context, users []string) (map[string]presence
 	for len(users) > 0 {
 		part := users[:min(len(users), statesBatch)]
 		users = users[len(part):]
-		online, err := r.reg.Lookup(ctx, part)
+		var online map[string][]registry.Entry
+		var died []string
+		var err error
+		if dl, ok := r.reg.(deadLookup); ok {
+			online, died, err = dl.LookupDead(ctx, part)
+		} else {
+			online, err = r.reg.Lookup(ctx, part)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("relay: presence: %w", err)
 		}
@@ -178,6 +191,20 @@ func (r *Relay) States(ctx context.Context, users []string) (map[string]presence
 		}
 		if len(offline) == 0 {
 			continue
+		}
+		if len(died) > 0 {
+			// Devices of a gateway that died: it could not record their
+			// last seen, so the read that finds them gone does.
+			now := r.now().UnixMilli()
+			p := r.rdb.Pipeline()
+			for _, u := range died {
+				if len(online[u]) == 0 {
+					p.Set(ctx, r.lastSeenKey(u), now, r.cfg.LastSeenTTL)
+				}
+			}
+			if _, err := p.Exec(ctx); err != nil {
+				r.log.Warn("presence: last seen of a dead gateway's users not recorded", "err", err)
+			}
 		}
 		p := r.rdb.Pipeline()
 		cmds := make([]*goredis.StringCmd, len(offline))

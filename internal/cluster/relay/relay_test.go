@@ -144,15 +144,22 @@ func (c *cluster) gateway(node string) *gateway {
 func (g *gateway) kill() { g.once.Do(func() { close(g.stop) }) }
 
 func (g *gateway) connect(t testing.TB, user, device string) {
+	s := g.register(t, user, device)
+	g.mu.Lock()
+	g.sess[user+"/"+device] = s
+	g.mu.Unlock()
+}
+
+// register connects a device the test will not disconnect (the test
+// keeps nothing of it).
+func (g *gateway) register(t testing.TB, user, device string) string {
 	ctx := context.Background()
 	s := fmt.Sprintf("%s-%s-%d", g.node, device, time.Now().UnixNano())
 	if _, err := g.reg.Register(ctx, registry.Entry{User: user, Device: device, Node: g.node, Session: s, Since: time.Now().UnixMilli()}); err != nil {
 		t.Fatal(err)
 	}
-	g.mu.Lock()
-	g.sess[user+"/"+device] = s
-	g.mu.Unlock()
 	g.relay.Changed(ctx, user, true)
+	return s
 }
 
 func (g *gateway) disconnect(t testing.TB, user, device string) {

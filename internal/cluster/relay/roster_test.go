@@ -130,7 +130,7 @@ func TestMemoryFollowsWhatItServes(t *testing.T) {
 	heapBefore := heap()
 	start := time.Now()
 	for i := range online {
-		gws[i%3].connect(t, user(i), "d")
+		gws[i%3].register(t, user(i), "d")
 	}
 	t.Logf("%d users online on 3 gateways in %v", online, time.Since(start).Round(time.Millisecond))
 	inGroup := func(conv uint64, want int) func() bool {

@@ -132,6 +132,11 @@ func Run(t *testing.T, open func(t *testing.T, lastSeenTTL time.Duration) Deploy
 		d.Kill()
 		eventually(t, "an offline push after the node died", func() bool { st := s.last(u); return st != nil && !st.Online })
 		t.Logf("offline seen %v after the kill", time.Since(start).Round(time.Millisecond))
+		// The dead node could not record a last seen: the process that
+		// found its devices gone did, no earlier than the kill.
+		if st := s.last(u); st.LastSeen < start.UnixMilli() {
+			t.Fatalf("last seen of a killed node's user = %d, want ≥ the kill (%d)", st.LastSeen, start.UnixMilli())
+		}
 	})
 }
 

@@ -300,9 +300,18 @@ func (r *Registry) Unregister(ctx context.Context, user, device, session string)
 // Lookup costs one pipelined round trip for the users' hashes and, unless
 // every node's lease is cached, one more for the leases.
 func (r *Registry) Lookup(ctx context.Context, users []string) (map[string][]registry.Entry, error) {
+	out, _, err := r.LookupDead(ctx, users)
+	return out, err
+}
+
+// LookupDead is Lookup that also returns the users of which it found (and
+// deleted) entries of a dead node: a gateway that died without
+// unregistering them. Presence records their last seen then, since the
+// dead gateway could not.
+func (r *Registry) LookupDead(ctx context.Context, users []string) (map[string][]registry.Entry, []string, error) {
 	out := make(map[string][]registry.Entry)
 	if len(users) == 0 {
-		return out, nil
+		return out, nil, nil
 	}
 	p := r.c.Pipeline()
 	cmds := make([]*goredis.MapStringStringCmd, len(users))
@@ -310,24 +319,24 @@ func (r *Registry) Lookup(ctx context.Context, users []string) (map[string][]reg
 		cmds[i] = p.HGetAll(ctx, r.userKey(u))
 	}
 	if _, err := p.Exec(ctx); err != nil {
-		return nil, fmt.Errorf("redis: lookup: %w", err)
+		return nil, nil, fmt.Errorf("redis: lookup: %w", err)
 	}
 	var all []found
 	for i, cmd := range cmds {
 		for dev, raw := range cmd.Val() {
 			var s stored
 			if err := json.Unmarshal([]byte(raw), &s); err != nil {
-				return nil, fmt.Errorf("redis: lookup: decode entry of %q: %w", users[i], err)
+				return nil, nil, fmt.Errorf("redis: lookup: decode entry of %q: %w", users[i], err)
 			}
 			all = append(all, found{user: users[i], device: dev, raw: raw, s: s})
 		}
 	}
 	if len(all) == 0 {
-		return out, nil
+		return out, nil, nil
 	}
 	epochs, fresh, err := r.leases(ctx, all)
 	if err != nil {
-		return nil, fmt.Errorf("redis: lookup: %w", err)
+		return nil, nil, fmt.Errorf("redis: lookup: %w", err)
 	}
 	var dead []found
 	for _, f := range all {
@@ -341,7 +350,13 @@ func (r *Registry) Lookup(ctx context.Context, users []string) (map[string][]reg
 			dead = append(dead, f)
 		}
 	}
+	var deadUsers []string
 	if len(dead) > 0 {
+		for _, f := range dead {
+			if len(deadUsers) == 0 || deadUsers[len(deadUsers)-1] != f.user {
+				deadUsers = append(deadUsers, f.user)
+			}
+		}
 		p := r.c.Pipeline()
 		for _, f := range dead {
 			removeExactScript.Eval(ctx, p, []string{r.userKey(f.user)}, f.device, f.raw)
@@ -351,7 +366,7 @@ func (r *Registry) Lookup(ctx context.Context, users []string) (map[string][]reg
 			r.cfg.Logger.Debug("registry dead entry cleanup failed", "entries", len(dead), "err", err)
 		}
 	}
-	return out, nil
+	return out, deadUsers, nil
 }
 
 // exec runs a pipeline and returns the first error of any command, where a

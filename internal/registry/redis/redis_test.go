@@ -144,6 +144,28 @@ func TestEntriesOfDeadNodeExpire(t *testing.T) {
 	}
 }
 
+// TestLookupDeadNamesDeadNodesUsers: LookupDead names the users whose
+// entries it found dead (once: it deletes them), not those with live
+// entries only.
+func TestLookupDeadNamesDeadNodesUsers(t *testing.T) {
+	c := testClient(t)
+	prefix := testPrefix(t, c)
+	r := newRegistry(t, c, shortTTL(prefix))
+	mustRegister(t, r, entry("alice", "phone", "n1", "s1"))
+	time.Sleep(500 * time.Millisecond) // n1 never refreshes: it died
+	mustRegister(t, r, entry("bob", "phone", "n2", "s2"))
+	live, dead, err := r.LookupDead(ctx, []string{"alice", "bob", "carol"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(live["alice"]) != 0 || len(live["bob"]) != 1 || len(dead) != 1 || dead[0] != "alice" {
+		t.Fatalf("LookupDead = %v, %v; want bob live and alice dead", live, dead)
+	}
+	if _, dead, _ := r.LookupDead(ctx, []string{"alice"}); len(dead) != 0 {
+		t.Fatalf("second LookupDead names %v dead, want none (the entry is gone)", dead)
+	}
+}
+
 func TestRefreshKeepsEntries(t *testing.T) {
 	c := testClient(t)
 	// TTL leaves room for a refresh delayed by a loaded machine.
