@@ -26,6 +26,12 @@ rounds=${ROUNDS:-1} m1=${M1:-300} m16=${M16:-150} only=${ONLY:-}
 root=${BENCH_DIR:-/tmp/parley-bench}
 run=$(date +%s)
 
+# tools/cassstat counts the CQL requests and reads of each run's keyspace
+# (exact, whatever else the shared node serves).
+cassstat=$root/cassstat
+(cd "$here/../.." && go build -o "$cassstat" ./tools/cassstat)
+cass=${PARLEY_TEST_CASSANDRA%%,*}
+
 jvm=$(pgrep -f CassandraDaemon | head -1 || true)
 nats=$(pgrep -f natsserver | head -1 || true)
 redis=$(pgrep -f "redis-server $PARLEY_TEST_REDIS" | head -1 || true)
@@ -44,6 +50,7 @@ measure() {
 	local busy0 busy1
 	busy0=$(awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat)
 	echo "### $label ($(basename "$bin"), load $(cut -d' ' -f1 /proc/loadavg))"
+	"$cassstat" -hosts "$cass" -keyspace "$name" >"$root/$name/cql0" 2>/dev/null || true
 	"$@" >"$root/$name/full" 2>&1 || echo "(failed: $(grep -v '^|' "$root/$name/full" | tail -1))"
 	grep -E '^\|' "$root/$name/full" | tee "$root/$name/out" || true
 	busy1=$(awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat)
@@ -57,6 +64,8 @@ measure() {
 	done
 	line+=" | machine $(awk -v d=$((busy1 - busy0)) -v n="${acked:-0}" 'BEGIN{ if (n > 0) printf "%.2f", d * 10 / n; else print "?" }')"
 	echo "$line"
+	"$cassstat" -hosts "$cass" -keyspace "$name" -since "$root/$name/cql0" -per "${acked:-$n}" 2>/dev/null |
+		awk '/^total (requests|read|write) /{printf " %s %s", $2, $3} END{print ""}' | sed 's/^/CQL per message:/' || true
 	echo
 }
 
