@@ -120,11 +120,11 @@ type Cluster struct {
 	// Namespace prefixes the deployment's NATS subjects, JetStream streams
 	// and Redis keys, so several deployments can share engines.
 	Namespace string `yaml:"namespace" help:"prefix of the deployment's NATS subjects, streams and Redis keys"`
-	// PresenceResync is how often a process reads again the followed
-	// users it believes online (a gateway killed without disconnecting
-	// announces nothing; its users go offline once its registry lease
-	// lapses).
-	PresenceResync time.Duration `yaml:"presence_resync" help:"how often a process reads again, from Redis, the watched users and tracked group members it believes online (bounds how late a gateway's death is seen)"`
+	// PresenceResync is how often a process checks the registry leases of
+	// the gateways its followed users are on (a gateway killed without
+	// disconnecting announces nothing; its users go offline once its
+	// lease lapses and this check sees it).
+	PresenceResync time.Duration `yaml:"presence_resync" help:"how often a process checks, in Redis, the leases of the gateways its watched users and tracked group members are on, and reads again the users of a gateway that died (bounds how late a gateway's death is seen)"`
 	// PresenceShards is how many NATS subjects presence hints are spread
 	// over; a process subscribes to the shards of the users it follows.
 	PresenceShards int `yaml:"presence_shards" help:"how many NATS subjects (<ns>.presence.s.<n>) presence changes are spread over, by user; the same on every process of a deployment"`

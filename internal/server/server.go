@@ -140,8 +140,8 @@ type Cluster struct {
 	Namespace string
 	// JetStreamReplicas of the task streams (default 1).
 	JetStreamReplicas int
-	// PresenceResync is how often a process reads again the followed
-	// users it believes online (relay.Relay; default 15s).
+	// PresenceResync is how often a process checks the leases of the
+	// gateways its followed users are on (relay.Relay; default 15s).
 	PresenceResync time.Duration
 	// PresenceShards is how many NATS subjects presence hints are spread
 	// over (relay.Relay; default 256).

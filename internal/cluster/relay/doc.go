@@ -16,9 +16,10 @@
 // groups it tracks (fanout.Roster).
 //
 // Hints are at most once. Followers read everyone they follow again after
-// a NATS reconnect or dropped messages, and the ones they believe online
-// every cluster.presence_resync (a gateway killed with -9 announces
-// nothing; its users go offline once its registry lease lapses).
+// a NATS reconnect or dropped messages. Every cluster.presence_resync they
+// read the lease epochs of the gateways their followed online users are
+// on and read again the users of a gateway whose lease lapsed or changed
+// (a gateway killed with -9 announces nothing).
 //
 // Relay is safe for concurrent use; its Run owns the goroutines it starts
 // and returns when they have stopped.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -52,14 +53,19 @@ type Config struct {
 	// LastSeenTTL is how long a user's last seen is kept in Redis
 	// (presence.last_seen_ttl; default 24 h).
 	LastSeenTTL time.Duration
-	// Resync is how often followers read the followed users they believe
-	// online again (cluster.presence_resync; default 15 s).
+	// Resync is how often the leases of the gateways followed users are
+	// on are checked (cluster.presence_resync; default 15 s).
 	Resync time.Duration
 	Logger *slog.Logger
 }
 
 // DefaultShards is the default number of presence shards.
 const DefaultShards = 256
+
+type nodeUsers struct {
+	epoch string // "" until the first check
+	users map[string]struct{}
+}
 
 // Relay is cluster mode's presence.Directory, plus the relay of membership
 // changes between chat processes (Joined, Left).
@@ -75,8 +81,14 @@ type Relay struct {
 
 	mu struct {
 		sync.Mutex
-		follow    map[string]int // user → interests
-		shardRefs []int          // shard → followed users in it
+		follow map[string]int // user → interests
+		// on is, for each gateway node, the followed users the last read
+		// found online there, and the node's lease epoch when first
+		// checked: a node whose epoch changes (it died, or restarted and
+		// dropped its entries) has those users read again.
+		on        map[string]*nodeUsers
+		where     map[string][]string // followed user → nodes of its last read
+		shardRefs []int               // shard → followed users in it
 		subs      []*natsio.Subscription
 		listeners []presence.Listener
 		closed    bool
@@ -102,6 +114,8 @@ func New(nc *natsio.Conn, rdb goredis.UniversalClient, reg registry.Registry, me
 	}
 	r := &Relay{nc: nc, rdb: rdb, reg: reg, cfg: cfg, log: cfg.Logger, members: members, now: time.Now}
 	r.mu.follow = make(map[string]int)
+	r.mu.on = make(map[string]*nodeUsers)
+	r.mu.where = make(map[string][]string)
 	r.mu.shardRefs = make([]int, cfg.Shards)
 	r.mu.subs = make([]*natsio.Subscription, cfg.Shards)
 	return r
@@ -159,6 +173,97 @@ type deadLookup interface {
 	LookupDead(ctx context.Context, users []string) (map[string][]registry.Entry, []string, error)
 }
 
+// epochReader reads gateways' lease epochs (rredis.Registry.Epochs).
+type epochReader interface {
+	Epochs(ctx context.Context, nodes []string) (map[string]string, error)
+}
+
+// placeLocked records where a followed user's devices are, per the read
+// just done; mu held.
+func (r *Relay) placeLocked(user string, entries []registry.Entry) {
+	for _, n := range r.mu.where[user] {
+		if nu := r.mu.on[n]; nu != nil {
+			delete(nu.users, user)
+			if len(nu.users) == 0 {
+				delete(r.mu.on, n)
+			}
+		}
+	}
+	delete(r.mu.where, user)
+	if r.mu.follow[user] == 0 || len(entries) == 0 {
+		return
+	}
+	nodes := make([]string, 0, len(entries))
+	for _, e := range entries {
+		if slices.Contains(nodes, e.Node) {
+			continue
+		}
+		nodes = append(nodes, e.Node)
+		nu := r.mu.on[e.Node]
+		if nu == nil {
+			nu = &nodeUsers{users: make(map[string]struct{})}
+			r.mu.on[e.Node] = nu
+		}
+		nu.users[user] = struct{}{}
+	}
+	r.mu.where[user] = nodes
+}
+
+// checkNodes reads the lease epochs of the nodes followed users are on
+// and returns the users on nodes whose epoch changed since the first
+// check (those nodes are forgotten until a read finds users there again);
+// ok is false if the registry cannot tell epochs.
+func (r *Relay) checkNodes(ctx context.Context) (users []string, ok bool) {
+	er, ok := r.reg.(epochReader)
+	if !ok {
+		return nil, false
+	}
+	r.mu.Lock()
+	nodes := make([]string, 0, len(r.mu.on))
+	for n := range r.mu.on {
+		nodes = append(nodes, n)
+	}
+	r.mu.Unlock()
+	if len(nodes) == 0 {
+		return nil, true
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	epochs, err := er.Epochs(cctx, nodes)
+	cancel()
+	if err != nil {
+		r.log.Warn("presence: gateway leases unreadable; rechecked next time", "err", err)
+		return nil, true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, n := range nodes {
+		nu := r.mu.on[n]
+		if nu == nil {
+			continue
+		}
+		e := epochs[n]
+		switch {
+		case nu.epoch == "" && e != "":
+			nu.epoch = e // the first check
+			continue
+		case nu.epoch == e && e != "":
+			continue // alive
+		}
+		// Dead (no lease) or restarted (a new epoch; its former entries
+		// are dropped): read its users again.
+		for u := range nu.users {
+			users = append(users, u)
+			if w := slices.DeleteFunc(r.mu.where[u], func(x string) bool { return x == n }); len(w) > 0 {
+				r.mu.where[u] = w
+			} else {
+				delete(r.mu.where, u)
+			}
+		}
+		delete(r.mu.on, n)
+	}
+	return users, true
+}
+
 // statesBatch bounds the users of one pipelined read.
 const statesBatch = 1000
 
@@ -181,6 +286,11 @@ func (r *Relay) States(ctx context.Context, users []string) (map[string]presence
 		if err != nil {
 			return nil, fmt.Errorf("relay: presence: %w", err)
 		}
+		r.mu.Lock()
+		for _, u := range part {
+			r.placeLocked(u, online[u])
+		}
+		r.mu.Unlock()
 		var offline []string
 		for _, u := range part {
 			if len(online[u]) > 0 {
@@ -278,6 +388,7 @@ func (r *Relay) Unfollow(users []string) {
 			continue
 		}
 		delete(r.mu.follow, u)
+		r.placeLocked(u, nil)
 		sh := ShardOf(u, r.cfg.Shards)
 		if r.mu.shardRefs[sh]--; r.mu.shardRefs[sh] == 0 && r.mu.subs[sh] != nil {
 			_ = r.mu.subs[sh].Unsubscribe()
@@ -351,8 +462,9 @@ func (r *Relay) announce(ev membersEvent) {
 
 // Run applies other processes' membership changes and tells the listeners
 // what to read again: every followed user after a NATS reconnect or
-// dropped hints, the ones believed online every Resync. It unsubscribes
-// and waits for the running handlers when ctx ends.
+// dropped hints; every Resync, the ones on a gateway whose lease lapsed
+// or changed (all the online ones if the registry cannot tell leases). It
+// unsubscribes and waits for the running handlers when ctx ends.
 func (r *Relay) Run(ctx context.Context) error {
 	defer func() {
 		r.mu.Lock()
@@ -405,16 +517,21 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		ls := r.mu.listeners
 		r.mu.Unlock()
-		scope := presence.Scope(255)
 		if rc := r.nc.Stats().Reconnects; rc != reconnects || d > dropped {
-			reconnects, scope = rc, presence.Everyone
+			reconnects = rc
+			last = r.now()
+			r.tell(ls, presence.Everyone, nil)
 		} else if r.now().Sub(last) >= r.cfg.Resync {
-			scope = presence.OnlineOnes
+			// A gateway killed without disconnecting announces nothing:
+			// its lease lapses. Only the users on gateways whose lease
+			// changed are read again (one round trip for the leases).
+			last = r.now()
+			if users, ok := r.checkNodes(ctx); !ok {
+				r.tell(ls, presence.OnlineOnes, nil)
+			} else if len(users) > 0 {
+				r.tell(ls, presence.Users, users)
+			}
 		}
 		dropped = d
-		if scope != presence.Scope(255) {
-			last = r.now()
-			r.tell(ls, scope, nil)
-		}
 	}
 }

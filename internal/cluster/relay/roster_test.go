@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -176,5 +177,60 @@ func eventually(t testing.TB, what string, cond func() bool) {
 			t.Fatalf("%s: not reached in 90 s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestResyncReadsOnlyADeadGatewaysUsers: the periodic check reads the
+// gateways' leases, and only the followed users of a gateway that died
+// are told to be read again — not everyone followed.
+func TestResyncReadsOnlyADeadGatewaysUsers(t *testing.T) {
+	c := newCluster(t, time.Hour)
+	g1, g2 := c.gateway("gw-1"), c.gateway("gw-2")
+	obs := c.process("obs", c.registry(), nil)
+	var mu sync.Mutex
+	told := map[string]int{}
+	var wide []presence.Scope
+	obs.Listen(func(s presence.Scope, users []string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if s != presence.Users {
+			wide = append(wide, s)
+		}
+		for _, u := range users {
+			told[u]++
+		}
+	})
+	for i := range 20 {
+		g1.connect(t, fmt.Sprint("a", i), "d")
+		g2.connect(t, fmt.Sprint("b", i), "d")
+	}
+	var all []string
+	for i := range 20 {
+		all = append(all, fmt.Sprint("a", i), fmt.Sprint("b", i))
+	}
+	obs.Follow(all)
+	if _, err := obs.States(context.Background(), all); err != nil { // places them
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // a few resyncs: nothing to tell
+	mu.Lock()
+	clear(told)
+	mu.Unlock()
+	g2.kill()
+	eventually(t, "gw-2's users told", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return told["b0"] > 0
+	})
+	time.Sleep(time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	for u, n := range told {
+		if u[0] != 'b' {
+			t.Fatalf("%s (on the live gateway) was told %d times after the other died: %v", u, n, told)
+		}
+	}
+	if len(told) != 20 || len(wide) > 0 {
+		t.Fatalf("told %d users (want gw-2's 20), wide notifications %v (want none)", len(told), wide)
 	}
 }

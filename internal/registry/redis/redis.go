@@ -369,6 +369,29 @@ func (r *Registry) LookupDead(ctx context.Context, users []string) (map[string][
 	return out, deadUsers, nil
 }
 
+// Epochs returns the current lease epoch of each node, "" for a node
+// without a lease (dead, or never started): one pipelined round trip.
+// Presence compares them over time to notice a gateway that died or
+// restarted without unregistering its users.
+func (r *Registry) Epochs(ctx context.Context, nodes []string) (map[string]string, error) {
+	out := make(map[string]string, len(nodes))
+	if len(nodes) == 0 {
+		return out, nil
+	}
+	p := r.c.Pipeline()
+	cmds := make([]*goredis.StringCmd, len(nodes))
+	for i, n := range nodes {
+		cmds[i] = p.Get(ctx, r.leaseKey(n))
+	}
+	if err := exec(ctx, p); err != nil {
+		return nil, fmt.Errorf("redis: epochs: %w", err)
+	}
+	for i, n := range nodes {
+		out[n] = cmds[i].Val() // "" when missing
+	}
+	return out, nil
+}
+
 // exec runs a pipeline and returns the first error of any command, where a
 // nil reply (a script returning false, GET of a missing key) is no error.
 func exec(ctx context.Context, p goredis.Pipeliner) error {
