@@ -393,11 +393,17 @@ func (s *Store) takeConv(ctx context.Context, st *convState, epoch, gen uint64) 
 	if newest > writeTS(epoch, gen) {
 		return 0, fmt.Errorf("%w: seq %d was written after epoch %d", store.ErrNotOwner, top, epoch)
 	}
-	var fenceErr, repairErr error
+	var fenceErr, membersErr, repairErr error
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		fenceErr = s.q(ctx, `DELETE FROM message_seq USING TIMESTAMP ? WHERE conv_id = ? AND seq_block = ? AND seq > ?`,
 			fenceTS(epoch, gen), i64(st.id), s.blockOf(top+1), i64(top)).Exec()
+	})
+	// The members partition's fence: membership changes are conditioned
+	// on it (members.go), so an older owner's are refused from here on.
+	wg.Go(func() {
+		membersErr = s.q(ctx, `UPDATE members USING TIMESTAMP ? SET fence = ? WHERE conv_id = ?`,
+			fenceTS(epoch, gen), i64(epoch), i64(st.id)).Exec()
 	})
 	st.own.mu.Lock()
 	sweep := st.own.sweep
@@ -410,8 +416,8 @@ func (s *Store) takeConv(ctx context.Context, st *convState, epoch, gen uint64) 
 		wg.Go(func() { repairErr = s.finishLast(ctx, st.id, top, epoch, gen) })
 	}
 	wg.Wait()
-	if fenceErr != nil {
-		return 0, fmt.Errorf("fence: %w", fenceErr)
+	if err := errors.Join(fenceErr, membersErr); err != nil {
+		return 0, fmt.Errorf("fence: %w", err)
 	}
 	if repairErr != nil {
 		return 0, fmt.Errorf("last batch: %w", repairErr)

@@ -103,6 +103,9 @@ var migrations = []migration{
 	{5, "owned appends: the seq of an idempotency record", []string{
 		`ALTER TABLE idempotency ADD IF NOT EXISTS seq bigint`,
 	}},
+	{6, "owned membership changes: the members partition's fencing epoch", []string{
+		`ALTER TABLE members ADD IF NOT EXISTS fence bigint static`,
+	}},
 }
 
 var latestVersion = migrations[len(migrations)-1].version

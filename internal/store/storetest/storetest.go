@@ -59,6 +59,7 @@ func Run(t *testing.T, h Harness) {
 		{"SetRoleMuted", testSetRoleMuted},
 		{"SetTier", testSetTier},
 		{"MembershipConcurrent", testMembershipConcurrent},
+		{"MembersBulk", testMembersBulk},
 		{"UpdateRows", testUpdateRows},
 		{"UpdateRowsConcurrent", testUpdateRowsConcurrent},
 		{"Mentions", testMentions},
