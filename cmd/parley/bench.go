@@ -153,6 +153,8 @@ func runBenchFanout(ctx context.Context, args []string) error {
 	only := fs.String("only", "", "comma-separated scenario names to run (default: all)")
 	fs.DurationVar(&cfg.DeliveryWait, "delivery-wait", cfg.DeliveryWait, "wait for pushes after the last ACK")
 	fs.IntVar(&cfg.Chunk, "chunk", cfg.Chunk, "member ids per create_group / add_members frame of the setup")
+	fs.IntVar(&cfg.CreateMembers, "create-members", cfg.CreateMembers, "member ids of the create_group frame, the rest in add_members frames (negative: -chunk)")
+	groupMembers := fs.Int("group-members", 0, "also offer scenario group-N: a group of N members, none online (its setup time is the figure; pick it with -only)")
 	fs.StringVar(&cfg.Addr, "addr", "", "attach to this running node (host:port) instead of starting one")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "with -addr: the node's data directory (its development key signs the tokens)")
 	fs.IntVar(&cfg.ServerPID, "server-pid", 0, "with -addr: the node's process id, to report its CPU time per delivery")
@@ -168,6 +170,9 @@ func runBenchFanout(ctx context.Context, args []string) error {
 		return fmt.Errorf("bench fanout: %w", err)
 	}
 	cfg.Scenarios = bench.DefaultFanoutScenarios(*members, *procs)
+	if *groupMembers > 0 {
+		cfg.Scenarios = append(cfg.Scenarios, bench.FanoutScenario{Name: "group-" + strconv.Itoa(*groupMembers), Members: *groupMembers})
+	}
 	if *only != "" {
 		var picked []bench.FanoutScenario
 		for _, name := range strings.Split(*only, ",") {

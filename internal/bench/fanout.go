@@ -88,6 +88,10 @@ type FanoutConfig struct {
 	// Chunk is the member ids per create_group / add_members frame; frames
 	// are limited to 64 KiB.
 	Chunk int
+	// CreateMembers, if not negative, is the member ids of the
+	// create_group frame (the rest follow in add_members frames of Chunk);
+	// negative: Chunk.
+	CreateMembers int
 	// DeliveryWait bounds the wait for pushes after the last ACK; it
 	// should exceed the node's re-send delay so that a lost push that is
 	// re-sent is still counted.
@@ -109,7 +113,7 @@ type FanoutConfig struct {
 func DefaultFanoutConfig() FanoutConfig {
 	return FanoutConfig{
 		Scenarios: DefaultFanoutScenarios(10000, 3),
-		Messages:  50, Rate: 5, BodyBytes: 100, AckEvery: time.Second, Chunk: 2000,
+		Messages:  50, Rate: 5, BodyBytes: 100, AckEvery: time.Second, Chunk: 2000, CreateMembers: -1,
 		DeliveryWait: 20 * time.Second, Timeout: 20 * time.Minute,
 		Out: os.Stdout, Stderr: os.Stderr, Logger: slog.Default(),
 	}
@@ -188,6 +192,10 @@ type FanoutResult struct {
 	// zero when unknown.
 	ServerCPU time.Duration
 	ClientCPU time.Duration
+	// Create and Add are how long the group's setup took: its
+	// create_group frame, and its add_members frames (AddFrames) together.
+	Create, Add time.Duration
+	AddFrames   int
 }
 
 // ServerCPUPerDelivery is the server's CPU time over the window divided by
@@ -418,11 +426,13 @@ func (r *fanoutRun) scenario(ctx context.Context, idx int, s FanoutScenario) (re
 	for i := range others {
 		others[i] = user(i + 1)
 	}
-	conv, err := owner.createGroup(ctx, s.Name, others, r.cfg.Chunk)
+	conv, err := owner.createGroup(ctx, s.Name, others, r.cfg.Chunk, r.cfg.CreateMembers, &res)
 	if err != nil {
 		return res, err
 	}
 	res.Tier = conv.Tier
+	fmt.Fprintf(r.cfg.Out, "  %-16s setup: create_group %v, %d add_members frames %v\n", s.Name,
+		res.Create.Round(time.Millisecond), res.AddFrames, res.Add.Round(time.Millisecond))
 
 	gauge0, err := r.gauge(ctx)
 	if err != nil {
@@ -901,11 +911,17 @@ func (c *rpcConn) call(ctx context.Context, f *protocol.Frame) (*protocol.Frame,
 	return c.await(ctx, ch)
 }
 
-// createGroup creates a group of the caller and members, chunk ids per
-// frame, and returns the group as the node describes it after the last
-// addition (its tier included).
-func (c *rpcConn) createGroup(ctx context.Context, name string, members []string, chunk int) (*protocol.ConvInfo, error) {
-	parts := chunks(members, chunk)
+// createGroup creates a group of the caller and members, first ids (chunk
+// if negative) in create_group and chunk ids per add_members frame after
+// it, and returns the group as the node describes it after the last
+// addition (its tier included). It records the frames' times in res.
+func (c *rpcConn) createGroup(ctx context.Context, name string, members []string, chunk, first int, res *FanoutResult) (*protocol.ConvInfo, error) {
+	if first < 0 {
+		first = chunk
+	}
+	first = min(first, len(members))
+	parts := append([][]string{members[:first]}, chunks(members[first:], chunk)...)
+	start := time.Now()
 	f, err := c.call(ctx, &protocol.Frame{Type: protocol.TypeCreateGroup, Name: name, Members: parts[0]})
 	if err != nil {
 		return nil, fmt.Errorf("create group: %w", err)
@@ -913,9 +929,16 @@ func (c *rpcConn) createGroup(ctx context.Context, name string, members []string
 	if f.Conv == nil {
 		return nil, fmt.Errorf("create group: answered %q without a conversation", f.Type)
 	}
+	res.Create = time.Since(start)
 	info := f.Conv
 	for _, p := range parts[1:] {
+		if len(p) == 0 {
+			continue
+		}
+		start := time.Now()
 		f, err := c.call(ctx, &protocol.Frame{Type: protocol.TypeAddMembers, ConvID: info.ConvID, Members: p})
+		res.Add += time.Since(start)
+		res.AddFrames++
 		if err != nil {
 			return nil, fmt.Errorf("add members: %w", err)
 		}

@@ -7,7 +7,7 @@
 //	message_seq         ((conv_id, seq_block), seq)            seq index: seq → (bucket, message_id)
 //	coalesce_latest     (conv_id, key)                         latest seq of a coalesce key
 //	conversations       (conv_id)                              kind, name, members, tier, last_seq hint
-//	members             (conv_id, user_id)                     role, join_seq, leave_seq, muted
+//	members             (conv_id, user_id)                     role, join_seq, leave_seq, muted; static fence (owner's epoch)
 //	user_conversations  (user_id, conv_id)                     rows: join/leave, last_seq, mention_seq
 //	direct_pairs        ((user_lo, user_hi))                   conv_id of a 1:1 conversation
 //	idempotency         ((conv_id, sender, client_msg_id))     message_id, bucket, start_seq
@@ -69,12 +69,25 @@
 //
 // Joins, leaves, role and mute changes run under the conversation's mutex
 // (so within a process they fall between two seq claims, as in
-// store/pebble) and are transactions on the member row conditioned on the
-// membership read (join_seq, leave_seq), so processes cannot interleave
-// them. The member count moves by compare-and-set. A leave is decided as
-// the top of the index: another process may claim a higher seq and fan it
-// out before the leave is written, so a former member's row is read with
-// last_seq and mention_seq capped at its leave_seq.
+// store/pebble) and are conditional batches of up to 128 member rows (one
+// partition: one Paxos round per batch, the batches one after the other),
+// each row conditioned on the membership read (join_seq, leave_seq, or no
+// row), so processes cannot interleave them; each user's conversation row
+// follows as one single-partition batch. The member count moves by
+// compare-and-set. A leave is decided as the top of the index: another
+// process may claim a higher seq and fan it out before the leave is
+// written, so a former member's row is read with last_seq and mention_seq
+// capped at its leave_seq.
+//
+// With Config.Lease the changes are the owner's and fenced like its
+// appends: the owner loads the conversation first (takeConv writes its
+// epoch into the members partition's static fence column, as does the
+// creation of a conversation in a partition it owns), the batches are also
+// conditioned on fence = its epoch, and the lease is confirmed before the
+// change is acknowledged. A stale owner's change is refused once a newer
+// owner has loaded the conversation (store.ErrNotOwner, nothing written),
+// and one that landed before is never acknowledged and is what the newer
+// owner reads (TestStaleOwnerMembershipFenced).
 //
 // # Idempotency
 //

@@ -221,7 +221,72 @@ func (s *Store) create(ctx context.Context, c store.Conversation, members []stor
 	if !applied {
 		return store.ErrExists
 	}
-	return s.writeMembers(ctx, c.ID, c.Kind, uniq)
+	epoch, owned := s.ownsNew(c.ID)
+	var membersErr, fenceErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { membersErr = s.writeMembers(ctx, c.ID, c.Kind, uniq) })
+	if owned {
+		wg.Go(func() { fenceErr = s.fenceNew(ctx, c.ID, epoch) })
+	}
+	wg.Wait()
+	if err := errors.Join(membersErr, fenceErr); err != nil {
+		return err
+	}
+	if owned {
+		s.preload(c, epoch, nil)
+	}
+	return nil
+}
+
+// ownsNew returns the epoch under which this process owns the partition
+// of a conversation it is creating, if it does.
+func (s *Store) ownsNew(conv uint64) (uint64, bool) {
+	if s.lease == nil {
+		return 0, false
+	}
+	return s.lease.Epoch(conv)
+}
+
+// fenceNew writes the fences takeConv writes for a conversation whose top
+// is 0 (one this process is creating): a stale owner that loads it
+// (under an older epoch) has its slots and membership changes shadowed or
+// refused as after a takeover.
+func (s *Store) fenceNew(ctx context.Context, conv, epoch uint64) error {
+	if epoch == 0 || epoch*1000 > 1<<53 {
+		return fmt.Errorf("epoch %d out of range", epoch)
+	}
+	return s.each(ctx, 2, func(ctx context.Context, i int) error {
+		if i == 0 {
+			return s.q(ctx, `UPDATE members USING TIMESTAMP ? SET fence = ? WHERE conv_id = ?`,
+				fenceTS(epoch, 0), i64(epoch), i64(conv)).Exec()
+		}
+		return s.q(ctx, `DELETE FROM message_seq USING TIMESTAMP ? WHERE conv_id = ? AND seq_block = ? AND seq > ?`,
+			fenceTS(epoch, 0), i64(conv), s.blockOf(1), i64(0)).Exec()
+	})
+}
+
+// preload records, after fenceNew, that this process owns the new
+// conversation c under epoch with top 0, so its first write needs no load
+// (takeConv). A state that already went through a load (a request that
+// named the new id before its creation finished) is left as it is;
+// direct lists the members of a direct conversation (nil: read when
+// needed).
+func (s *Store) preload(c store.Conversation, epoch uint64, direct []string) {
+	st := s.state(c.ID)
+	defer s.release(st)
+	s.learn(st, c)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	o := &st.own
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.epoch != 0 || o.gen != 0 || o.lost != 0 || o.running || len(o.queue) != 0 || st.hint.Load() != 0 {
+		return
+	}
+	o.epoch, o.top, o.hinted = epoch, 0, 0
+	if direct != nil {
+		o.direct = direct
+	}
 }
 
 // sameConvRow reads conv's row at SERIAL and reports whether it is the one
@@ -340,6 +405,9 @@ func (s *Store) direct(ctx context.Context, lo, hi string, newID uint64, now int
 		pairLo = "e2e:" + lo
 	}
 	pair := pairLo + "\x00" + hi
+	if c, ok, err := s.newDirect(ctx, lo, hi, pairLo, pair, newID, now, e2e); err != nil || ok {
+		return c, err
+	}
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return store.Conversation{}, err
@@ -386,21 +454,117 @@ func (s *Store) direct(ctx context.Context, lo, hi string, newID uint64, now int
 	}
 }
 
-// finishDirect writes the member rows of lo and hi in direct conversation
-// id that are missing; rows that exist are left as they are.
-func (s *Store) finishDirect(ctx context.Context, id uint64, lo, hi string) error {
-	var missing []store.Member
-	for _, u := range []string{lo, hi} {
-		if _, err := s.member(ctx, id, u); errors.Is(err, store.ErrNotMember) {
-			missing = append(missing, store.Member{UserID: u})
-		} else if err != nil {
-			return err
-		}
+// newDirect creates the pair's conversation as newID when the pair has
+// none yet, in the fewest round trips: the pair and newID are read (one
+// round); the conversation's row and member rows are written (invisible:
+// nothing refers to newID yet) with, when this process owns newID's
+// partition, the owner's fences; then the pair is claimed (the commit
+// point, the one transaction); then the users' rows. It reports false,
+// having changed nothing visible, when the pair exists, newID is taken or
+// another creator claimed the pair first (its rows are deleted again):
+// the caller then takes the general path. A crash after the claim leaves
+// the users' rows to finishDirect.
+func (s *Store) newDirect(ctx context.Context, lo, hi, pairLo, pair string, newID uint64, now int64, e2e bool) (store.Conversation, bool, error) {
+	var (
+		pairErr, convErr error
+		wg               sync.WaitGroup
+	)
+	wg.Go(func() {
+		var id int64
+		pairErr = s.q(ctx, `SELECT conv_id FROM direct_pairs WHERE user_lo = ? AND user_hi = ?`, pairLo, hi).Scan(&id)
+	})
+	wg.Go(func() { _, convErr = s.convRow(ctx, newID) })
+	wg.Wait()
+	if !errors.Is(pairErr, gocql.ErrNotFound) || !errors.Is(convErr, store.ErrNotFound) {
+		return store.Conversation{}, false, errors.Join(ignoreNotFound(pairErr), ignoreNotFound(convErr))
 	}
-	if len(missing) == 0 {
+	c := store.Conversation{ID: newID, Kind: store.Direct, CreatedAt: now, Members: 2, E2E: e2e}
+	epoch, owned := s.ownsNew(newID)
+	var rowErr, membersErr, fenceErr error
+	wg.Go(func() {
+		// last_seq is left null, as in create.
+		rowErr = s.q(ctx, `INSERT INTO conversations (conv_id, kind, name, created_at, members, direct_pair, e2e)
+			VALUES (?, ?, ?, ?, ?, ?, ?)`, i64(newID), int8(store.Direct), "", now, 2, pair, e2e).Exec()
+	})
+	wg.Go(func() {
+		b := s.sess.Batch(gocql.UnloggedBatch).WithContext(ctx).Consistency(s.cons)
+		for _, u := range []string{lo, hi} {
+			b.Query(`INSERT INTO members (conv_id, user_id, role, join_seq) VALUES (?, ?, ?, 1)`, i64(newID), u, int8(store.RoleMember))
+		}
+		membersErr = b.Exec()
+	})
+	if owned {
+		wg.Go(func() { fenceErr = s.fenceNew(ctx, newID, epoch) })
+	}
+	wg.Wait()
+	if err := errors.Join(rowErr, membersErr, fenceErr); err != nil {
+		s.dropNew(ctx, newID)
+		return store.Conversation{}, false, err
+	}
+	id, ours, err := s.claimPair(ctx, pairLo, hi, newID)
+	if err != nil {
+		return store.Conversation{}, false, err // the general path's claim settles it
+	}
+	if !ours || id != newID {
+		s.dropNew(ctx, newID)
+		return store.Conversation{}, false, nil
+	}
+	if err := s.each(ctx, 2, func(ctx context.Context, i int) error {
+		u := []string{lo, hi}[i]
+		return s.q(ctx, `UPDATE user_conversations SET kind = ?, join_seq = 1 WHERE user_id = ? AND conv_id = ?`,
+			int8(store.Direct), u, i64(newID)).Exec()
+	}); err != nil {
+		return store.Conversation{}, false, err
+	}
+	if owned {
+		s.preload(c, epoch, []string{lo, hi})
+	}
+	return c, true, nil
+}
+
+func ignoreNotFound(err error) error {
+	if errors.Is(err, gocql.ErrNotFound) || errors.Is(err, store.ErrNotFound) {
 		return nil
 	}
-	return s.writeMembers(ctx, id, store.Direct, missing)
+	return err
+}
+
+// dropNew deletes what newDirect wrote for an id no pair refers to (best
+// effort: the rows are unreachable anyway).
+func (s *Store) dropNew(ctx context.Context, id uint64) {
+	err := errors.Join(
+		s.q(ctx, `DELETE FROM conversations WHERE conv_id = ?`, i64(id)).Exec(),
+		s.q(ctx, `DELETE FROM members WHERE conv_id = ?`, i64(id)).Exec())
+	if err != nil {
+		s.log.Warn("cassandra: direct: dropping an unclaimed conversation failed", logKeyConv, id, logKeyErr, err)
+	}
+}
+
+// finishDirect writes the member and conversation rows of lo and hi in
+// direct conversation id whose conversation row is missing (each
+// creator writes a user's conversation row last); rows that exist are
+// left as they are.
+func (s *Store) finishDirect(ctx context.Context, id uint64, lo, hi string) error {
+	users := []string{lo, hi}
+	missing := make([]bool, 2)
+	if err := s.each(ctx, 2, func(ctx context.Context, i int) error {
+		var kind *int8
+		err := s.q(ctx, `SELECT kind FROM user_conversations WHERE user_id = ? AND conv_id = ?`, users[i], i64(id)).Scan(&kind)
+		missing[i] = errors.Is(err, gocql.ErrNotFound) || err == nil && kind == nil
+		return ignoreNotFound(err)
+	}); err != nil {
+		return err
+	}
+	var add []store.Member
+	for i, u := range users {
+		if missing[i] {
+			add = append(add, store.Member{UserID: u})
+		}
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	return s.writeMembers(ctx, id, store.Direct, add)
 }
 
 // claimPair inserts pair → newID unless the pair has a conversation; it

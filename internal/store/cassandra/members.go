@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
@@ -46,6 +47,14 @@ func (s *Store) Member(ctx context.Context, convID uint64, user string) (store.M
 		return store.Member{}, err
 	}
 	defer s.gate.RUnlock()
+	if ms, ok := s.ownedDirect(convID); ok {
+		for _, m := range ms {
+			if m.UserID == user {
+				return m, nil
+			}
+		}
+		return store.Member{}, fmt.Errorf("cassandra: %s %d: %w", op, convID, store.ErrNotMember)
+	}
 	m, err := s.member(ctx, convID, user)
 	if err != nil {
 		return store.Member{}, fmt.Errorf("cassandra: %s %d: %w", op, convID, err)
@@ -67,11 +76,46 @@ func (s *Store) Members(ctx context.Context, convID uint64) ([]store.Member, err
 		return nil, err
 	}
 	defer s.gate.RUnlock()
+	if ms, ok := s.ownedDirect(convID); ok {
+		return ms, nil
+	}
 	out, err := s.members(ctx, convID)
 	if err != nil {
 		return nil, fmt.Errorf("cassandra: %s %d: %w", op, convID, err)
 	}
 	return out, nil
+}
+
+// ownedDirect returns the memberships of a direct conversation from
+// memory when this process owns it under the epoch it loaded it in and
+// knows its two members (created here, or read once by the writer): a
+// direct conversation's members join at 1 as plain members and never
+// change, and any membership change, which only the owner makes, drops
+// the list.
+func (s *Store) ownedDirect(conv uint64) ([]store.Member, bool) {
+	if s.lease == nil {
+		return nil, false
+	}
+	epoch, ok := s.lease.Epoch(conv)
+	if !ok {
+		return nil, false
+	}
+	st := s.convs.Peek(conv)
+	if st == nil || !st.exists.Load() || st.kind != store.Direct {
+		return nil, false
+	}
+	st.own.mu.Lock()
+	users, loaded := st.own.direct, st.own.epoch == epoch
+	st.own.mu.Unlock()
+	if !loaded || len(users) != 2 {
+		return nil, false
+	}
+	out := make([]store.Member, len(users))
+	for i, u := range users {
+		out[i] = store.Member{ConvID: conv, UserID: u, Role: store.RoleMember, JoinSeq: 1}
+	}
+	slices.SortFunc(out, func(a, b store.Member) int { return strings.Compare(a.UserID, b.UserID) })
+	return out, true
 }
 
 func (s *Store) members(ctx context.Context, conv uint64) ([]store.Member, error) {
@@ -279,6 +323,9 @@ func (s *Store) changeMembers(ctx context.Context, st *convState, epoch uint64, 
 			}
 			if applied {
 				done = append(done, chs...)
+				st.own.mu.Lock()
+				st.own.direct = nil // read again when needed
+				st.own.mu.Unlock()
 				break
 			}
 			if epoch != 0 {
