@@ -274,6 +274,7 @@ func (s *Store) fenceNew(ctx context.Context, conv, epoch uint64) error {
 func (s *Store) preload(c store.Conversation, epoch uint64, direct []string) {
 	st := s.state(c.ID)
 	defer s.release(st)
+	c.LastSeq = 0 // a new conversation's (a caller's value is ignored)
 	s.learn(st, c)
 	st.mu.Lock()
 	defer st.mu.Unlock()
