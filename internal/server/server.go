@@ -615,7 +615,7 @@ func (s *Server) startGateway(ctx context.Context) error {
 	gcfg := o.Gateway
 	gcfg.Node = o.Node
 	gcfg.SessionPrefix = o.Node + "-" + nonce()
-	if err := s.registry.DropNode(ctx, o.Node); err != nil {
+	if err := s.dropPredecessor(ctx); err != nil {
 		return fmt.Errorf("server: registry: %w", err)
 	}
 	s.gw, err = gateway.New(gcfg, gateway.Deps{
@@ -639,6 +639,25 @@ func (s *Server) startGateway(ctx context.Context) error {
 	s.access.OnChange(s.gw.Enforce)
 	if rr, ok := s.registry.(*rredis.Registry); ok {
 		s.runLoop(func(ctx context.Context) { s.refreshLease(ctx, rr) })
+	}
+	return nil
+}
+
+// dropPredecessor clears what a previous process of this node left in
+// the registry (it died without unregistering) and, in cluster mode,
+// records those users offline with a last seen and tells their followers.
+func (s *Server) dropPredecessor(ctx context.Context) error {
+	rr, ok := s.registry.(*rredis.Registry)
+	if !ok || s.relay == nil {
+		return s.registry.DropNode(ctx, s.opts.Node)
+	}
+	users, err := rr.DropNodeUsers(ctx, s.opts.Node)
+	if err != nil {
+		return err
+	}
+	if len(users) > 0 {
+		s.log.Info("registry: devices left by this node's previous process dropped", "users", len(users))
+		s.relay.Gone(ctx, users)
 	}
 	return nil
 }

@@ -264,6 +264,31 @@ func (r *Relay) checkNodes(ctx context.Context) (users []string, ok bool) {
 	return users, true
 }
 
+// Gone records users offline whose devices were dropped without their
+// disconnects (a gateway starting under the name of one that died clears
+// what it left): their last seen, pipelined, and a hint each.
+func (r *Relay) Gone(ctx context.Context, users []string) {
+	now := r.now().UnixMilli()
+	for len(users) > 0 {
+		part := users[:min(len(users), statesBatch)]
+		users = users[len(part):]
+		p := r.rdb.Pipeline()
+		for _, u := range part {
+			p.Set(ctx, r.lastSeenKey(u), now, r.cfg.LastSeenTTL)
+		}
+		if _, err := p.Exec(ctx); err != nil {
+			r.log.Warn("presence: last seen of dropped devices not recorded", "users", len(part), "err", err)
+		}
+		for _, u := range part {
+			data, _ := json.Marshal(hint{User: u})
+			if err := r.nc.Publish(subjectShard(r.cfg.Namespace, ShardOf(u, r.cfg.Shards)), data); err != nil {
+				r.log.Warn("presence: hint not sent", "err", err)
+				return
+			}
+		}
+	}
+}
+
 // statesBatch bounds the users of one pipelined read.
 const statesBatch = 1000
 

@@ -234,3 +234,52 @@ func TestResyncReadsOnlyADeadGatewaysUsers(t *testing.T) {
 		t.Fatalf("told %d users (want gw-2's 20), wide notifications %v (want none)", len(told), wide)
 	}
 }
+
+// TestRestartedGatewayAnnouncesDropped: a gateway started under the name
+// of one that died clears its predecessor's entries and announces those
+// users offline, with a last seen: a watcher hears it at once instead of
+// at a lease check.
+func TestRestartedGatewayAnnouncesDropped(t *testing.T) {
+	c := newCluster(t, time.Hour)
+	old := c.gateway("gw-1")
+	watcher := c.process("gw-2", c.registry(), nil)
+	tr := presence.NewWith(presence.Config{Flush: 20 * time.Millisecond, MinGap: time.Millisecond}, watcher, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go tr.Run(ctx)
+	old.connect(t, "ann", "d")
+	s := &lastSink{}
+	if st, err := tr.Watch(ctx, s, []string{"ann"}); err != nil || !st[0].Online {
+		t.Fatalf("Watch = %+v, %v; want ann online", st, err)
+	}
+	old.kill()
+	restarted := time.Now().UnixMilli()
+	reg := c.registry()
+	users, err := reg.DropNodeUsers(ctx, "gw-1")
+	if err != nil || !slices.Equal(users, []string{"ann"}) {
+		t.Fatalf("DropNodeUsers = %v, %v; want [ann]", users, err)
+	}
+	c.process("gw-1", reg, nil).Gone(ctx, users)
+	eventually(t, "ann offline with a last seen", func() bool {
+		st := s.last()
+		return st != nil && !st.Online && st.LastSeen >= restarted
+	})
+}
+
+type lastSink struct {
+	mu sync.Mutex
+	st *protocol.PresenceState
+}
+
+func (l *lastSink) Presence(states []protocol.PresenceState) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := states[len(states)-1]
+	l.st = &st
+}
+
+func (l *lastSink) last() *protocol.PresenceState {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.st
+}

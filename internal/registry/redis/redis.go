@@ -510,31 +510,50 @@ func (r *Registry) Refresh(ctx context.Context, node string) error {
 // then deletes them through the node's index. Entries that replaced one of
 // the node's entries in the meantime are kept.
 func (r *Registry) DropNode(ctx context.Context, node string) error {
+	_, err := r.DropNodeUsers(ctx, node)
+	return err
+}
+
+// DropNodeUsers is DropNode that returns the users whose entries it
+// deleted (each once), so that a gateway starting under the name of one
+// that died can announce them offline.
+func (r *Registry) DropNodeUsers(ctx context.Context, node string) ([]string, error) {
 	if err := r.c.Del(ctx, r.leaseKey(node)).Err(); err != nil {
-		return fmt.Errorf("redis: drop node: %w", err)
+		return nil, fmt.Errorf("redis: drop node: %w", err)
 	}
 	r.mu.Lock()
 	delete(r.mu.own, node)
 	delete(r.mu.lost, node)
 	delete(r.mu.seen, node)
 	r.mu.Unlock()
+	var dropped []string
+	seen := make(map[string]bool)
 	var cursor uint64
 	for {
 		members, next, err := r.c.SScan(ctx, r.nodeKey(node), cursor, "", 512).Result()
 		if err != nil {
-			return fmt.Errorf("redis: drop node: scan: %w", err)
+			return nil, fmt.Errorf("redis: drop node: scan: %w", err)
 		}
 		if len(members) > 0 {
 			p := r.c.Pipeline()
+			var users []string
+			var cmds []*goredis.Cmd
 			for _, m := range members {
 				parts := strings.SplitN(m, "\x00", 3)
 				if len(parts) != 3 {
 					continue
 				}
-				removeScript.Eval(ctx, p, []string{r.userKey(parts[0])}, parts[1], parts[2], node)
+				users = append(users, parts[0])
+				cmds = append(cmds, removeScript.Eval(ctx, p, []string{r.userKey(parts[0])}, parts[1], parts[2], node))
 			}
 			if err := exec(ctx, p); err != nil {
-				return fmt.Errorf("redis: drop node: %w", err)
+				return nil, fmt.Errorf("redis: drop node: %w", err)
+			}
+			for i, c := range cmds {
+				if c.Val() != nil && !seen[users[i]] {
+					seen[users[i]] = true
+					dropped = append(dropped, users[i])
+				}
 			}
 		}
 		if cursor = next; cursor == 0 {
@@ -542,7 +561,7 @@ func (r *Registry) DropNode(ctx context.Context, node string) error {
 		}
 	}
 	if err := r.c.Del(ctx, r.nodeKey(node)).Err(); err != nil {
-		return fmt.Errorf("redis: drop node: %w", err)
+		return nil, fmt.Errorf("redis: drop node: %w", err)
 	}
-	return nil
+	return dropped, nil
 }

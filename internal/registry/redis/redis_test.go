@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -163,6 +164,31 @@ func TestLookupDeadNamesDeadNodesUsers(t *testing.T) {
 	}
 	if _, dead, _ := r.LookupDead(ctx, []string{"alice"}); len(dead) != 0 {
 		t.Fatalf("second LookupDead names %v dead, want none (the entry is gone)", dead)
+	}
+}
+
+// TestDropNodeUsersNamesThem: DropNodeUsers returns each user whose
+// entries of the node it deleted, once, and keeps other nodes' entries.
+func TestDropNodeUsersNamesThem(t *testing.T) {
+	c := testClient(t)
+	r := newRegistry(t, c, Config{Prefix: testPrefix(t, c)})
+	mustRegister(t, r, entry("alice", "phone", "n1", "s1"))
+	mustRegister(t, r, entry("alice", "laptop", "n1", "s2"))
+	mustRegister(t, r, entry("bob", "phone", "n1", "s3"))
+	mustRegister(t, r, entry("carol", "phone", "n2", "s4"))
+	users, err := r.DropNodeUsers(ctx, "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(users)
+	if !slices.Equal(users, []string{"alice", "bob"}) {
+		t.Fatalf("DropNodeUsers = %v, want [alice bob]", users)
+	}
+	if got := sessions(t, r, "carol"); len(got) != 1 {
+		t.Fatalf("carol on n2: sessions %v, want one", got)
+	}
+	if users, _ := r.DropNodeUsers(ctx, "n1"); len(users) != 0 {
+		t.Fatalf("second DropNodeUsers = %v, want none", users)
 	}
 }
 
