@@ -110,6 +110,29 @@ func (c *committer) exec(ctx context.Context, stmts []stmt) error {
 	}
 }
 
+// execSplit writes stmts as independent requests of at most maxGroupStmts
+// statements and maxGroupBytes each (a statement over it alone), in
+// parallel, and returns the first error. For writes that need no
+// atomicity: a request of several partitions over Cassandra's
+// batch_size_fail_threshold would be refused whole ("Batch too large"),
+// and the committer sends an oversized request as it is.
+func (c *committer) execSplit(ctx context.Context, stmts []stmt) error {
+	var parts [][]stmt
+	start, bytes := 0, 0
+	for i, st := range stmts {
+		n := st.size()
+		if i > start && (i-start >= maxGroupStmts || bytes+n > maxGroupBytes) {
+			parts = append(parts, stmts[start:i])
+			start, bytes = i, 0
+		}
+		bytes += n
+	}
+	if start < len(stmts) {
+		parts = append(parts, stmts[start:])
+	}
+	return c.s.each(ctx, len(parts), func(ctx context.Context, i int) error { return c.exec(ctx, parts[i]) })
+}
+
 // run sends batches of the queue until it is empty.
 func (c *committer) run() {
 	for {

@@ -477,7 +477,8 @@ func (s *Store) insertBodies(ctx context.Context, msgs []store.Message) error {
 	}
 	return s.each(ctx, 1+len(big), func(ctx context.Context, i int) error {
 		if i == 0 {
-			return s.commit.exec(ctx, small)
+			// The bodies of a batch may fall in several buckets.
+			return s.commit.execSplit(ctx, small)
 		}
 		return s.q(ctx, big[i-1].cql, big[i-1].args...).Exec()
 	})
@@ -689,7 +690,7 @@ func (s *Store) batchRows(ctx context.Context, st *convState, msgs []store.Messa
 	if err != nil {
 		return err
 	}
-	return s.commit.exec(ctx, s.rowStmts(st.id, users, msgs))
+	return s.commit.execSplit(ctx, s.rowStmts(st.id, users, msgs)) // a partition per member
 }
 
 // rowStmts are the writes of batchRows for users (as raiseRow's).
