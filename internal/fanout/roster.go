@@ -150,11 +150,15 @@ func (r *Roster) read(ctx context.Context, users []string) error {
 	for len(users) > 0 {
 		part := users[:min(len(users), rosterBatch)]
 		users = users[len(part):]
+		// The entry and its version: a read is applied only to the entry
+		// it began for (one forgotten and made again meanwhile missed the
+		// notifications in between) and only if no notification came.
 		vers := make([]uint64, len(part))
+		ents := make([]*rosterUser, len(part))
 		r.mu.Lock()
 		for i, name := range part {
 			if u := r.users[name]; u != nil {
-				vers[i] = u.ver
+				vers[i], ents[i] = u.ver, u
 			}
 		}
 		r.mu.Unlock()
@@ -166,7 +170,7 @@ func (r *Roster) read(ctx context.Context, users []string) error {
 		}
 		r.mu.Lock()
 		for i, name := range part {
-			if u := r.users[name]; u != nil && u.ver == vers[i] {
+			if u := r.users[name]; u != nil && u == ents[i] && u.ver == vers[i] {
 				r.setLocked(name, u, states[name].Online)
 			}
 		}

@@ -121,3 +121,31 @@ func TestRosterStaleReadNotApplied(t *testing.T) {
 		t.Fatalf("online = %v after the stale read returned, want [ann]", got)
 	}
 }
+
+// TestRosterStaleReadOfAFormerEntry: a read begun for a user the roster
+// then forgot (its last group untracked) is not applied to the same user
+// tracked again meanwhile: a notification in between reached no entry,
+// so the versions alone cannot tell the read is older than the new
+// entry's own.
+func TestRosterStaleReadOfAFormerEntry(t *testing.T) {
+	ctx := context.Background()
+	g := &gated{Local: presence.NewLocal(time.Hour, nil)}
+	r := startRoster(t, g)
+	g.Changed(ctx, "ann", true)
+	hold, holding := make(chan struct{}), make(chan struct{})
+	g.hold, g.holding = hold, holding
+	tracked := make(chan struct{})
+	go func() { defer close(tracked); r.Track(1, []store.Member{{UserID: "ann", JoinSeq: 1}}) }()
+	<-holding // Track(1)'s read saw ann online
+	r.Untrack(1)
+	g.Changed(ctx, "ann", false) // told to no entry: ann is not held
+	r.Track(2, []store.Member{{UserID: "ann", JoinSeq: 3}})
+	if got := rosterOnline(r, 2); len(got) != 0 {
+		t.Fatalf("online in 2 = %v after Track, want none", got)
+	}
+	close(hold) // the stale read (online) completes
+	<-tracked
+	if got := rosterOnline(r, 2); len(got) != 0 {
+		t.Fatalf("online in 2 = %v after the stale read of the former entry returned, want none", got)
+	}
+}
