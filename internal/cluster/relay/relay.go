@@ -86,9 +86,15 @@ type Relay struct {
 		// found online there, and the node's lease epoch when first
 		// checked: a node whose epoch changes (it died, or restarted and
 		// dropped its entries) has those users read again.
-		on        map[string]*nodeUsers
-		where     map[string][]string // followed user → nodes of its last read
-		shardRefs []int               // shard → followed users in it
+		on    map[string]*nodeUsers
+		where map[string][]string // followed user → nodes of its last read
+		// reads numbers States' reads in the order they start; placed is,
+		// per followed user, the number of the read where is from: an
+		// older read that returns later does not put back where the user
+		// was.
+		reads     uint64
+		placed    map[string]uint64
+		shardRefs []int // shard → followed users in it
 		subs      []*natsio.Subscription
 		listeners []presence.Listener
 		closed    bool
@@ -116,6 +122,7 @@ func New(nc *natsio.Conn, rdb goredis.UniversalClient, reg registry.Registry, me
 	r.mu.follow = make(map[string]int)
 	r.mu.on = make(map[string]*nodeUsers)
 	r.mu.where = make(map[string][]string)
+	r.mu.placed = make(map[string]uint64)
 	r.mu.shardRefs = make([]int, cfg.Shards)
 	r.mu.subs = make([]*natsio.Subscription, cfg.Shards)
 	return r
@@ -190,7 +197,11 @@ func (r *Relay) placeLocked(user string, entries []registry.Entry) {
 		}
 	}
 	delete(r.mu.where, user)
-	if r.mu.follow[user] == 0 || len(entries) == 0 {
+	if r.mu.follow[user] == 0 {
+		delete(r.mu.placed, user)
+		return
+	}
+	if len(entries) == 0 {
 		return
 	}
 	nodes := make([]string, 0, len(entries))
@@ -303,6 +314,10 @@ func (r *Relay) States(ctx context.Context, users []string) (map[string]presence
 		var online map[string][]registry.Entry
 		var died []string
 		var err error
+		r.mu.Lock()
+		r.mu.reads++
+		read := r.mu.reads
+		r.mu.Unlock()
 		if dl, ok := r.reg.(deadLookup); ok {
 			online, died, err = dl.LookupDead(ctx, part)
 		} else {
@@ -313,7 +328,13 @@ func (r *Relay) States(ctx context.Context, users []string) (map[string]presence
 		}
 		r.mu.Lock()
 		for _, u := range part {
+			if read < r.mu.placed[u] {
+				continue // a newer read placed u
+			}
 			r.placeLocked(u, online[u])
+			if r.mu.follow[u] > 0 {
+				r.mu.placed[u] = read
+			}
 		}
 		r.mu.Unlock()
 		var offline []string
