@@ -2,6 +2,7 @@ package chat
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -350,4 +351,68 @@ func TestSendRemembersOwnReadPosition(t *testing.T) {
 	}
 	expectUnread(t, r, svc, "after the sends", "a", conv, 1, 5)
 	expectUnread(t, r, svc, "after the sends", "b", conv, 0, 6)
+}
+
+// bulkStore raises delivered positions in bulk (store.DeliveredRaiser),
+// counting the calls, with Pebble's SetDelivered underneath.
+type bulkStore struct {
+	store.Store
+	mu    sync.Mutex
+	calls int
+	fail  bool
+}
+
+func (b *bulkStore) RaiseDelivered(ctx context.Context, ps []store.Delivered) error {
+	b.mu.Lock()
+	b.calls++
+	fail := b.fail
+	b.mu.Unlock()
+	if fail {
+		return errors.New("engine down")
+	}
+	for _, p := range ps {
+		if _, err := b.SetDelivered(ctx, p.User, p.ConvID, p.Seq); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// TestFlushPositionsInBulk: with a store that raises delivered positions
+// in bulk, a flush hands it every raised position in one call; a failed
+// call keeps them raised in memory for the next flush.
+func TestFlushPositionsInBulk(t *testing.T) {
+	ctx := context.Background()
+	r := newReceiptRig(t)
+	bs := &bulkStore{Store: r.st}
+	r.st = bs
+	svc := r.service()
+	conv := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeOpenDirect, Peer: "b"}).Conv.ConvID
+	for _, id := range []string{"m1", "m2"} {
+		if ack := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeSend, ConvID: conv, ClientMsgID: id, Kind: protocol.KindText, Body: id}); ack == nil || ack.Type != protocol.TypeAck {
+			t.Fatalf("send answered %+v", ack)
+		}
+	}
+	r.call(svc, "b", &protocol.Frame{Type: protocol.TypeDelivered, ConvID: conv, Seq: 2})
+	r.call(svc, "a", &protocol.Frame{Type: protocol.TypeDelivered, ConvID: conv, Seq: 1})
+	bs.fail = true
+	if err := svc.FlushPositions(ctx); err == nil {
+		t.Fatalf("a failed bulk raise: flush returned no error")
+	}
+	bs.fail = false
+	if err := svc.FlushPositions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for user, want := range map[string]uint64{"a": 1, "b": 2} {
+		if got, err := bs.Delivered(ctx, user, conv); err != nil || got != want {
+			t.Errorf("%s: stored delivered %d, %v; want %d", user, got, err, want)
+		}
+	}
+	if bs.calls != 2 {
+		t.Errorf("%d bulk calls for two flushes, want 2", bs.calls)
+	}
+	// Nothing raised since: no call.
+	if err := svc.FlushPositions(ctx); err != nil || bs.calls != 2 {
+		t.Errorf("an idle flush: err %v, %d calls", err, bs.calls)
+	}
 }

@@ -347,6 +347,27 @@ func (s *Service) FlushPositions(ctx context.Context) error {
 		sh.mu.Unlock()
 	}
 	var firstErr error
+	persisted := func(d dirty) {
+		sh := p.shard(d.k)
+		sh.mu.Lock()
+		if e := sh.m[d.k]; e != nil {
+			e.persisted = max(e.persisted, d.seq)
+		}
+		sh.mu.Unlock()
+	}
+	if r, ok := s.store.(store.DeliveredRaiser); ok && len(batch) > 0 {
+		// All at once (Cassandra: shared batches, no read-back).
+		ps := make([]store.Delivered, len(batch))
+		for i, d := range batch {
+			ps[i] = store.Delivered{User: d.k.user, ConvID: d.k.conv, Seq: d.seq}
+		}
+		if firstErr = r.RaiseDelivered(ctx, ps); firstErr == nil {
+			for _, d := range batch {
+				persisted(d)
+			}
+		}
+		batch = nil
+	}
 	for _, d := range batch {
 		if _, err := s.store.SetDelivered(ctx, d.k.user, d.k.conv, d.seq); err != nil {
 			if firstErr == nil {
@@ -354,12 +375,7 @@ func (s *Service) FlushPositions(ctx context.Context) error {
 			}
 			continue
 		}
-		sh := p.shard(d.k)
-		sh.mu.Lock()
-		if e := sh.m[d.k]; e != nil {
-			e.persisted = max(e.persisted, d.seq)
-		}
-		sh.mu.Unlock()
+		persisted(d)
 	}
 	for i := range p.own {
 		sh := &p.own[i]

@@ -179,6 +179,22 @@ type Pending struct {
 	Seq    uint64
 }
 
+// Delivered is a delivered position to raise (Store.SetDelivered, or
+// in bulk where a store offers it: DeliveredRaiser).
+type Delivered struct {
+	User   string
+	ConvID uint64
+	Seq    uint64
+}
+
+// DeliveredRaiser is implemented by stores that raise many delivered
+// positions for less than a SetDelivered each (Cassandra: group-committed
+// writes, no read-back). An error means some may not be raised; raising
+// again is harmless (positions are max-registers).
+type DeliveredRaiser interface {
+	RaiseDelivered(ctx context.Context, ps []Delivered) error
+}
+
 // Store is the durable state of Parley.
 type Store interface {
 	// CreateConversation stores a new conversation with its first members,

@@ -2,10 +2,13 @@ package cassandra
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/parley-im/parley/internal/store"
 )
 
 // queueAll puts reqs on c's queue, in order, while every flush slot looks busy, then
@@ -177,4 +180,41 @@ func TestGroupCommit(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	})
+}
+
+// TestRaiseDelivered: bulk raises are max-registers like SetDelivered,
+// whatever order and batch they come in.
+func TestRaiseDelivered(t *testing.T) {
+	s := openT(t, fresh(t))
+	ctx := context.Background()
+	if _, err := s.SetDelivered(ctx, "u0", 1, 50); err != nil {
+		t.Fatal(err)
+	}
+	var ps []store.Delivered
+	for i := range 100 {
+		ps = append(ps, store.Delivered{User: fmt.Sprint("u", i%10), ConvID: 1, Seq: uint64(1 + i)})
+	}
+	ps = append(ps, store.Delivered{User: "u3", ConvID: 2, Seq: 0}) // nothing to raise
+	if err := s.RaiseDelivered(ctx, ps); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		want := uint64(91 + i) // the highest of u<i>'s
+		if got, err := s.Delivered(ctx, fmt.Sprint("u", i), 1); err != nil || got != want {
+			t.Errorf("u%d: delivered %d, %v; want %d", i, got, err, want)
+		}
+	}
+	if got, _ := s.Delivered(ctx, "u3", 2); got != 0 {
+		t.Errorf("a zero seq raised the position to %d", got)
+	}
+	// Lower raises never lower a position.
+	if err := s.RaiseDelivered(ctx, []store.Delivered{{User: "u0", ConvID: 1, Seq: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Delivered(ctx, "u0", 1); got != 91 {
+		t.Errorf("u0 after a lower raise: %d, want 91", got)
+	}
+	if err := s.RaiseDelivered(ctx, []store.Delivered{{User: "bad user", ConvID: 1, Seq: 1}}); err == nil {
+		t.Errorf("an invalid user id raised no error")
+	}
 }

@@ -7,6 +7,7 @@ import (
 
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
 
+	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -72,6 +73,44 @@ func (s *Store) SetDelivered(ctx context.Context, user string, convID, seq uint6
 	}
 	return v, nil
 }
+
+// RaiseDelivered raises delivered positions as SetDelivered does, without
+// reading them back, in group-committed batches (commit.go): the chat
+// service's periodic flush of every position raised meanwhile.
+func (s *Store) RaiseDelivered(ctx context.Context, ps []store.Delivered) error {
+	const op = "raise delivered"
+	if err := s.enter(ctx, op); err != nil {
+		return err
+	}
+	defer s.gate.RUnlock()
+	const chunk = 32 // statements a request; the committer groups requests
+	var stmts []stmt
+	for _, p := range ps {
+		if !protocol.ValidID(p.User) {
+			return fmt.Errorf("cassandra: %s: invalid user %q", op, p.User)
+		}
+		if p.Seq == 0 {
+			continue
+		}
+		if p.Seq > maxSeq {
+			return fmt.Errorf("cassandra: %s: seq %d beyond 2^63", op, p.Seq)
+		}
+		stmts = append(stmts, stmt{`UPDATE delivered_positions USING TIMESTAMP ? SET seq = ? WHERE user_id = ? AND conv_id = ?`,
+			[]any{i64(p.Seq), i64(p.Seq), p.User, i64(p.ConvID)}})
+	}
+	n := (len(stmts) + chunk - 1) / chunk
+	if n == 0 {
+		return nil
+	}
+	if err := s.each(ctx, n, func(ctx context.Context, i int) error {
+		return s.commit.exec(ctx, stmts[i*chunk:min((i+1)*chunk, len(stmts))])
+	}); err != nil {
+		return fmt.Errorf("cassandra: %s: %w", op, err)
+	}
+	return nil
+}
+
+var _ store.DeliveredRaiser = (*Store)(nil)
 
 // Delivered returns the delivered position of (user, conv), 0 if none.
 func (s *Store) Delivered(ctx context.Context, user string, convID uint64) (uint64, error) {
