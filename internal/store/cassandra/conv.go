@@ -244,17 +244,17 @@ func (s *Store) ownsNew(conv uint64) (uint64, bool) {
 	if s.lease == nil {
 		return 0, false
 	}
-	return s.lease.Epoch(conv)
+	epoch, ok := s.lease.Epoch(conv)
+	// One out of range is refused by takeConv at the first write.
+	return epoch, ok && epoch != 0 && epoch*1000 <= 1<<53
 }
 
 // fenceNew writes the fences takeConv writes for a conversation whose top
-// is 0 (one this process is creating): a stale owner that loads it
+// is 0 (one this process is creating, under an epoch ownsNew returned): a
+// stale owner that loads it
 // (under an older epoch) has its slots and membership changes shadowed or
 // refused as after a takeover.
 func (s *Store) fenceNew(ctx context.Context, conv, epoch uint64) error {
-	if epoch == 0 || epoch*1000 > 1<<53 {
-		return fmt.Errorf("epoch %d out of range", epoch)
-	}
 	return s.each(ctx, 2, func(ctx context.Context, i int) error {
 		if i == 0 {
 			return s.q(ctx, `UPDATE members USING TIMESTAMP ? SET fence = ? WHERE conv_id = ?`,
@@ -492,10 +492,17 @@ func (s *Store) newDirect(ctx context.Context, lo, hi, pairLo, pair string, newI
 		for _, u := range []string{lo, hi} {
 			b.Query(`INSERT INTO members (conv_id, user_id, role, join_seq) VALUES (?, ?, ?, 1)`, i64(newID), u, int8(store.RoleMember))
 		}
+		if owned {
+			// The members fence of fenceNew, in the same partition.
+			b.Query(`UPDATE members USING TIMESTAMP ? SET fence = ? WHERE conv_id = ?`, fenceTS(epoch, 0), i64(epoch), i64(newID))
+		}
 		membersErr = b.Exec()
 	})
 	if owned {
-		wg.Go(func() { fenceErr = s.fenceNew(ctx, newID, epoch) })
+		wg.Go(func() {
+			fenceErr = s.q(ctx, `DELETE FROM message_seq USING TIMESTAMP ? WHERE conv_id = ? AND seq_block = ? AND seq > ?`,
+				fenceTS(epoch, 0), i64(newID), s.blockOf(1), i64(0)).Exec()
+		})
 	}
 	wg.Wait()
 	if err := errors.Join(rowErr, membersErr, fenceErr); err != nil {

@@ -200,7 +200,10 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 	wg.Go(func() { bodyErr = s.insertBodies(ctx, bodies) })
 	err := s.each(ctx, len(batch), func(ctx context.Context, i int) error {
 		r := batch[i]
-		if !r.idem {
+		if !r.idem || top == 0 {
+			// With no message stored yet no record can count (verifyIdem
+			// takes none above the top): a new conversation's first
+			// batch reads none.
 			return nil
 		}
 		rec, f, err := s.readOwnedIdem(ctx, st.id, r.a.Msg)
