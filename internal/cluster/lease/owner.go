@@ -69,6 +69,7 @@ type Owner struct {
 	cfg OwnerConfig
 	log *slog.Logger
 
+	remu  sync.Mutex // Reepoch
 	mu    sync.Mutex
 	held  map[int]*lease
 	free  map[int]int // partition → consecutive rounds seen free
@@ -152,6 +153,61 @@ func (o *Owner) Confirm(ctx context.Context, conv, epoch uint64) error {
 	return nil
 }
 
+// Reepoch implements cassandra.Lease: if partition p of conv is still
+// this process's at epoch in Redis, it is re-claimed at once at a new
+// epoch (max(last + 1, Redis time in ms), as a new lease's) with a fresh
+// TTL, in one script; Epoch returns the new epoch from then on. A lease
+// this process already moved to a newer epoch returns that one; a lease
+// found held by another node or at another epoch is given up (ok false).
+func (o *Owner) Reepoch(ctx context.Context, conv, epoch uint64) (uint64, bool, error) {
+	p := Partition(conv, o.cfg.Partitions)
+	o.remu.Lock() // one re-claim at a time: conversations of p may all ask
+	defer o.remu.Unlock()
+	o.mu.Lock()
+	l := o.held[p]
+	cur := uint64(0)
+	if l != nil && time.Now().Before(l.until) {
+		cur = l.epoch
+	}
+	o.mu.Unlock()
+	switch {
+	case cur > epoch:
+		return cur, true, nil
+	case cur < epoch:
+		return 0, false, nil
+	}
+	sent := time.Now()
+	ttl := o.cfg.LeaseTTL
+	v, err := reepochScript.Run(ctx, o.rdb, []string{o.key(p), o.epochKey(p)}, o.value(epoch), o.cfg.Node, ttl.Milliseconds()).Result()
+	if err != nil {
+		return 0, false, fmt.Errorf("lease: new epoch for partition %d: %w", p, err)
+	}
+	str, isStr := v.(string)
+	if !isStr {
+		o.drop(p, epoch)
+		return 0, false, nil
+	}
+	next, err := strconv.ParseUint(str, 10, 64)
+	if err != nil || next <= epoch {
+		return 0, false, fmt.Errorf("lease: bad new epoch %q for partition %d", str, p)
+	}
+	o.mu.Lock()
+	l = o.held[p]
+	kept := l != nil && l.epoch == epoch
+	if kept {
+		l.epoch, l.until = next, sent.Add(ttl-ttl/4)
+	}
+	o.mu.Unlock()
+	if !kept {
+		// Given up meanwhile (rebalanced or expired): let it go in Redis
+		// too rather than wait for its TTL.
+		_ = releaseScript.Run(ctx, o.rdb, []string{o.key(p)}, o.value(next)).Err()
+		return 0, false, nil
+	}
+	o.log.Info("ownership: partition moved to a new epoch", "partition", p, "epoch", next)
+	return next, true, nil
+}
+
 func (o *Owner) key(p int) string      { return o.cfg.Namespace + ":part:" + strconv.Itoa(p) }
 func (o *Owner) epochKey(p int) string { return o.cfg.Namespace + ":partepoch:" + strconv.Itoa(p) }
 func (o *Owner) nodesKey() string      { return o.cfg.Namespace + ":chatnodes" }
@@ -171,6 +227,14 @@ return string.format('%d', e)`)
 	renewScript = goredis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0`)
+	reepochScript = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local e = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now)
+redis.call('SET', KEYS[2], string.format('%d', e))
+redis.call('SET', KEYS[1], ARGV[2] .. '/' .. string.format('%d', e), 'PX', ARGV[3])
+return string.format('%d', e)`)
 	releaseScript = goredis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0`)

@@ -231,3 +231,92 @@ func TestNodeNumbersLeased(t *testing.T) {
 		t.Fatalf("number %d after its holder stopped: %v, %v", x.Number(), z, err)
 	}
 }
+
+// TestReepoch: a holder re-claims its own lease at a new, higher epoch and
+// keeps the partition (its old epoch no longer confirms, the new one
+// does); a second call for the old epoch returns the new one; it is
+// refused, and the partition given up, when the lease in Redis is held by
+// another node or at another epoch.
+func TestReepoch(t *testing.T) {
+	rdb, ns := redisT(t)
+	ctx := context.Background()
+	o := NewOwner(rdb, OwnerConfig{Namespace: ns, Node: "a", Partitions: 1, LeaseTTL: time.Minute})
+	o.round(ctx)
+	e1, ok := o.Epoch(7)
+	if !ok {
+		t.Fatal("no lease after a round on an empty namespace")
+	}
+	e2, ok, err := o.Reepoch(ctx, 7, e1)
+	if err != nil || !ok || e2 <= e1 {
+		t.Fatalf("Reepoch(%d) = %d, %v, %v; want a higher epoch", e1, e2, ok, err)
+	}
+	if got, held := o.Epoch(7); !held || got != e2 {
+		t.Fatalf("Epoch after Reepoch = %d, %v; want %d", got, held, e2)
+	}
+	if err := o.Confirm(ctx, 7, e2); err != nil {
+		t.Fatalf("Confirm(new epoch): %v", err)
+	}
+	if v, _ := rdb.Get(ctx, o.epochKey(0)).Result(); v != fmt.Sprint(e2) {
+		t.Errorf("partition's last epoch in Redis = %q, want %d", v, e2)
+	}
+	if ttl, _ := rdb.PTTL(ctx, o.key(0)).Result(); ttl <= 0 {
+		t.Errorf("lease key's TTL after Reepoch = %v", ttl)
+	}
+	// Asked again for the old epoch (another conversation of the
+	// partition): the new one, no new claim.
+	if again, ok, err := o.Reepoch(ctx, 7, e1); err != nil || !ok || again != e2 {
+		t.Fatalf("second Reepoch(%d) = %d, %v, %v; want %d", e1, again, ok, err, e2)
+	}
+	if err := o.Confirm(ctx, 7, e1); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Confirm(old epoch) after Reepoch: %v, want ErrLeaseLost", err)
+	}
+	if _, held := o.Epoch(7); !held {
+		t.Fatal("a failed Confirm of the old epoch gave up the partition held at the new one")
+	}
+	// Renewals go on under the new epoch.
+	o.round(ctx)
+	if got, held := o.Epoch(7); !held || got != e2 {
+		t.Fatalf("Epoch after a round = %d, %v; want %d", got, held, e2)
+	}
+
+	// The epoch moved in Redis behind the holder's back (the same node
+	// name re-took it elsewhere): refused, the partition given up.
+	if err := rdb.Set(ctx, o.key(0), fmt.Sprintf("a/%d", e2+5), time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok, err := o.Reepoch(ctx, 7, e2); err != nil || ok {
+		t.Fatalf("Reepoch with the epoch moved in Redis = %d, %v, %v; want refused", got, ok, err)
+	}
+	if _, held := o.Epoch(7); held {
+		t.Error("still claims the partition after a refused Reepoch")
+	}
+	if v, _ := rdb.Get(ctx, o.key(0)).Result(); v != fmt.Sprintf("a/%d", e2+5) {
+		t.Errorf("lease in Redis after a refused Reepoch = %q", v)
+	}
+
+	// Another node holds it: refused, nothing changed in Redis.
+	rdb.Del(ctx, o.key(0))
+	b := NewOwner(rdb, OwnerConfig{Namespace: ns, Node: "b", Partitions: 1, LeaseTTL: time.Minute})
+	b.round(ctx)
+	eb, ok := b.Epoch(7)
+	if !ok || eb <= e2 {
+		t.Fatalf("b's lease = %d, %v; want above %d", eb, ok, e2)
+	}
+	o.round(ctx) // a cannot take it
+	a := NewOwner(rdb, OwnerConfig{Namespace: ns, Node: "a", Partitions: 1, LeaseTTL: time.Minute})
+	a.mu.Lock()
+	a.held[0] = &lease{epoch: eb, until: time.Now().Add(time.Minute)} // a believes it holds b's epoch
+	a.mu.Unlock()
+	if got, ok, err := a.Reepoch(ctx, 7, eb); err != nil || ok {
+		t.Fatalf("Reepoch of a lease b holds = %d, %v, %v; want refused", got, ok, err)
+	}
+	if v, _ := rdb.Get(ctx, o.key(0)).Result(); v != fmt.Sprintf("b/%d", eb) {
+		t.Errorf("b's lease after a's refused Reepoch = %q", v)
+	}
+	if v, _ := rdb.Get(ctx, o.epochKey(0)).Result(); v != fmt.Sprint(eb) {
+		t.Errorf("partition's last epoch after a refused Reepoch = %q, want %d", v, eb)
+	}
+	if err := b.Confirm(ctx, 7, eb); err != nil {
+		t.Errorf("b's lease after a's refused Reepoch: %v", err)
+	}
+}

@@ -49,7 +49,8 @@
 // the conversation's partition is held by one process under a lease with
 // a fencing epoch, and that process allocates seqs in memory and writes
 // them with plain statements (owned.go). On first use under an epoch (or
-// generation g within it, after a write of unknown outcome) it loads the
+// generation g ≤ 499 within it, after a write of unknown outcome; past
+// that the lease moves to a new epoch, Lease.Reepoch) it loads the
 // top and writes a range tombstone over the seqs above it in the next
 // seq's message_seq partition at timestamp epoch·1000+2g, and writes the
 // idempotency records of the last batch below the top again (a writer

@@ -254,13 +254,13 @@ func (s *Store) memberBase(ctx context.Context, st *convState) (epoch, top uint6
 		top, err = s.top(ctx, st)
 		return 0, top, err
 	}
-	epoch, ok := s.lease.Epoch(st.id)
-	if !ok {
-		return 0, 0, store.ErrNotOwner
+	epoch, gen, err := s.writeEpoch(ctx, st)
+	if err != nil {
+		return 0, 0, err
 	}
 	o := &st.own
 	o.mu.Lock()
-	loaded, gen, top, lost := o.epoch == epoch, o.gen, o.top, epoch <= o.lost
+	loaded, top, lost := o.epoch == epoch, o.top, epoch <= o.lost
 	o.mu.Unlock()
 	if lost {
 		return 0, 0, store.ErrNotOwner

@@ -25,6 +25,14 @@ type Lease interface {
 	// Confirm returns nil if the lease of conv's partition is still held
 	// at epoch in the lease store (one round trip), an error otherwise.
 	Confirm(ctx context.Context, conv, epoch uint64) error
+	// Reepoch moves this process's lease of conv's partition, if it is
+	// still held at epoch, to a new epoch above every earlier one of the
+	// partition, keeping it (one round trip, atomic in the lease store),
+	// and returns the new epoch, which Epoch returns from then on for every
+	// conversation of the partition; a lease already moved on by this
+	// process returns its newer epoch. ok false: the lease is no longer
+	// held at epoch (lost). An error: the outcome is unknown.
+	Reepoch(ctx context.Context, conv, epoch uint64) (next uint64, ok bool, err error)
 }
 
 // Limits of an owned batch: at most maxBatch messages of one conversation
@@ -34,7 +42,9 @@ const (
 	maxBatch = 64
 	// maxGen bounds the write generations within one epoch: each failed
 	// batch write moves to the next generation, and the timestamps of
-	// generation g are epoch·1000 + 2g (fence) and + 2g + 1 (writes).
+	// generation g are epoch·1000 + 2g (fence) and + 2g + 1 (writes). A
+	// conversation whose generations run out moves its partition's lease
+	// to a new epoch (writeEpoch), where generations start at 0 again.
 	maxGen = 499
 	// batchTimeout bounds one batch's writes when the caller that runs it
 	// has gone.
@@ -154,16 +164,16 @@ func failAll(batch []*ownedReq, err error) {
 // the queue.
 func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq) (later []*ownedReq) {
 	o := &st.own
-	epoch, ok := s.lease.Epoch(st.id)
-	if !ok {
-		failAll(batch, store.ErrNotOwner)
-		return nil
-	}
 	// st.mu orders the batch against membership changes of the process.
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	epoch, gen, err := s.writeEpoch(ctx, st)
+	if err != nil {
+		failAll(batch, err)
+		return nil
+	}
 	o.mu.Lock()
-	loaded, gen, top, lost := o.epoch == epoch, o.gen, o.top, epoch <= o.lost
+	loaded, top, lost := o.epoch == epoch, o.top, epoch <= o.lost
 	o.mu.Unlock()
 	if lost {
 		failAll(batch, store.ErrNotOwner)
@@ -198,7 +208,7 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 	var bodyErr error
 	var wg sync.WaitGroup
 	wg.Go(func() { bodyErr = s.insertBodies(ctx, bodies) })
-	err := s.each(ctx, len(batch), func(ctx context.Context, i int) error {
+	err = s.each(ctx, len(batch), func(ctx context.Context, i int) error {
 		r := batch[i]
 		if !r.idem || top == 0 {
 			// With no message stored yet no record can count (verifyIdem
@@ -348,11 +358,55 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 
 // regenerate makes the next batch of o load the top again and fence above
 // it at the generation after gen: what the last write under gen left is
-// then either seen (and repaired, see takeConv) or shadowed.
+// then either seen (and repaired, see takeConv) or shadowed. Past maxGen
+// that takes a new epoch (writeEpoch).
 func (s *Store) regenerate(o *ownedConv, epoch, gen uint64) {
 	o.mu.Lock()
-	o.epoch, o.gen, o.genEpoch = 0, min(gen+1, maxGen), epoch
+	o.epoch, o.gen, o.genEpoch = 0, gen+1, epoch
 	o.mu.Unlock()
+}
+
+// writeEpoch returns the epoch and the write generation of st's next batch
+// or load, under st.mu. A newer epoch than the one o's generation moved
+// up in starts at generation 0: its timestamps are above every older
+// epoch's. When the generations of the lease's epoch are used up (a
+// generation past maxGen would reach the next epoch's timestamps, and a
+// late arrival of the last failed write would no longer be shadowed), the
+// lease moves to a new epoch (Lease.Reepoch) and every conversation of the
+// partition loads and fences again under it, as after a takeover; until
+// it has one, st is not written (an error: retry), and a lease found lost
+// is given up as on a failed Confirm.
+func (s *Store) writeEpoch(ctx context.Context, st *convState) (epoch, gen uint64, err error) {
+	epoch, ok := s.lease.Epoch(st.id)
+	if !ok {
+		return 0, 0, store.ErrNotOwner
+	}
+	o := &st.own
+	o.mu.Lock()
+	if o.genEpoch < epoch {
+		o.gen = 0
+	}
+	gen = o.gen
+	o.mu.Unlock()
+	if gen <= maxGen {
+		return epoch, gen, nil
+	}
+	next, ok, err := s.lease.Reepoch(ctx, st.id, epoch)
+	switch {
+	case err != nil:
+		return 0, 0, fmt.Errorf("write generations of epoch %d used up and no new epoch: nothing was written, retry: %w", epoch, err)
+	case !ok:
+		s.lostEpoch(o, epoch)
+		s.log.Warn("cassandra: lease lost when moving to a new epoch", logKeyConv, st.id)
+		return 0, 0, fmt.Errorf("%w: lease lost when moving on from epoch %d", store.ErrNotOwner, epoch)
+	case next <= epoch:
+		return 0, 0, fmt.Errorf("lease moved from epoch %d to %d, not above it: nothing was written, retry", epoch, next)
+	}
+	s.log.Info("cassandra: write generations used up; the partition's lease moved to a new epoch", logKeyConv, st.id, "epoch", next)
+	o.mu.Lock()
+	o.epoch, o.gen = 0, 0
+	o.mu.Unlock()
+	return next, 0, nil
 }
 
 // takeConv loads the conversation's top for a new epoch (or generation)

@@ -29,18 +29,36 @@ func (t *leaseTable) grant() *leaseHolder {
 	// Epochs as the Redis script makes them: milliseconds, strictly
 	// increasing.
 	t.current = max(t.current+1, uint64(time.Now().UnixMilli()))
-	return &leaseHolder{t: t, epoch: t.current}
+	h := &leaseHolder{t: t}
+	h.epoch.Store(t.current)
+	return h
 }
 
 // leaseHolder believes it holds its epoch until told otherwise (a stalled
 // owner does); Confirm asks the table.
 type leaseHolder struct {
 	t       *leaseTable
-	epoch   uint64
+	epoch   atomic.Uint64
 	stopped atomic.Bool
 }
 
-func (h *leaseHolder) Epoch(uint64) (uint64, bool) { return h.epoch, !h.stopped.Load() }
+func (h *leaseHolder) Epoch(uint64) (uint64, bool) { return h.epoch.Load(), !h.stopped.Load() }
+
+// Reepoch re-claims the holder's lease at a new epoch if the table is
+// still at its epoch, as the Redis script does.
+func (h *leaseHolder) Reepoch(_ context.Context, _, epoch uint64) (uint64, bool, error) {
+	h.t.mu.Lock()
+	defer h.t.mu.Unlock()
+	if cur := h.epoch.Load(); cur > epoch {
+		return cur, true, nil
+	}
+	if h.stopped.Load() || h.t.current != epoch || h.epoch.Load() != epoch {
+		return 0, false, nil
+	}
+	h.t.current = max(h.t.current+1, uint64(time.Now().UnixMilli()))
+	h.epoch.Store(h.t.current)
+	return h.t.current, true, nil
+}
 
 func (h *leaseHolder) Confirm(_ context.Context, _, epoch uint64) error {
 	h.t.mu.Lock()
@@ -189,6 +207,17 @@ func cmids(ms []store.Message) []string {
 type movingLease struct{ epoch atomic.Uint64 }
 
 func (l *movingLease) Epoch(uint64) (uint64, bool) { return l.epoch.Load(), true }
+
+func (l *movingLease) Reepoch(_ context.Context, _, epoch uint64) (uint64, bool, error) {
+	next := max(epoch+1, uint64(time.Now().UnixMilli()))
+	if l.epoch.CompareAndSwap(epoch, next) {
+		return next, true, nil
+	}
+	if cur := l.epoch.Load(); cur > epoch {
+		return cur, true, nil
+	}
+	return 0, false, nil
+}
 
 func (l *movingLease) Confirm(_ context.Context, _, epoch uint64) error {
 	if cur := l.epoch.Load(); cur != epoch {
