@@ -265,11 +265,6 @@ func (s *Store) stored(ctx context.Context, st *convState, a store.Append, m sto
 	return res, nil
 }
 
-// outboxShards spread the fanout_pending partition.
-const outboxShards = 16
-
-func outboxShard(conv uint64) int { return int(conv % outboxShards) }
-
 // outbox writes m's outbox entry and records an @everyone (a max-register:
 // m's seq is its timestamp).
 func (s *Store) outbox(ctx context.Context, st *convState, m store.Message) error {
@@ -279,8 +274,11 @@ func (s *Store) outbox(ctx context.Context, st *convState, m store.Message) erro
 	}
 	err := s.each(ctx, n, func(ctx context.Context, i int) error {
 		if i == 0 {
-			return s.q(ctx, `INSERT INTO fanout_pending (shard, conv_id, seq) VALUES (?, ?, ?)`,
-				outboxShard(st.id), i64(st.id), i64(m.Seq)).Exec()
+			entry, err := s.outboxEntries(ctx, st.id, m.Seq)
+			if err != nil {
+				return err
+			}
+			return s.q(ctx, entry[0].cql, entry[0].args...).Exec()
 		}
 		return s.q(ctx, `UPDATE conversations USING TIMESTAMP ? SET everyone_seq = ? WHERE conv_id = ?`,
 			i64(m.Seq), i64(m.Seq), i64(st.id)).Exec()

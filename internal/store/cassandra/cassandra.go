@@ -370,6 +370,9 @@ type Store struct {
 
 	// faultHook: tests only (fault).
 	faultHook atomic.Pointer[func(point string) error]
+
+	// ob is the fan-out outbox's state (outbox.go).
+	ob outboxState
 }
 
 var _ store.Store = (*Store)(nil)

@@ -669,10 +669,16 @@ func (s *Store) afterOwned(ctx context.Context, st *convState, reqs []*ownedReq,
 	// records, outbox entries, @everyone, read positions and, when the
 	// members are known without a read, their rows.
 	stmts := s.idemStmts(st.id, msgs, epoch, gen)
-	for _, m := range msgs {
-		stmts = append(stmts, stmt{`INSERT INTO fanout_pending (shard, conv_id, seq) VALUES (?, ?, ?)`,
-			[]any{outboxShard(st.id), i64(st.id), i64(m.Seq)}})
+	seqs := make([]uint64, len(msgs))
+	for i, m := range msgs {
+		seqs[i] = m.Seq
 	}
+	entries, err := s.outboxEntries(ctx, st.id, seqs...)
+	if err != nil {
+		return false, false, fmt.Errorf("seqs %d..%d are stored but their fan-out could not be recorded; retry to finish it: %w",
+			msgs[0].Seq, last, err)
+	}
+	stmts = append(stmts, entries...)
 	if everyone != 0 {
 		stmts = append(stmts, stmt{`UPDATE conversations USING TIMESTAMP ? SET everyone_seq = ? WHERE conv_id = ?`,
 			[]any{i64(everyone), i64(everyone), i64(st.id)}})

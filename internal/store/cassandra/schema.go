@@ -106,6 +106,22 @@ var migrations = []migration{
 	{6, "owned membership changes: the members partition's fencing epoch", []string{
 		`ALTER TABLE members ADD IF NOT EXISTS fence bigint static`,
 	}},
+	// A resurrected outbox entry or index row (a replica that missed its
+	// delete for longer than gc_grace_seconds) only fans a message out
+	// again, which is idempotent, or has an empty bucket scanned once
+	// more: the tables keep tombstones briefly. fanout_pending's shorter
+	// grace lets compaction purge the tombstones that made it fail.
+	{7, "fan-out outbox in time buckets with an index of live buckets", []string{
+		`CREATE TABLE IF NOT EXISTS fanout_outbox (
+			shard int, bucket bigint, conv_id bigint, seq bigint,
+			PRIMARY KEY ((shard, bucket), conv_id, seq)
+		) WITH gc_grace_seconds = 600`,
+		`CREATE TABLE IF NOT EXISTS fanout_buckets (
+			shard int, bucket bigint,
+			PRIMARY KEY (shard, bucket)
+		) WITH gc_grace_seconds = 600`,
+		`ALTER TABLE fanout_pending WITH gc_grace_seconds = 600`,
+	}},
 }
 
 var latestVersion = migrations[len(migrations)-1].version
