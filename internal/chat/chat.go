@@ -117,16 +117,9 @@ type Observer struct {
 }
 
 // Online indexes the online members of medium and large groups
-// (fanout.Online), so their fan-out never walks the whole group.
-type Online interface {
-	Tracked(conv uint64) bool
-	Track(conv uint64, members []store.Member)
-	Untrack(conv uint64)
-	Joined(conv uint64, members []store.Member)
-	Left(conv uint64, users []string)
-	// GroupOnline returns the online members with their join_seq.
-	GroupOnline(conv uint64) ([]store.Member, bool)
-}
+// (fanout.Online on the embedded node, fanout.Scoped in cluster mode), so
+// their fan-out never walks the whole group.
+type Online = fanout.Index
 
 // Ledger records fan-out work that failed, for retry.
 type Ledger interface {

@@ -16,6 +16,7 @@ type Index interface {
 	Untrack(conv uint64)
 	Joined(conv uint64, members []store.Member)
 	Left(conv uint64, users []string)
+	// GroupOnline returns the online members with their join_seq.
 	GroupOnline(conv uint64) ([]store.Member, bool)
 }
 
