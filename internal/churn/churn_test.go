@@ -18,6 +18,7 @@ import (
 	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/internal/store/cassandra"
+	"github.com/parley-im/parley/internal/testbin"
 )
 
 // The churn benchmark (docs/benchmarks.md "Bounded memory"). In CI the
@@ -193,10 +194,11 @@ func TestChurnCluster(t *testing.T) {
 	if err := cassandra.Migrate(mctx, cc); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	t.Cleanup(func() { dropKeyspace(t, cc) })
+	ns := fmt.Sprintf("churn%d", id)
+	t.Cleanup(func() { dropKeyspace(t, cc); testbin.DropStreams(t, nats, ns) })
 	o := servertest.Options(t)
 	o.RunChat, o.RunGateway = true, false
-	o.Cluster = &server.Cluster{Redis: redis, NATS: nats, Cassandra: cc, Namespace: fmt.Sprintf("churn%d", id)}
+	o.Cluster = &server.Cluster{Redis: redis, NATS: nats, Cassandra: cc, Namespace: ns}
 	srv, err := server.Start(ctx, o)
 	if err != nil {
 		t.Fatalf("start: %v", err)

@@ -50,6 +50,7 @@ type Cluster struct {
 	procs    map[string]*Proc
 	cass     string // Cassandra contact point
 	redis    string
+	nats     string
 	keyspace string // also the NATS and Redis namespace
 	Gateways []*Proc
 	Chats    []*Proc
@@ -87,7 +88,7 @@ func Start(t *testing.T, o Options) *Cluster {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	ks := "t" + strings.ToLower(hex.EncodeToString(key[:6]))
-	c := &Cluster{t: t, dir: t.TempDir(), key: key, procs: make(map[string]*Proc), cass: cass, redis: redis, keyspace: ks}
+	c := &Cluster{t: t, dir: t.TempDir(), key: key, procs: make(map[string]*Proc), cass: cass, redis: redis, nats: nats, keyspace: ks}
 	c.common = append([]string{
 		"--cluster.redis", redis, "--cluster.nats", nats, "--cluster.cassandra-hosts", cass,
 		"--cluster.keyspace", ks, "--cluster.namespace", ks, "--auth.hs256-key", hex.EncodeToString(key), "--log.level", "warn",
@@ -198,6 +199,7 @@ func (c *Cluster) stopAll() {
 		}
 	}
 	c.dropKeyspace()
+	testbin.DropStreams(c.t, c.nats, c.keyspace)
 }
 
 // dropKeyspace removes the test's keyspace: every table costs the single

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	gocql "github.com/apache/cassandra-gocql-driver/v2"
 	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/chat"
 	"github.com/parley-im/parley/internal/fanout"
@@ -15,6 +16,7 @@ import (
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/internal/store/cassandra"
+	"github.com/parley-im/parley/internal/testbin"
 )
 
 // TestRandomFaultsCluster is the in-process run on the cluster engines
@@ -38,6 +40,7 @@ func TestRandomFaultsCluster(t *testing.T) {
 	if err := cassandra.Migrate(ctx, cc); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
+	t.Cleanup(func() { dropKeyspace(t, cass, ks); testbin.DropStreams(t, nats, "ft"+ks[len("parley_ft_"):]) })
 	n := newInproc(t, sd)
 	n.srv.Close() // the embedded first start; from here on, the cluster engines
 	n.cluster = &server.Cluster{Redis: redis, NATS: nats, Cassandra: cc, Namespace: "ft" + ks[len("parley_ft_"):]}
@@ -63,4 +66,20 @@ func (n *inproc) options() []servertest.Option {
 			o.WrapBus = func(b bus.Bus) bus.Bus { return flakyBus{b, n.f} }
 			o.Fanout = fanout.Config{MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Scan: 200 * time.Millisecond}
 		}}
+}
+
+// dropKeyspace removes the test's keyspace once the node is closed: tables
+// left behind by many runs cost the single test node heap and start time.
+func dropKeyspace(t *testing.T, host, ks string) {
+	cl := gocql.NewCluster(host)
+	cl.Timeout = 30 * time.Second
+	s, err := cl.CreateSession()
+	if err != nil {
+		t.Logf("drop keyspace %s: %v", ks, err)
+		return
+	}
+	defer s.Close()
+	if err := s.Query("DROP KEYSPACE IF EXISTS " + ks).Exec(); err != nil {
+		t.Logf("drop keyspace %s: %v", ks, err)
+	}
 }

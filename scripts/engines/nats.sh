@@ -8,6 +8,9 @@
 # `-js -p ${PARLEY_NATS_PORT:-4250} -sd DIR`, waits until the server greets
 # clients with JetStream enabled, and records `export PARLEY_TEST_NATS=...` in
 # ${PARLEY_ENGINES_DIR}/env (also printed). Every command is idempotent.
+# A server restores every stream of its store before it serves JetStream, so
+# a store holding many streams needs time: PARLEY_NATS_START_TIMEOUT seconds
+# (default 120). A fresh store: stop, then rm -rf "$PARLEY_ENGINES_DIR/nats".
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -18,6 +21,7 @@ bin="$dir/bin/natsserver"
 pidfile="$data/nats.pid"
 envfile="$dir/env"
 url="nats://127.0.0.1:$port"
+start_timeout="${PARLEY_NATS_START_TIMEOUT:-120}"
 
 log() { echo "nats.sh: $*" >&2; }
 # shellcheck source=scripts/engines/lib.sh
@@ -68,17 +72,22 @@ start() {
 	# setsid: the server must outlive this script and its caller's process group.
 	setsid "$bin" -js -a 127.0.0.1 -p "$port" -sd "$data/store" -P "$pidfile" -l "$data/nats.log" \
 		</dev/null >/dev/null 2>&1 &
-	for _ in $(seq 1 150); do
-		if ready; then
-			log "ready on $url ($("$bin" -v 2>&1))"
-			setenv
-			return 0
+	local pid=$! t0=$SECONDS
+	until ready; do
+		if ! kill -0 "$pid" 2>/dev/null; then
+			log "the server exited during startup; log follows"
+			tail -n 20 "$data/nats.log" >&2 || true
+			exit 1
+		fi
+		if ((SECONDS - t0 > start_timeout)); then
+			log "not ready on $url after ${start_timeout}s; log follows"
+			tail -n 20 "$data/nats.log" >&2 || true
+			exit 1
 		fi
 		sleep 0.1
 	done
-	log "not ready on $url after 15s; log follows"
-	tail -n 20 "$data/nats.log" >&2 || true
-	exit 1
+	log "ready on $url in $((SECONDS - t0))s ($("$bin" -v 2>&1))"
+	setenv
 }
 
 stop() { stop_pidfile "$pidfile" 10; }
