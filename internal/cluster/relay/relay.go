@@ -78,6 +78,8 @@ type Relay struct {
 	members Members // nil: this process keeps no online index
 	now     func() time.Time
 	gate    pnats.Gate
+	// ticks, if not nil, replaces Run's one-second check clock (tests).
+	ticks <-chan time.Time
 
 	mu struct {
 		sync.Mutex
@@ -96,6 +98,13 @@ type Relay struct {
 		placed    map[string]uint64
 		shardRefs []int // shard → followed users in it
 		subs      []*natsio.Subscription
+		// drops counts the hints the client dropped on any subscription
+		// so far; seen is, per shard, how many of its subscription's
+		// drops are counted. drops only grows, also when a subscription
+		// goes (its unseen drops are counted first), so a removed
+		// subscription's count cannot hide new drops on another one.
+		seen      []int
+		drops     uint64
 		listeners []presence.Listener
 		closed    bool
 	}
@@ -125,6 +134,7 @@ func New(nc *natsio.Conn, rdb goredis.UniversalClient, reg registry.Registry, me
 	r.mu.placed = make(map[string]uint64)
 	r.mu.shardRefs = make([]int, cfg.Shards)
 	r.mu.subs = make([]*natsio.Subscription, cfg.Shards)
+	r.mu.seen = make([]int, cfg.Shards)
 	return r
 }
 
@@ -411,6 +421,7 @@ func (r *Relay) Follow(users []string) {
 				continue
 			}
 			r.mu.subs[sh] = sub
+			r.mu.seen[sh] = 0
 			subscribed = true
 		}
 	}
@@ -437,9 +448,24 @@ func (r *Relay) Unfollow(users []string) {
 		r.placeLocked(u, nil)
 		sh := ShardOf(u, r.cfg.Shards)
 		if r.mu.shardRefs[sh]--; r.mu.shardRefs[sh] == 0 && r.mu.subs[sh] != nil {
+			r.countDropsLocked(sh) // its last drops still count
 			_ = r.mu.subs[sh].Unsubscribe()
 			r.mu.subs[sh] = nil
+			r.mu.seen[sh] = 0
 		}
+	}
+}
+
+// countDropsLocked adds to drops the hints the client dropped on shard
+// sh's subscription since last counted; mu held.
+func (r *Relay) countDropsLocked(sh int) {
+	s := r.mu.subs[sh]
+	if s == nil {
+		return
+	}
+	if n, err := s.Dropped(); err == nil && n > r.mu.seen[sh] {
+		r.mu.drops += uint64(n - r.mu.seen[sh])
+		r.mu.seen[sh] = n
 	}
 }
 
@@ -542,25 +568,26 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		defer sub.Unsubscribe()
 	}
-	check := time.NewTicker(time.Second)
-	defer check.Stop()
+	ticks := r.ticks
+	if ticks == nil {
+		check := time.NewTicker(time.Second)
+		defer check.Stop()
+		ticks = check.C
+	}
 	reconnects := r.nc.Stats().Reconnects
-	var dropped int
+	var dropped uint64
 	last := r.now()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-check.C:
+		case <-ticks:
 		}
 		r.mu.Lock()
-		d := 0
-		for _, s := range r.mu.subs {
-			if s != nil {
-				n, _ := s.Dropped()
-				d += n
-			}
+		for sh := range r.mu.subs {
+			r.countDropsLocked(sh)
 		}
+		d := r.mu.drops
 		ls := r.mu.listeners
 		r.mu.Unlock()
 		if rc := r.nc.Stats().Reconnects; rc != reconnects || d > dropped {
