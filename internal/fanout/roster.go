@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/parley-im/parley/internal/presence"
@@ -23,15 +24,38 @@ import (
 // A read of a user that started before a notification of that user is
 // not applied: the notification queues a newer read. Run does the reads
 // that notifications queue; a failed read is retried.
+//
+// Locks. mu guards the users and the groups' members, and the work in
+// proportion to the users held runs under it (a notification of
+// everyone, tracking or untracking a large group, applying a batch of
+// reads). The send path (Tracked, GroupOnline) never takes it: it finds
+// the group in view, a hash-sharded map of the tracked groups under
+// read-write locks that a writer holds only to add or remove one group,
+// and returns the group's snapshot of its online members, built after a
+// change under the group's own lock and then shared. Writers hold mu,
+// then a view shard's lock or a group's lock, each for one group. The
+// change of a group's online members made by one call (Track, Joined,
+// Left, a batch of reads) is applied to the group under its lock at
+// once, so a send sees it whole or not at all, as it did when one lock
+// guarded everything (TestRosterSendSeesChangesWhole).
 type Roster struct {
 	dir presence.Directory
 	log *slog.Logger
 
-	mu     sync.Mutex
-	users  map[string]*rosterUser
-	groups map[uint64]*rosterGroup
-	dirty  map[string]bool // users to read again
-	kick   chan struct{}
+	mu    sync.Mutex
+	users map[string]*rosterUser
+	dirty map[string]bool // users to read again
+	kick  chan struct{}
+
+	// view holds the tracked groups; changed under mu.
+	view [rosterShards]rosterShard
+}
+
+const rosterShards = 64
+
+type rosterShard struct {
+	mu sync.RWMutex
+	m  map[uint64]*rosterGroup
 }
 
 type rosterUser struct {
@@ -41,9 +65,28 @@ type rosterUser struct {
 }
 
 type rosterGroup struct {
-	members map[string]uint64 // every current member → join_seq
-	online  map[string]uint64 // the online ones
-	snap    []store.Member    // online as a slice, shared until a change
+	members map[string]uint64 // every current member → join_seq; under Roster.mu
+
+	// mu guards online, changed also under Roster.mu.
+	mu     sync.Mutex
+	online map[string]uint64 // the online members
+	// snap is online as a slice, shared until a change (nil after one).
+	snap atomic.Pointer[[]store.Member]
+}
+
+func (r *Roster) shard(conv uint64) *rosterShard {
+	// Conversation ids are Snowflake ids: mix the bits (as Online does).
+	x := conv * 0x9E3779B97F4A7C15
+	return &r.view[(x>>32)%rosterShards]
+}
+
+// group returns conv's entry, nil if not tracked.
+func (r *Roster) group(conv uint64) *rosterGroup {
+	sh := r.shard(conv)
+	sh.mu.RLock()
+	g := sh.m[conv]
+	sh.mu.RUnlock()
+	return g
 }
 
 // rosterBatch bounds the users read in one pipelined directory call.
@@ -55,8 +98,11 @@ func NewRoster(dir presence.Directory, log *slog.Logger) *Roster {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Roster{log: log, users: make(map[string]*rosterUser), groups: make(map[uint64]*rosterGroup),
+	r := &Roster{log: log, users: make(map[string]*rosterUser),
 		dirty: make(map[string]bool), kick: make(chan struct{}, 1)}
+	for i := range r.view {
+		r.view[i].m = make(map[uint64]*rosterGroup)
+	}
 	if dir != nil {
 		r.Attach(dir)
 	}
@@ -169,40 +215,68 @@ func (r *Roster) read(ctx context.Context, users []string) error {
 			return err
 		}
 		r.mu.Lock()
+		var changes map[*rosterGroup][]onlineChange
 		for i, name := range part {
 			if u := r.users[name]; u != nil && u == ents[i] && u.ver == vers[i] {
-				r.setLocked(name, u, states[name].Online)
+				changes = r.setLocked(changes, name, u, states[name].Online)
 			}
+		}
+		for g, cs := range changes {
+			g.apply(cs)
 		}
 		r.mu.Unlock()
 	}
 	return nil
 }
 
-// setLocked records user's online state in each of its groups.
-func (r *Roster) setLocked(name string, u *rosterUser, online bool) {
+// onlineChange is a member of a group going online or offline.
+type onlineChange struct {
+	user   string
+	join   uint64
+	online bool
+}
+
+// setLocked records user's online state and adds the changes of its
+// groups' online members to changes (returned, made if nil), to apply
+// per group at once.
+func (r *Roster) setLocked(changes map[*rosterGroup][]onlineChange, name string, u *rosterUser, online bool) map[*rosterGroup][]onlineChange {
 	if u.online == online {
-		return
+		return changes
 	}
 	u.online = online
 	for conv, join := range u.groups {
-		g := r.groups[conv]
+		g := r.group(conv)
 		if g == nil {
 			continue
 		}
-		if online {
-			g.online[name] = join
-		} else {
-			delete(g.online, name)
+		if changes == nil {
+			changes = make(map[*rosterGroup][]onlineChange)
 		}
-		g.snap = nil
+		changes[g] = append(changes[g], onlineChange{user: name, join: join, online: online})
 	}
+	return changes
+}
+
+// apply changes g's online members at once; Roster.mu held.
+func (g *rosterGroup) apply(cs []onlineChange) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, c := range cs {
+		if c.online {
+			g.online[c.user] = c.join
+		} else {
+			delete(g.online, c.user)
+		}
+	}
+	g.snap.Store(nil)
 }
 
 // addLocked makes members members of g and returns the users new to the
-// roster (to follow and read).
+// roster (to follow and read); the online ones join g's online members
+// at once.
 func (r *Roster) addLocked(conv uint64, g *rosterGroup, members []store.Member) []string {
 	var fresh []string
+	var online []onlineChange
 	for _, m := range members {
 		if m.LeaveSeq != 0 {
 			continue
@@ -216,21 +290,20 @@ func (r *Roster) addLocked(conv uint64, g *rosterGroup, members []store.Member) 
 		u.groups[conv] = m.JoinSeq
 		g.members[m.UserID] = m.JoinSeq
 		if u.online {
-			g.online[m.UserID] = m.JoinSeq
-			g.snap = nil
+			online = append(online, onlineChange{user: m.UserID, join: m.JoinSeq, online: true})
 		}
+	}
+	if len(online) > 0 {
+		g.apply(online)
 	}
 	return fresh
 }
 
-// removeLocked forgets user as a member of conv and returns whether the
-// roster no longer holds the user at all (to unfollow).
+// removeLocked forgets user as a member of conv (not as one of g's online
+// members: the caller does that) and returns whether the roster no longer
+// holds the user at all (to unfollow).
 func (r *Roster) removeLocked(conv uint64, g *rosterGroup, name string) bool {
 	delete(g.members, name)
-	if _, ok := g.online[name]; ok {
-		delete(g.online, name)
-		g.snap = nil
-	}
 	u := r.users[name]
 	if u == nil {
 		return false
@@ -246,9 +319,7 @@ func (r *Roster) removeLocked(conv uint64, g *rosterGroup, name string) bool {
 
 // Tracked reports whether conv's online members are indexed.
 func (r *Roster) Tracked(conv uint64) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.groups[conv] != nil
+	return r.group(conv) != nil
 }
 
 // Track starts indexing conv given all its current members: their online
@@ -257,12 +328,18 @@ func (r *Roster) Tracked(conv uint64) bool {
 // (its fan-out fails and is retried rather than missing online members).
 func (r *Roster) Track(conv uint64, members []store.Member) {
 	r.mu.Lock()
-	g := r.groups[conv]
-	if g == nil {
-		g = &rosterGroup{members: make(map[string]uint64), online: make(map[string]uint64)}
-		r.groups[conv] = g
+	var fresh []string
+	if g := r.group(conv); g != nil {
+		fresh = r.addLocked(conv, g, members)
+	} else {
+		// Built whole before the send path can see it.
+		g = &rosterGroup{members: make(map[string]uint64, len(members)), online: make(map[string]uint64)}
+		fresh = r.addLocked(conv, g, members)
+		sh := r.shard(conv)
+		sh.mu.Lock()
+		sh.m[conv] = g
+		sh.mu.Unlock()
 	}
-	fresh := r.addLocked(conv, g, members)
 	r.mu.Unlock()
 	if !r.follow(fresh) {
 		r.Untrack(conv)
@@ -287,10 +364,15 @@ func (r *Roster) follow(users []string) bool {
 // Untrack stops indexing conv.
 func (r *Roster) Untrack(conv uint64) {
 	r.mu.Lock()
-	g := r.groups[conv]
-	delete(r.groups, conv)
+	sh := r.shard(conv)
+	sh.mu.Lock()
+	g := sh.m[conv]
+	delete(sh.m, conv)
+	sh.mu.Unlock()
 	var gone []string
 	if g != nil {
+		// Out of view: its online members stay as they were for a send
+		// that found it just before.
 		for name := range g.members {
 			if r.removeLocked(conv, g, name) {
 				gone = append(gone, name)
@@ -304,7 +386,7 @@ func (r *Roster) Untrack(conv uint64) {
 // Joined indexes members that joined a tracked group.
 func (r *Roster) Joined(conv uint64, members []store.Member) {
 	r.mu.Lock()
-	g := r.groups[conv]
+	g := r.group(conv)
 	if g == nil {
 		r.mu.Unlock()
 		return
@@ -319,13 +401,24 @@ func (r *Roster) Joined(conv uint64, members []store.Member) {
 // Left forgets users that left a tracked group.
 func (r *Roster) Left(conv uint64, users []string) {
 	r.mu.Lock()
-	g := r.groups[conv]
+	g := r.group(conv)
 	var gone []string
 	if g != nil {
 		for _, name := range users {
 			if r.removeLocked(conv, g, name) {
 				gone = append(gone, name)
 			}
+		}
+		// The online ones among them go at once (online is read here
+		// under Roster.mu alone: it changes only under it).
+		var cs []onlineChange
+		for _, name := range users {
+			if _, ok := g.online[name]; ok {
+				cs = append(cs, onlineChange{user: name})
+			}
+		}
+		if len(cs) > 0 {
+			g.apply(cs)
 		}
 	}
 	r.mu.Unlock()
@@ -337,26 +430,37 @@ func (r *Roster) Left(conv uint64, users []string) {
 // with other callers until the group's online members change: callers
 // must not modify it.
 func (r *Roster) GroupOnline(conv uint64) ([]store.Member, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	g := r.groups[conv]
+	g := r.group(conv)
 	if g == nil {
 		return nil, false
 	}
-	if g.snap == nil {
-		snap := make([]store.Member, 0, len(g.online))
-		for u, join := range g.online {
-			snap = append(snap, store.Member{ConvID: conv, UserID: u, JoinSeq: join})
-		}
-		g.snap = snap
+	if snap := g.snap.Load(); snap != nil {
+		return *snap, true
 	}
-	return g.snap, true
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if snap := g.snap.Load(); snap != nil {
+		return *snap, true
+	}
+	snap := make([]store.Member, 0, len(g.online))
+	for u, join := range g.online {
+		snap = append(snap, store.Member{ConvID: conv, UserID: u, JoinSeq: join})
+	}
+	g.snap.Store(&snap)
+	return snap, true
 }
 
 // Size returns how many users and groups the roster holds (tests,
 // metrics).
 func (r *Roster) Size() (users, groups int) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.users), len(r.groups)
+	users = len(r.users)
+	r.mu.Unlock()
+	for i := range r.view {
+		sh := &r.view[i]
+		sh.mu.RLock()
+		groups += len(sh.m)
+		sh.mu.RUnlock()
+	}
+	return users, groups
 }

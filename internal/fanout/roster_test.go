@@ -2,8 +2,12 @@ package fanout
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -147,5 +151,87 @@ func TestRosterStaleReadOfAFormerEntry(t *testing.T) {
 	<-tracked
 	if got := rosterOnline(r, 2); len(got) != 0 {
 		t.Fatalf("online in 2 = %v after the stale read of the former entry returned, want none", got)
+	}
+}
+
+// TestRosterSendSeesChangesWhole: a send (GroupOnline) racing a change of
+// a group's online members sees all of it or none of it: a join or a
+// leave of many online members, the read that finds a newly tracked
+// group's members online, and an Untrack (the group is gone, or whole).
+func TestRosterSendSeesChangesWhole(t *testing.T) {
+	ctx := context.Background()
+	dir := presence.NewLocal(time.Hour, nil)
+	r := startRoster(t, dir)
+	names := func(prefix string, n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = prefix + strconv.Itoa(i)
+		}
+		return out
+	}
+	membersOf := func(conv uint64, users []string) []store.Member {
+		ms := make([]store.Member, len(users))
+		for i, u := range users {
+			ms[i] = store.Member{ConvID: conv, UserID: u, JoinSeq: uint64(i + 1)}
+		}
+		return ms
+	}
+	base, batch, fresh := names("b", 10), names("j", 100), names("f", 100)
+	for _, u := range slices.Concat(base, batch, fresh) {
+		dir.Changed(ctx, u, true)
+	}
+	r.Track(1, membersOf(1, base))
+	r.Track(2, membersOf(2, batch)) // held and online: a join adds them at once
+
+	// count returns how many of conv's online members have prefix, -1 if
+	// conv is not tracked.
+	count := func(conv uint64, prefix string) int {
+		ms, ok := r.GroupOnline(conv)
+		if !ok {
+			return -1
+		}
+		n := 0
+		for _, m := range ms {
+			if strings.HasPrefix(m.UserID, prefix) {
+				n++
+			}
+		}
+		return n
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var bad atomic.Value
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if b, j := count(1, "b"), count(1, "j"); b != 10 || (j != 0 && j != 100) {
+					bad.CompareAndSwap(nil, fmt.Sprintf("group 1: %d of 10 base members, %d of the 100 joining ones online; want 10 and 0 or 100", b, j))
+				}
+				if f := count(3, "f"); f != -1 && f != 0 && f != 100 {
+					bad.CompareAndSwap(nil, fmt.Sprintf("group 3: %d of 100 members online while tracked; want 0 or 100", f))
+				}
+			}
+		}()
+	}
+	for range 200 {
+		r.Joined(1, membersOf(1, batch))
+		r.Left(1, batch)
+		r.Track(3, membersOf(3, fresh))
+		r.Untrack(3)
+	}
+	close(stop)
+	wg.Wait()
+	if b := bad.Load(); b != nil {
+		t.Fatal(b)
+	}
+	if j, f := count(1, "j"), count(3, "f"); j != 0 || f != -1 {
+		t.Fatalf("at the end: %d joined members online in 1, group 3 tracked %v; want 0 and not tracked", j, f != -1)
 	}
 }
