@@ -38,15 +38,22 @@ type Config struct {
 	SampleEvery int
 	Sample      func(done int)
 	// Retry bounds the time a conversation's request is retried for after
-	// an overloaded answer (a cluster partition between owners). Default
-	// 10 s.
+	// a retryable answer (overloaded while a cluster partition moves between
+	// owners; store_unavailable or timeout when the engines fall behind),
+	// as a client retries: the same frame, so a send keeps its
+	// client_msg_id and is stored once. Default 10 s.
 	Retry time.Duration
+
+	retries *atomic.Int64
 }
 
 // Result is what a run did.
 type Result struct {
 	Conversations int
 	Elapsed       time.Duration
+	// Retries counts the requests answered with a retryable error and
+	// repeated.
+	Retries int64
 }
 
 // Run touches cfg.Conversations distinct conversations through h.
@@ -56,6 +63,9 @@ func Run(ctx context.Context, h Handler, cfg Config) (Result, error) {
 	}
 	if cfg.Retry <= 0 {
 		cfg.Retry = 10 * time.Second
+	}
+	if cfg.retries == nil {
+		cfg.retries = new(atomic.Int64)
 	}
 	start := time.Now()
 	var (
@@ -92,7 +102,7 @@ func Run(ctx context.Context, h Handler, cfg Config) (Result, error) {
 		})
 	}
 	wg.Wait()
-	return Result{Conversations: int(done.Load()), Elapsed: time.Since(start)}, firstErr
+	return Result{Conversations: int(done.Load()), Elapsed: time.Since(start), Retries: cfg.retries.Load()}, firstErr
 }
 
 // touch opens conversation i, sends a message, acknowledges its delivery
@@ -123,19 +133,27 @@ func touch(ctx context.Context, h Handler, cfg Config, i int) error {
 }
 
 // call runs f and returns its answer (nil for a frame that has none),
-// retrying while the answer is overloaded.
+// retrying while the answer is a retryable error: after retry_after_ms
+// when the server gives one, else with a backoff doubling from 10 ms to 1 s.
 func call(ctx context.Context, h Handler, cfg Config, c protocol.Caller, f *protocol.Frame) (*protocol.Frame, error) {
 	deadline := time.Now().Add(cfg.Retry)
+	backoff := 10 * time.Millisecond
 	for {
 		var resp *protocol.Frame
 		h.Handle(ctx, c, f, func(r *protocol.Frame) { resp = r })
 		if resp == nil || resp.Type != protocol.TypeError {
 			return resp, nil
 		}
-		if resp.Code != protocol.CodeOverloaded || time.Now().After(deadline) {
+		if !resp.Code.Retryable() || time.Now().After(deadline) {
 			return nil, fmt.Errorf("%s: %s", resp.Code, resp.Error)
 		}
+		if cfg.retries != nil {
+			cfg.retries.Add(1)
+		}
 		wait := time.Duration(resp.RetryAfter) * time.Millisecond
+		if wait <= 0 {
+			wait, backoff = backoff, min(2*backoff, time.Second)
+		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()

@@ -223,9 +223,9 @@ func TestChurnCluster(t *testing.T) {
 	if err != nil {
 		t.Fatalf("churn: %v after %d conversations", err, res.Conversations)
 	}
-	t.Logf("%d conversations in %v (%.0f/s); peak RSS %.1f MiB, peak heap in use %.1f MiB, peak states %d",
+	t.Logf("%d conversations in %v (%.0f/s); peak RSS %.1f MiB, peak heap in use %.1f MiB, peak states %d; %d requests retried",
 		res.Conversations, res.Elapsed, float64(res.Conversations)/res.Elapsed.Seconds(),
-		float64(s.peakRSS)/(1<<20), float64(s.peakHeap)/(1<<20), s.peakHeld)
+		float64(s.peakRSS)/(1<<20), float64(s.peakHeap)/(1<<20), s.peakHeld, res.Retries)
 	limit := states
 	if full && states == 0 {
 		limit = 65536
