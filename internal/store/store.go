@@ -27,6 +27,34 @@ var (
 	ErrNotOwner = errors.New("store: not the conversation's owner")
 )
 
+// DirectKey is the routing key of the pair a, b's direct conversation
+// (e2e: its end-to-end encrypted one): in cluster mode the owner of the
+// partition this key maps to (lease.Partition, as a conversation id maps)
+// opens and creates the pair's conversation, so one process at a time
+// decides it. The same for (a, b) and (b, a); the same in every process
+// and release (FNV-1a over the sorted pair and the flag).
+func DirectKey(a, b string, e2e bool) uint64 {
+	if b < a {
+		a, b = b, a
+	}
+	const prime = 1099511628211
+	h := uint64(14695981039346656037)
+	add := func(s string) {
+		for i := 0; i < len(s); i++ {
+			h ^= uint64(s[i])
+			h *= prime
+		}
+		h ^= 0xff // a separator no id byte equals (ids are printable)
+		h *= prime
+	}
+	add(a)
+	add(b)
+	if e2e {
+		add("e2e")
+	}
+	return h
+}
+
 // ConvKind tells a 1:1 conversation from a group. Both are channels with
 // members; only creation and naming differ.
 type ConvKind uint8
@@ -201,7 +229,9 @@ type Store interface {
 	// all with JoinSeq 1. It fails with ErrExists if the id is taken.
 	CreateConversation(ctx context.Context, c Conversation, members []Member) error
 	// Direct returns the 1:1 conversation of users a and b, creating it with
-	// id newID (and both as members) when it does not exist yet.
+	// id newID (and both as members) when it does not exist yet. In cluster
+	// mode only the owner of DirectKey(a, b, false)'s partition may run it
+	// (ErrNotOwner elsewhere).
 	Direct(ctx context.Context, a, b string, newID uint64, now int64) (Conversation, error)
 	// Conversation returns a conversation's row, ErrNotFound if none.
 	Conversation(ctx context.Context, id uint64) (Conversation, error)

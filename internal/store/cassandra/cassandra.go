@@ -365,8 +365,11 @@ type Store struct {
 	convs *statecache.Cache[convState, *convState]
 
 	// directLocks serialise Direct per user pair (striped) within the
-	// process; direct_pairs' transaction does it across processes.
+	// process; across processes, direct_pairs' transaction does it, or
+	// with Lease the pair's owner alone runs it (direct.go).
 	directLocks [directStripes]sync.Mutex
+	// pairFails: owned pairs with a write of unknown outcome (direct.go).
+	pairFails pairFailures
 
 	// faultHook: tests only (fault).
 	faultHook atomic.Pointer[func(point string) error]

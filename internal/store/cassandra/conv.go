@@ -386,7 +386,17 @@ func (s *Store) directPair(ctx context.Context, a, b string, newID uint64, now i
 	mu := &s.directLocks[maphash.String(directSeed, lo+"\x00"+hi)%directStripes] // both kinds share a stripe
 	mu.Lock()
 	defer mu.Unlock()
-	c, err := s.direct(ctx, lo, hi, newID, now, e2e)
+	var c store.Conversation
+	var err error
+	if s.lease != nil {
+		pairLo := lo
+		if e2e {
+			pairLo = "e2e:" + lo
+		}
+		c, err = s.ownerDirect(ctx, lo, hi, pairLo, pairLo+"\x00"+hi, newID, now, e2e)
+	} else {
+		c, err = s.direct(ctx, lo, hi, newID, now, e2e)
+	}
 	if err != nil {
 		return store.Conversation{}, fmt.Errorf("cassandra: %s: %w", op, err)
 	}
