@@ -11,6 +11,7 @@ import (
 
 	"github.com/parley-im/parley/internal/chat"
 	"github.com/parley-im/parley/internal/cluster/lease"
+	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -32,6 +33,9 @@ import (
 //
 //   - op "send": as a user or a bot (User, Device): exactly that user's
 //     send, never the admin authority (chat.AdminSend refuses it);
+//   - op "direct": an open_direct as User (no device), sent to the owner
+//     of the pair's partition (store.DirectKey), as a gateway sends a
+//     user's open_direct;
 //   - ops "members", "moderate", "notice": with the admin authority, Actor
 //     being the admin actor id of the API's configuration; the authority
 //     is implied by the op, and each op admits only its own frame types.
@@ -51,6 +55,7 @@ const (
 	adminOpModerate = "moderate" // edit, recall with the admin authority
 	adminOpNotice   = "notice"   // a system message from the admin
 	adminOpSend     = "send"     // a send as User/Device
+	adminOpDirect   = "direct"   // open_direct as User (on the pair's owner)
 )
 
 // adminRequest is a server API write forwarded to a conversation's owner.
@@ -104,13 +109,15 @@ var adminOps = map[string]map[string]bool{
 	adminOpMembers:  {protocol.TypeAddMembers: true, protocol.TypeRemove: true, protocol.TypeSetRole: true, protocol.TypeMute: true},
 	adminOpModerate: {protocol.TypeEdit: true, protocol.TypeRecall: true},
 	adminOpSend:     {protocol.TypeSend: true},
+	adminOpDirect:   {protocol.TypeOpenDirect: true},
 	adminOpNotice:   {},
 }
 
 // decodeAdmin reads and checks an adminRequest: a known op, valid ids, a
 // frame of a type the op admits, validated against lim as the API
-// validated it. It returns the frame (nil for a notice) and the
-// conversation the write goes to.
+// validated it. It returns the frame (nil for a notice) and the key whose
+// partition's owner runs it: the conversation the write goes to, or for a
+// direct op the pair's store.DirectKey.
 func decodeAdmin(data []byte, lim protocol.Limits) (adminRequest, *protocol.Frame, uint64, *protocol.Error) {
 	var req adminRequest
 	if err := json.Unmarshal(data, &req); err != nil {
@@ -123,6 +130,10 @@ func decodeAdmin(data []byte, lim protocol.Limits) (adminRequest, *protocol.Fram
 	if req.Op == adminOpSend {
 		if req.Actor != "" || !protocol.ValidID(req.User) || !protocol.ValidID(req.Device) {
 			return req, nil, 0, protocol.Errorf(protocol.CodeBadFrame, "a send names a valid user and device, and no actor")
+		}
+	} else if req.Op == adminOpDirect {
+		if req.Actor != "" || !protocol.ValidID(req.User) || req.Device != "" {
+			return req, nil, 0, protocol.Errorf(protocol.CodeBadFrame, "a direct names a valid user, and no actor or device")
 		}
 	} else if !protocol.ValidID(req.Actor) || req.User != "" || req.Device != "" {
 		return req, nil, 0, protocol.Errorf(protocol.CodeBadFrame, "an admin %s names a valid actor, and no user", req.Op)
@@ -141,11 +152,14 @@ func decodeAdmin(data []byte, lim protocol.Limits) (adminRequest, *protocol.Fram
 	if err := json.Unmarshal(req.Frame, &f); err != nil {
 		return req, nil, 0, protocol.Errorf(protocol.CodeBadFrame, "undecodable frame in an admin request")
 	}
-	if !types[f.Type] || f.ConvID == 0 {
+	if !types[f.Type] || (f.ConvID == 0) != (req.Op == adminOpDirect) {
 		return req, nil, 0, protocol.Errorf(protocol.CodeBadFrame, "an admin %s cannot carry a %q frame", req.Op, truncateID(f.Type))
 	}
 	if perr := protocol.Validate(&f, lim); perr != nil {
 		return req, nil, 0, perr
+	}
+	if req.Op == adminOpDirect {
+		return req, &f, store.DirectKey(req.User, f.Peer, f.E2E), nil
 	}
 	return req, &f, f.ConvID, nil
 }
@@ -173,6 +187,8 @@ func runAdmin(ctx context.Context, svc *chat.Service, req adminRequest, f *proto
 		ack, perr = svc.AdminNotice(ctx, req.Actor, req.ConvID, req.CMID, req.Text)
 	case adminOpSend:
 		ack, perr = svc.AdminSend(ctx, chat.Caller{User: req.User, Device: req.Device}, f)
+	case adminOpDirect:
+		conv, perr = svc.AdminOpenDirect(ctx, req.User, f.Peer, f.E2E)
 	default:
 		perr = protocol.Errorf(protocol.CodeBadFrame, "unknown admin op %q", req.Op)
 	}
@@ -183,10 +199,10 @@ func runAdmin(ctx context.Context, svc *chat.Service, req adminRequest, f *proto
 }
 
 // Admin is the server API's chat service in cluster mode (admin.Chat):
-// reads and conversation creation run on the local chat service (any
-// process may), conversation writes on the owner of the conversation's
-// partition — locally when this process holds it, otherwise forwarded
-// over NATS.
+// reads and group creation run on the local chat service (any process
+// may), conversation writes on the owner of the conversation's partition
+// and opening a direct conversation on the owner of the pair's — locally
+// when this process holds it, otherwise forwarded over NATS.
 type Admin struct {
 	local   *chat.Service
 	owner   *lease.Owner
@@ -202,9 +218,11 @@ func NewAdmin(local *chat.Service, owner *lease.Owner, nc *natsio.Conn, ns strin
 	return &Admin{local: local, owner: owner, nc: nc, ns: ns, limits: limits, timeout: timeout}
 }
 
-// AdminOpenDirect runs locally (creating a conversation needs no owner).
+// AdminOpenDirect runs on the owner of the pair's partition
+// (store.DirectKey), which alone decides the pair's conversation.
 func (a *Admin) AdminOpenDirect(ctx context.Context, x, y string, e2e bool) (*protocol.ConvInfo, *protocol.Error) {
-	return a.local.AdminOpenDirect(ctx, x, y, e2e)
+	ans := a.route(ctx, adminOpDirect, adminRequest{Op: adminOpDirect, User: x}, &protocol.Frame{Type: protocol.TypeOpenDirect, Peer: y, E2E: e2e})
+	return ans.Conv, ans.Err.perr()
 }
 
 // AdminCreateGroup runs locally (creating a conversation needs no owner).

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -19,6 +20,19 @@ func TestDecodeAdmin(t *testing.T) {
 		`{"op":"moderate","actor":"admin","f":{"type":"recall","conv_id":"7","target_seq":3,"client_msg_id":"r"}}`:     protocol.TypeRecall,
 		`{"op":"send","user":"alice","device":"bot","f":{"type":"send","conv_id":"7","client_msg_id":"c","body":"b"}}`: protocol.TypeSend,
 		`{"op":"notice","actor":"admin","conv":7,"cmid":"n1","text":"hello"}`:                                          "",
+	}
+	// A direct routes by the pair (the same key for both orders).
+	for _, env := range []string{
+		`{"op":"direct","user":"alice","f":{"type":"open_direct","peer":"bob"}}`,
+		`{"op":"direct","user":"bob","f":{"type":"open_direct","peer":"alice"}}`,
+	} {
+		_, f, key, perr := decodeAdmin([]byte(env), lim)
+		if perr != nil || f == nil || f.Type != protocol.TypeOpenDirect || key != store.DirectKey("alice", "bob", false) {
+			t.Fatalf("%s: %+v, key %d, %v", env, f, key, perr)
+		}
+	}
+	if _, _, key, perr := decodeAdmin([]byte(`{"op":"direct","user":"alice","f":{"type":"open_direct","peer":"bob","e2e":true}}`), lim); perr != nil || key != store.DirectKey("bob", "alice", true) || key == store.DirectKey("alice", "bob", false) {
+		t.Fatalf("e2e direct: key %d, %v", key, perr)
 	}
 	for env, typ := range ok {
 		req, f, conv, perr := decodeAdmin([]byte(env), lim)
@@ -50,6 +64,12 @@ func TestDecodeAdmin(t *testing.T) {
 		`{"op":"notice","actor":"admin","conv":0,"cmid":"n1","text":"t"}`,
 		`{"op":"notice","actor":"admin","conv":7,"text":"t"}`,
 		`{"op":"notice","actor":"admin","conv":7,"cmid":"n1","text":"t","f":{"type":"send"}}`,
+		`{"op":"direct","actor":"admin","f":{"type":"open_direct","peer":"bob"}}`,
+		`{"op":"direct","user":"alice","device":"d","f":{"type":"open_direct","peer":"bob"}}`,
+		`{"op":"direct","user":"alice","f":{"type":"open_direct","conv_id":"7","peer":"bob"}}`,
+		`{"op":"direct","user":"alice","f":{"type":"send","conv_id":"7","client_msg_id":"c","body":"b"}}`,
+		`{"op":"direct","user":"alice","f":{"type":"open_direct"}}`,
+		`{"op":"send","user":"alice","device":"d","f":{"type":"open_direct","peer":"bob"}}`,
 	}
 	for _, env := range bad {
 		if _, _, _, perr := decodeAdmin([]byte(env), lim); perr == nil {
@@ -76,11 +96,13 @@ func TestAdminAnswerRoundTrip(t *testing.T) {
 }
 
 // FuzzDecodeAdmin: the admin envelope decoder never panics, and what it
-// accepts names a conversation and, but for a notice, a frame of its op.
+// accepts names a conversation (a direct: the pair's key) and, but for a
+// notice, a frame of its op.
 func FuzzDecodeAdmin(f *testing.F) {
 	f.Add([]byte(`{"op":"members","actor":"admin","f":{"type":"add_members","conv_id":"7","members":["bob"]}}`))
 	f.Add([]byte(`{"op":"send","user":"alice","device":"bot","f":{"type":"send","conv_id":"7","client_msg_id":"c","body":"b"}}`))
 	f.Add([]byte(`{"op":"notice","actor":"admin","conv":7,"cmid":"n1","text":"hello"}`))
+	f.Add([]byte(`{"op":"direct","user":"alice","f":{"type":"open_direct","peer":"bob","e2e":true}}`))
 	f.Add([]byte(`{"op":"moderate","actor":"admin","f":{"type":"edit","conv_id":"7","target_seq":1,"client_msg_id":"e","body":"x"}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req, fr, conv, perr := decodeAdmin(data, protocol.DefaultLimits)
@@ -93,6 +115,12 @@ func FuzzDecodeAdmin(f *testing.F) {
 		if req.Op == adminOpNotice {
 			if fr != nil || req.Text == "" {
 				t.Fatalf("notice %s", data)
+			}
+			return
+		}
+		if req.Op == adminOpDirect {
+			if fr == nil || fr.Type != protocol.TypeOpenDirect || fr.ConvID != 0 || req.Actor != "" || conv != store.DirectKey(req.User, fr.Peer, fr.E2E) {
+				t.Fatalf("accepted direct %s as %+v (key %d)", data, fr, conv)
 			}
 			return
 		}

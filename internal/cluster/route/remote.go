@@ -15,6 +15,7 @@ import (
 
 	"github.com/parley-im/parley/internal/chat"
 	"github.com/parley-im/parley/internal/cluster/lease"
+	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -39,6 +40,21 @@ var ownerWrites = map[string]bool{
 	protocol.TypeAddMembers: true, protocol.TypeRemove: true, protocol.TypeLeave: true,
 	protocol.TypeSetRole: true, protocol.TypeMute: true, protocol.TypeDelivered: true,
 	protocol.TypeRead: true,
+}
+
+// ownerKey returns the key whose partition's owner runs f for user, if f
+// goes to an owner: a conversation's write goes to the owner of the
+// conversation, an open_direct to the owner of the pair's key
+// (store.DirectKey), which alone decides the pair's conversation in
+// cluster mode (store/cassandra direct.go).
+func ownerKey(user string, f *protocol.Frame) (uint64, bool) {
+	switch {
+	case f.Type == protocol.TypeOpenDirect:
+		return store.DirectKey(user, f.Peer, f.E2E), true
+	case ownerWrites[f.Type] && f.ConvID != 0:
+		return f.ConvID, true
+	}
+	return 0, false
 }
 
 // DefaultMaxInflight is Serve's default bound on requests in progress.
@@ -89,8 +105,8 @@ func (r *Remote) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, r
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	var msg *natsio.Msg
-	if ownerWrites[f.Type] && f.ConvID != 0 {
-		msg, err = toOwner(ctx, r.nc, subjectPart(r.ns, lease.Partition(f.ConvID, r.partitions)), data)
+	if key, ok := ownerKey(c.User, f); ok {
+		msg, err = toOwner(ctx, r.nc, subjectPart(r.ns, lease.Partition(key, r.partitions)), data)
 	} else {
 		msg, err = r.nc.RequestWithContext(ctx, subjectHandle(r.ns), data)
 	}
@@ -277,7 +293,11 @@ func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, t
 			if !ok {
 				return
 			}
-			if !owner.Holds(lease.Partition(f.ConvID, owner.Partitions())) {
+			key, ok := ownerKey(req.User, f)
+			if !ok {
+				key = f.ConvID
+			}
+			if !owner.Holds(lease.Partition(key, owner.Partitions())) {
 				return // not (or no longer) the owner: the owner answers
 			}
 			serve(m, req, f)
@@ -381,7 +401,7 @@ type Routed struct {
 
 // Handle implements gateway.Backend.
 func (r Routed) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, reply func(*protocol.Frame)) {
-	if ownerWrites[f.Type] && f.ConvID != 0 && !r.Owner.Holds(lease.Partition(f.ConvID, r.Owner.Partitions())) {
+	if key, ok := ownerKey(c.User, f); ok && !r.Owner.Holds(lease.Partition(key, r.Owner.Partitions())) {
 		r.Remote.Handle(ctx, c, f, reply)
 		return
 	}
