@@ -226,6 +226,14 @@ func TestChurnCluster(t *testing.T) {
 	t.Logf("%d conversations in %v (%.0f/s); peak RSS %.1f MiB, peak heap in use %.1f MiB, peak states %d; %d requests retried",
 		res.Conversations, res.Elapsed, float64(res.Conversations)/res.Elapsed.Seconds(),
 		float64(s.peakRSS)/(1<<20), float64(s.peakHeap)/(1<<20), s.peakHeld, res.Retries)
+	if pc, ok := srv.Store().(interface{ Transactions() uint64 }); ok {
+		t.Logf("%.2f Paxos rounds (transactions, SERIAL reads) per conversation", float64(pc.Transactions())/float64(res.Conversations))
+	}
+	if reqs, err := clientRequests(cc); err == nil {
+		t.Logf("%.1f CQL requests per conversation (open, send, delivered, typing; system_views.clients)", reqs/float64(res.Conversations))
+	} else {
+		t.Logf("CQL requests: %v", err)
+	}
 	limit := states
 	if full && states == 0 {
 		limit = 65536
@@ -259,6 +267,30 @@ func dropKeyspace(t *testing.T, cc cassandra.Config) {
 	if err := sess.Query(`DROP KEYSPACE IF EXISTS ` + cc.Keyspace).Exec(); err != nil {
 		t.Logf("drop keyspace %s: %v", cc.Keyspace, err)
 	}
+}
+
+// clientRequests sums the requests of the Cassandra connections using the
+// keyspace (system_views.clients; one node).
+func clientRequests(cc cassandra.Config) (float64, error) {
+	cluster := gocql.NewCluster(cc.Hosts...)
+	cluster.Timeout = 30 * time.Second
+	sess, err := cluster.CreateSession()
+	if err != nil {
+		return 0, err
+	}
+	defer sess.Close()
+	it := sess.Query(`SELECT keyspace_name, request_count FROM system_views.clients`).Iter()
+	var (
+		ks    string
+		n     int64
+		total float64
+	)
+	for it.Scan(&ks, &n) {
+		if ks == cc.Keyspace {
+			total += float64(n)
+		}
+	}
+	return total, it.Close()
 }
 
 // metricIs reports whether the scraped metric has value v.

@@ -371,6 +371,9 @@ type Store struct {
 	// pairFails: owned pairs with a write of unknown outcome (direct.go).
 	pairFails pairFailures
 
+	// paxos counts the transactions and SERIAL reads made (Transactions).
+	paxos atomic.Uint64
+
 	// faultHook: tests only (fault).
 	faultHook atomic.Pointer[func(point string) error]
 
@@ -488,6 +491,7 @@ func (s *Store) q(ctx context.Context, stmt string, args ...any) *gocql.Query {
 // lwt returns a lightweight transaction. It is not idempotent: its
 // callers resolve an unknown outcome themselves by a SERIAL read.
 func (s *Store) lwt(ctx context.Context, stmt string, args ...any) *gocql.Query {
+	s.paxos.Add(1)
 	return s.sess.Query(stmt, args...).WithContext(ctx).Consistency(s.cons).SerialConsistency(s.serial)
 }
 
@@ -495,8 +499,14 @@ func (s *Store) lwt(ctx context.Context, stmt string, args ...any) *gocql.Query 
 // round in progress on the partition, so it tells the outcome of a
 // transaction whose answer was lost.
 func (s *Store) serialRead(ctx context.Context, stmt string, args ...any) *gocql.Query {
+	s.paxos.Add(1)
 	return s.sess.Query(stmt, args...).WithContext(ctx).Consistency(s.serial).Idempotent(true)
 }
+
+// Transactions returns how many lightweight transactions and SERIAL
+// reads (each a Paxos round) this store has made since Open (tests and
+// benchmarks).
+func (s *Store) Transactions() uint64 { return s.paxos.Load() }
 
 // i64 and u64 map Parley's unsigned ids and seqs onto CQL bigint.
 func i64(v uint64) int64 { return int64(v) }

@@ -368,6 +368,7 @@ func (s *Store) readMembers(ctx context.Context, conv uint64, users []string, se
 // reading the rows at SERIAL (which finishes a Paxos round in progress):
 // the batch applied if every row is the one it writes.
 func (s *Store) casMembers(ctx context.Context, conv, epoch uint64, chs []memberChange) (bool, error) {
+	s.paxos.Add(1)
 	b := s.sess.Batch(gocql.UnloggedBatch).WithContext(ctx).Consistency(s.cons).SerialConsistency(s.serial)
 	for i, c := range chs {
 		var cond string
