@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -148,4 +149,78 @@ func BenchmarkLatest50(b *testing.B) {
 			b.ReportMetric(ms(0.99), "p99-ms")
 		})
 	}
+}
+
+// BenchmarkDirect measures opening direct conversations from 16
+// goroutines per GOMAXPROCS, new pairs (create) and pairs opened before
+// (reopen): transactional (lwt: the pair claimed by a lightweight
+// transaction, as the owned mode also did before open_direct went to the
+// pair's owner) and on the pair's owner (owned: plain writes fenced by the
+// epoch and one Redis check; $PARLEY_TEST_REDIS, else skipped). It reports
+// opens/s, the latency p50 and the Paxos rounds per open.
+func BenchmarkDirect(b *testing.B) {
+	for _, mode := range []string{"lwt", "owned"} {
+		for _, again := range []bool{false, true} {
+			name := mode + "/create"
+			if again {
+				name = mode + "/reopen"
+			}
+			b.Run(name, func(b *testing.B) { benchDirect(b, mode, again) })
+		}
+	}
+}
+
+func benchDirect(b *testing.B, mode string, again bool) {
+	var lease Lease
+	if mode == "owned" {
+		lease = benchLease(b)
+	}
+	ctx := context.Background()
+	s := benchStore(b, 0, lease)
+	var ids atomic.Uint64
+	const reopenPairs = 256
+	pairOf := func(n uint64) (string, string) {
+		if again {
+			n %= reopenPairs
+		}
+		return fmt.Sprintf("a%d", n), fmt.Sprintf("b%d", n)
+	}
+	if again {
+		for n := range uint64(reopenPairs) {
+			x, y := pairOf(n)
+			if _, err := s.Direct(ctx, x, y, 1_000_000+n, 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	paxos0 := s.Transactions()
+	var mu sync.Mutex
+	var lat []time.Duration
+	start := time.Now()
+	b.ResetTimer()
+	b.SetParallelism(16)
+	b.RunParallel(func(pb *testing.PB) {
+		var mine []time.Duration
+		for pb.Next() {
+			n := ids.Add(1)
+			x, y := pairOf(n)
+			if n%2 == 1 {
+				x, y = y, x
+			}
+			t0 := time.Now()
+			if _, err := s.Direct(ctx, x, y, 2_000_000+n, 1); err != nil {
+				b.Error(err)
+			}
+			mine = append(mine, time.Since(t0))
+		}
+		mu.Lock()
+		lat = append(lat, mine...)
+		mu.Unlock()
+	})
+	b.StopTimer()
+	n := float64(ids.Load())
+	b.ReportMetric(n/time.Since(start).Seconds(), "opens/s")
+	b.ReportMetric(float64(s.Transactions()-paxos0)/n, "paxos/open")
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 }
