@@ -45,7 +45,16 @@ type Config struct {
 	Retry time.Duration
 
 	retries *atomic.Int64
+	steps   *[4]atomic.Int64 // ns spent in each step (Result.Steps)
 }
+
+// The steps of a conversation, in Result.Steps.
+const (
+	StepOpen = iota
+	StepSend
+	StepDelivered
+	StepTyping
+)
 
 // Result is what a run did.
 type Result struct {
@@ -54,6 +63,9 @@ type Result struct {
 	// Retries counts the requests answered with a retryable error and
 	// repeated.
 	Retries int64
+	// Steps is the time spent in each step (StepOpen...), summed over the
+	// conversations, retries included.
+	Steps [4]time.Duration
 }
 
 // Run touches cfg.Conversations distinct conversations through h.
@@ -66,6 +78,9 @@ func Run(ctx context.Context, h Handler, cfg Config) (Result, error) {
 	}
 	if cfg.retries == nil {
 		cfg.retries = new(atomic.Int64)
+	}
+	if cfg.steps == nil {
+		cfg.steps = new([4]atomic.Int64)
 	}
 	start := time.Now()
 	var (
@@ -102,7 +117,11 @@ func Run(ctx context.Context, h Handler, cfg Config) (Result, error) {
 		})
 	}
 	wg.Wait()
-	return Result{Conversations: int(done.Load()), Elapsed: time.Since(start), Retries: cfg.retries.Load()}, firstErr
+	res := Result{Conversations: int(done.Load()), Elapsed: time.Since(start), Retries: cfg.retries.Load()}
+	for i := range res.Steps {
+		res.Steps[i] = time.Duration(cfg.steps[i].Load())
+	}
+	return res, firstErr
 }
 
 // touch opens conversation i, sends a message, acknowledges its delivery
@@ -110,10 +129,19 @@ func Run(ctx context.Context, h Handler, cfg Config) (Result, error) {
 func touch(ctx context.Context, h Handler, cfg Config, i int) error {
 	a := protocol.Caller{User: fmt.Sprintf("%sa%d", cfg.Prefix, i), Device: "d"}
 	b := protocol.Caller{User: fmt.Sprintf("%sb%d", cfg.Prefix, i), Device: "d"}
+	t0 := time.Now()
+	step := func(i int) {
+		if cfg.steps != nil {
+			now := time.Now()
+			cfg.steps[i].Add(int64(now.Sub(t0)))
+			t0 = now
+		}
+	}
 	conv, err := call(ctx, h, cfg, a, &protocol.Frame{Type: protocol.TypeOpenDirect, RID: "1", Peer: b.User})
 	if err != nil {
 		return fmt.Errorf("open_direct: %w", err)
 	}
+	step(StepOpen)
 	if conv.Conv == nil {
 		return fmt.Errorf("open_direct answered %s without a conversation", conv.Type)
 	}
@@ -123,12 +151,15 @@ func touch(ctx context.Context, h Handler, cfg Config, i int) error {
 	if err != nil {
 		return fmt.Errorf("send: %w", err)
 	}
+	step(StepSend)
 	if _, err := call(ctx, h, cfg, b, &protocol.Frame{Type: protocol.TypeDelivered, RID: "3", ConvID: id, Seq: ack.Seq}); err != nil {
 		return fmt.Errorf("delivered: %w", err)
 	}
+	step(StepDelivered)
 	if _, err := call(ctx, h, cfg, a, &protocol.Frame{Type: protocol.TypeTyping, ConvID: id}); err != nil {
 		return fmt.Errorf("typing: %w", err)
 	}
+	step(StepTyping)
 	return nil
 }
 

@@ -226,6 +226,9 @@ func TestChurnCluster(t *testing.T) {
 	t.Logf("%d conversations in %v (%.0f/s); peak RSS %.1f MiB, peak heap in use %.1f MiB, peak states %d; %d requests retried",
 		res.Conversations, res.Elapsed, float64(res.Conversations)/res.Elapsed.Seconds(),
 		float64(s.peakRSS)/(1<<20), float64(s.peakHeap)/(1<<20), s.peakHeld, res.Retries)
+	per := func(i int) float64 { return res.Steps[i].Seconds() * 1000 / float64(max(res.Conversations, 1)) }
+	t.Logf("mean per conversation: open_direct %.1f ms, send %.1f, delivered %.1f, typing %.1f",
+		per(churn.StepOpen), per(churn.StepSend), per(churn.StepDelivered), per(churn.StepTyping))
 	if pc, ok := srv.Store().(interface{ Transactions() uint64 }); ok {
 		t.Logf("%.2f Paxos rounds (transactions, SERIAL reads) per conversation", float64(pc.Transactions())/float64(res.Conversations))
 	}
