@@ -55,8 +55,8 @@ import (
 
 // maxPairFails bounds the pairs remembered with a write of unknown outcome
 // under a current epoch; past it a new pair is refused (retry) until
-// entries of superseded epochs are pruned.
-const maxPairFails = 1 << 16
+// entries of superseded epochs are pruned. A variable for tests.
+var maxPairFails = 1 << 16
 
 // pairFail is a pair whose row write had an unknown outcome under epoch:
 // its next write uses generation gen.

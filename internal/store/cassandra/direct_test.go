@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/parley-im/parley/internal/store"
@@ -209,5 +210,107 @@ func TestStaleOwnerDirectFenced(t *testing.T) {
 				t.Errorf("%s's conversations %v lack %d", u, got, p.id)
 			}
 		}
+	}
+}
+
+// lostWrites makes s's pair writes get lost (an unknown outcome, nothing
+// written) while on is set.
+func lostWrites(s *Store) *atomic.Bool {
+	var on atomic.Bool
+	f := func(p string) error {
+		if p == "direct.lost" && on.Load() {
+			return errors.New("injected: write lost")
+		}
+		return nil
+	}
+	s.faultHook.Store(&f)
+	return &on
+}
+
+// TestPairGenerationsExhausted: a pair whose writes keep getting lost
+// moves to a new generation each time; past maxGen the lease moves to a
+// new epoch (Lease.Reepoch), so the write that finally goes through is
+// above every lost one, however late they land.
+func TestPairGenerationsExhausted(t *testing.T) {
+	cfg := fresh(t)
+	ctx := context.Background()
+	var leases leaseTable
+	holder := leases.grant()
+	cfg.Lease = holder
+	s := openT(t, cfg)
+	first, _ := holder.Epoch(0)
+	lost := lostWrites(s)
+	lost.Store(true)
+	for i := range maxGen + 1 {
+		if _, err := s.Direct(ctx, "alice", "bob", uint64(1000+i), baseTime); err == nil {
+			t.Fatalf("attempt %d with its write lost succeeded", i)
+		}
+	}
+	lost.Store(false)
+	c, err := s.Direct(ctx, "bob", "alice", 10, baseTime)
+	if err != nil || c.ID != 10 {
+		t.Fatalf("Direct after %d lost writes = %+v, %v; want 10", maxGen+1, c, err)
+	}
+	if now, _ := holder.Epoch(0); now <= first {
+		t.Fatalf("epoch %d after the generations ran out, want above %d", now, first)
+	}
+	// The last lost write lands now, at the last generation of the first
+	// epoch (the highest timestamp any lost write had).
+	lo, hi := pairKey("alice", "bob")
+	if err := s.sess.Query(`INSERT INTO direct_pairs (user_lo, user_hi, conv_id) VALUES (?, ?, ?) USING TIMESTAMP ?`,
+		lo, hi, i64(1000+maxGen), writeTS(first, maxGen)).Exec(); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := s.Direct(ctx, "alice", "bob", 11, baseTime); err != nil || c.ID != 10 {
+		t.Fatalf("Direct after the late write = %+v, %v; want 10", c, err)
+	}
+}
+
+// TestPairFailuresBounded: the pairs remembered with a lost write are
+// bounded; past the bound a new pair is refused (nothing written) while
+// the remembered ones go on, and an entry goes once its pair's write is
+// confirmed or its epoch is superseded.
+func TestPairFailuresBounded(t *testing.T) {
+	defer func(n int) { maxPairFails = n }(maxPairFails)
+	maxPairFails = 2
+	cfg := fresh(t)
+	ctx := context.Background()
+	var leases leaseTable
+	holder := leases.grant()
+	cfg.Lease = holder
+	s := openT(t, cfg)
+	lost := lostWrites(s)
+	lost.Store(true)
+	for i, p := range [][2]string{{"a", "b"}, {"c", "d"}} {
+		if _, err := s.Direct(ctx, p[0], p[1], uint64(100+i), baseTime); err == nil {
+			t.Fatalf("Direct%v with its write lost succeeded", p)
+		}
+	}
+	lost.Store(false)
+	if _, err := s.Direct(ctx, "e", "f", 200, baseTime); err == nil || errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("a new pair past the bound: %v, want a retryable refusal", err)
+	}
+	if _, err := s.Conversation(ctx, 200); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the refused pair's conversation: %v, want none written", err)
+	}
+	// A remembered pair goes on, and its confirmed write frees its entry.
+	if c, err := s.Direct(ctx, "b", "a", 201, baseTime); err != nil || c.ID != 201 {
+		t.Fatalf("Direct(b, a) = %+v, %v; want 201", c, err)
+	}
+	if c, err := s.Direct(ctx, "e", "f", 202, baseTime); err != nil || c.ID != 202 {
+		t.Fatalf("Direct(e, f) after an entry went = %+v, %v; want 202", c, err)
+	}
+	// Entries of a superseded epoch are dropped when the map is full.
+	lost.Store(true)
+	if _, err := s.Direct(ctx, "g", "h", 300, baseTime); err == nil {
+		t.Fatal("Direct(g, h) with its write lost succeeded")
+	}
+	lost.Store(false)
+	epoch, _ := holder.Epoch(0)
+	if _, ok, err := holder.Reepoch(ctx, 0, epoch); !ok || err != nil {
+		t.Fatalf("Reepoch: %v, %v", ok, err)
+	}
+	if c, err := s.Direct(ctx, "i", "j", 301, baseTime); err != nil || c.ID != 301 {
+		t.Fatalf("Direct(i, j) after the epoch moved = %+v, %v; want 301", c, err)
 	}
 }
