@@ -66,6 +66,17 @@
 // or fails a confirmation never writes under that epoch again.
 // docs/decisions.md "Conversation ownership" has the argument.
 //
+// # Direct pairs
+//
+// Without a lease, Direct claims direct_pairs with `INSERT ... IF NOT
+// EXISTS` (newDirect, direct). With Config.Lease only the owner of the
+// partition of store.DirectKey runs it (ErrNotOwner elsewhere): it writes
+// the pair row with a plain write at its epoch's timestamp, rewrites a row
+// of an older epoch at its own the first time it answers it, and confirms
+// the lease before answering; a pair write of unknown outcome moves the
+// pair to its next generation (direct.go has the argument;
+// TestStaleOwnerDirectFenced).
+//
 // # Memberships
 //
 // Joins, leaves, role and mute changes run under the conversation's mutex
@@ -176,7 +187,8 @@
 //
 // Store is safe for concurrent use, also by several processes on one
 // keyspace. Lock order: Store.gate (read side, per call) → direct-pair
-// stripe → convState.mu; Store.convs.mu is a leaf. Close waits for calls in
+// stripe → convState.mu; Store.convs.mu and Store.pairFails.mu are leaves
+// (the latter calls only Lease.Epoch). Close waits for calls in
 // progress.
 package cassandra
 
