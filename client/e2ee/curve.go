@@ -3,18 +3,19 @@ package e2ee
 import (
 	"crypto/ecdh"
 	"crypto/rand"
-	"crypto/subtle"
 	"errors"
-	"fmt"
+
+	"github.com/parley-im/parley/protocol/e2ekeys"
 )
 
 // DjbType is the type byte libsignal puts in front of a serialized
 // Curve25519 public key.
-const DjbType = 0x05
+const DjbType = e2ekeys.DjbType
 
 // PublicKey is a Curve25519 (X25519) public key: the Montgomery u
-// coordinate, little endian.
-type PublicKey [32]byte
+// coordinate, little endian. It is protocol/e2ekeys' type, the one the
+// server checks signatures with.
+type PublicKey = e2ekeys.PublicKey
 
 // PrivateKey is a clamped X25519 scalar.
 type PrivateKey [32]byte
@@ -27,7 +28,7 @@ type KeyPair struct {
 
 // Errors of key handling.
 var (
-	ErrBadKey       = errors.New("e2ee: malformed key")
+	ErrBadKey       = e2ekeys.ErrBadKey
 	ErrLowOrderKey  = errors.New("e2ee: low-order or invalid public key")
 	ErrBadSignature = errors.New("e2ee: bad signature")
 )
@@ -85,25 +86,7 @@ func (k PrivateKey) Agree(pub PublicKey) ([32]byte, error) {
 	return out, nil
 }
 
-// Bytes is libsignal's serialization: DjbType followed by the 32 bytes.
-func (p PublicKey) Bytes() []byte {
-	b := make([]byte, 33)
-	b[0] = DjbType
-	copy(b[1:], p[:])
-	return b
-}
-
-// Equal compares in constant time.
-func (p PublicKey) Equal(q PublicKey) bool {
-	return subtle.ConstantTimeCompare(p[:], q[:]) == 1
-}
-
 // DecodePublicKey parses libsignal's 33-byte form (type byte 0x05).
 func DecodePublicKey(b []byte) (PublicKey, error) {
-	var p PublicKey
-	if len(b) != 33 || b[0] != DjbType {
-		return p, fmt.Errorf("%w: want 33 bytes starting with 0x05, got %d", ErrBadKey, len(b))
-	}
-	copy(p[:], b[1:])
-	return p, nil
+	return e2ekeys.DecodePublicKey(b)
 }

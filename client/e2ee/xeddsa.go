@@ -3,17 +3,16 @@ package e2ee
 import (
 	"crypto/rand"
 	"crypto/sha512"
-	"crypto/subtle"
 
 	"filippo.io/edwards25519"
-	"filippo.io/edwards25519/field"
 )
 
 // XEdDSA (signal.org/docs/specifications/xeddsa) lets an X25519 identity
 // key sign. This is libsignal's variant: the Edwards public key is derived
 // from the clamped scalar as is (no negation) and the sign bit of its x
 // coordinate travels in the top bit of the signature's last byte, where
-// the verifier picks it up to lift the Montgomery key.
+// the verifier picks it up to lift the Montgomery key. Verify is
+// PublicKey's method, in protocol/e2ekeys.
 
 var xeddsaPrefix = [32]byte{0xFE, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
 	0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF}
@@ -56,45 +55,4 @@ func (k PrivateKey) signWith(msg []byte, z [64]byte) [64]byte {
 	copy(sig[32:], s.Bytes())
 	sig[63] = sig[63]&0x7F | signBit
 	return sig
-}
-
-// Verify checks an XEdDSA signature made by the owner of p.
-func (p PublicKey) Verify(msg, sig []byte) bool {
-	if len(sig) != 64 {
-		return false
-	}
-	// Lift u to the Edwards y = (u-1)/(u+1); u = -1 has no image.
-	u, err := new(field.Element).SetBytes(p[:])
-	if err != nil {
-		return false
-	}
-	one := new(field.Element).One()
-	den := new(field.Element).Add(u, one)
-	if den.Equal(new(field.Element).Zero()) == 1 {
-		return false
-	}
-	y := new(field.Element).Multiply(new(field.Element).Subtract(u, one), new(field.Element).Invert(den))
-	enc := y.Bytes()
-	enc[31] |= sig[63] & 0x80
-	A, err := new(edwards25519.Point).SetBytes(enc)
-	if err != nil {
-		return false
-	}
-	var sb [64]byte
-	copy(sb[:32], sig[32:])
-	sb[31] &= 0x7F
-	if sb[31]&0xE0 != 0 {
-		return false
-	}
-	s, _ := edwards25519.NewScalar().SetUniformBytes(sb[:])
-
-	h := sha512.New()
-	h.Write(sig[:32])
-	h.Write(A.Bytes())
-	h.Write(msg)
-	hs, _ := edwards25519.NewScalar().SetUniformBytes(h.Sum(nil))
-
-	minusA := new(edwards25519.Point).Negate(A)
-	check := new(edwards25519.Point).VarTimeDoubleScalarBaseMult(hs, minusA, s).Bytes()
-	return subtle.ConstantTimeCompare(check, sig[:32]) == 1
 }

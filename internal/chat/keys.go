@@ -5,9 +5,9 @@ import (
 	"context"
 	"errors"
 
-	"github.com/parley-im/parley/client/e2ee"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
+	"github.com/parley-im/parley/protocol/e2ekeys"
 )
 
 // The E2E key directory: devices publish their public keys, other
@@ -53,7 +53,7 @@ func (s *Service) keys(ctx context.Context, c Caller, f *protocol.Frame) (*proto
 }
 
 func verifySigned(identity []byte, p *protocol.PreKey, what string) *protocol.Error {
-	id, err := e2ee.DecodePublicKey(identity)
+	id, err := e2ekeys.DecodePublicKey(identity)
 	if err != nil {
 		return protocol.Errorf(protocol.CodeBadKey, "identity key: %v", err)
 	}
