@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +15,24 @@ import (
 	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
 )
+
+// syncBuffer is an io.Writer safe to read while the server logs to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
 
 // logLines parses the JSON log written so far.
 func logLines(t *testing.T, out *syncBuffer) []map[string]any {

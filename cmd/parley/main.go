@@ -22,7 +22,6 @@ usage: parley <command> [flags]
 commands:
   serve    run a node (every role, embedded storage under ./data, by default)
   token    mint a token for a user with the server's HS256 key
-  chat     terminal chat client
   bench    benchmarks: idle, send, fanout, history (embedded or against a cluster)
   migrate  create or upgrade the Cassandra schema of cluster mode
   version  print the version, commit and Go release of this build
@@ -54,8 +53,6 @@ func run(ctx context.Context, args []string) error {
 		return runServe(ctx, rest)
 	case "token":
 		return runToken(rest, os.Stdout)
-	case "chat":
-		return runChat(ctx, rest, os.Stdin, os.Stdout)
 	case "bench":
 		return runBench(ctx, rest)
 	case "migrate":

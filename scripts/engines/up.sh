@@ -28,7 +28,7 @@ then, one line per terminal, in this order:
   go run ./cmd/parley migrate
   go run ./cmd/parley serve --roles chat --listen 127.0.0.1:7481
   go run ./cmd/parley serve --roles gateway --listen 127.0.0.1:7480
-  go run ./cmd/parley chat -token "\$(go run ./cmd/parley token -user alice)"
+  go run ./cmd/parley-chat -token "\$(go run ./cmd/parley token -user alice)"
 MSG
 fi
 

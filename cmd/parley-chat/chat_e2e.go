@@ -14,7 +14,7 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
-// End-to-end encrypted conversations in `parley chat`: /sdm and /sgroup
+// End-to-end encrypted conversations in `parley-chat`: /sdm and /sgroup
 // open them, messages in them are encrypted with this device's keys (kept
 // in -keys DIR/<user>/<device>, files 0600), /safety prints safety numbers.
 

@@ -17,7 +17,7 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
-// TestChatCLIE2E: `parley chat` opens an end-to-end encrypted direct
+// TestChatCLIE2E: `parley-chat` opens an end-to-end encrypted direct
 // conversation, sends and reads encrypted messages, lists it as E2E and
 // prints the safety number; its keys are files of mode 0600.
 func TestChatCLIE2E(t *testing.T) {

@@ -24,7 +24,7 @@ import (
 // While disconnected commands fail at once (chatSession.ready).
 const chatCommandTimeout = 15 * time.Second
 
-// chatCmd is one command of `parley chat`: its usage line, the argument
+// chatCmd is one command of `parley-chat`: its usage line, the argument
 // counts it accepts (max -1: any), whether it needs the server and a
 // current conversation, and what it does.
 type chatCmd struct {
@@ -94,18 +94,18 @@ func chatLookup(name string) (chatCmd, bool) {
 	return chatCmd{}, false
 }
 
-// runChat is `parley chat`: a line-oriented terminal client on the client
+// runChat is `parley-chat`: a line-oriented terminal client on the client
 // SDK. Incoming messages print as "[conv seq] sender: body"; input lines
 // are commands or messages. It works the same with stdin from a pipe.
 func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
-	fs := flag.NewFlagSet("chat", flag.ContinueOnError)
+	fs := flag.NewFlagSet("parley-chat", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	url := fs.String("url", "ws://127.0.0.1:7480", "server WebSocket URL")
 	token := fs.String("token", "", "bearer token (default $PARLEY_TOKEN)")
 	device := fs.String("device", "cli", "device id of this client")
 	keys := fs.String("keys", defaultKeysDir(), `directory of this device's end-to-end encryption keys ("" disables E2E)`)
 	fs.Usage = func() {
-		fmt.Fprintln(stdout, "usage: parley chat [-url URL] [-token TOKEN] [-device ID] [-keys DIR]")
+		fmt.Fprintln(stdout, "usage: parley-chat [-url URL] [-token TOKEN] [-device ID] [-keys DIR]")
 		fs.PrintDefaults()
 		fmt.Fprint(stdout, "\n"+chatHelp())
 	}
@@ -116,11 +116,11 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 		*token = os.Getenv("PARLEY_TOKEN")
 	}
 	if *token == "" {
-		return errors.New("chat: -token or PARLEY_TOKEN is required (mint one with 'parley token -user NAME')")
+		return errors.New("-token or PARLEY_TOKEN is required (mint one with 'parley token -user NAME')")
 	}
 	c, err := client.New(client.Config{URL: *url, Token: *token, Device: *device, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
-		return fmt.Errorf("chat: %w", err)
+		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -152,7 +152,7 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	cancel()        // ends the E2E key uploads still running
 	s.e2e.bg.Wait() // they write to -keys DIR: done before returning
 	if err := <-runErr; err != nil {
-		return fmt.Errorf("chat: %w", err)
+		return err
 	}
 	return nil
 }
@@ -194,7 +194,7 @@ const (
 	chatDown              // an attempt failed or the connection dropped: commands fail at once
 )
 
-// chatSession is the state of one `parley chat`: the current conversation
+// chatSession is the state of one `parley-chat`: the current conversation
 // (input goroutine only) and the output, shared with the event printer.
 type chatSession struct {
 	c       *client.Client

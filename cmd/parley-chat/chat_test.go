@@ -49,7 +49,7 @@ func waitOutput(t *testing.T, out *syncBuffer, want string) {
 	}
 }
 
-// TestChatCLI drives `parley chat` through a pipe against a real server:
+// TestChatCLI drives `parley-chat` through a pipe against a real server:
 // it opens a direct conversation, sends, receives the peer's reply and
 // lists the conversation.
 func TestChatCLI(t *testing.T) {
@@ -105,7 +105,7 @@ func TestChatCLI(t *testing.T) {
 	}
 }
 
-// chatCLI is a `parley chat` run on a pipe for a test.
+// chatCLI is a `parley-chat` run on a pipe for a test.
 type chatCLI struct {
 	t    *testing.T
 	out  *syncBuffer
