@@ -511,7 +511,11 @@ func (s *Server) startChat() error {
 	})
 	if s.nc != nil {
 		s.runLoop(func(ctx context.Context) {
-			if err := route.Serve(ctx, s.nc, o.Cluster.namespace(), svc, o.Gateway.RequestTimeout, s.log, s.owner, o.Cluster.ChatMaxInflight); err != nil {
+			err := route.Serve(ctx, route.ServeConfig{
+				Conn: s.nc, Namespace: o.Cluster.namespace(), Service: svc, Owner: s.owner,
+				Timeout: o.Gateway.RequestTimeout, MaxInflight: o.Cluster.ChatMaxInflight, Logger: s.log,
+			})
+			if err != nil {
 				s.log.Error("chat service stopped serving", "err", err)
 			}
 		})

@@ -57,7 +57,7 @@ func ownerKey(user string, f *protocol.Frame) (uint64, bool) {
 	return 0, false
 }
 
-// DefaultMaxInflight is Serve's default bound on requests in progress.
+// DefaultMaxInflight is ServeConfig's default bound on requests in progress.
 const DefaultMaxInflight = 1024
 
 // ownerWait bounds how long a gateway waits for a partition to get an
@@ -178,23 +178,81 @@ func remoteErr(err error) *protocol.Error {
 	return &protocol.Error{Code: protocol.CodeOverloaded, Msg: "the chat service is unreachable", RetryAfter: 1000}
 }
 
-// Serve answers gateways' requests with svc until ctx ends. Requests run
-// on at most maxInflight goroutines at once (default 1024), each bounded by
-// timeout; past that a request is answered at once with overloaded and a
-// jittered retry_after_ms (admission control: nothing queues without
+// DefaultTimeout is ServeConfig's default bound on one request.
+const DefaultTimeout = 10 * time.Second
+
+// ServeConfig configures Serve. Conn, Namespace and Service are
+// required; zero Timeout, MaxInflight and Logger take their defaults.
+type ServeConfig struct {
+	Conn *natsio.Conn
+	// Namespace prefixes the subjects served (the deployment's namespace,
+	// as the gateways' Remote uses it).
+	Namespace string
+	Service   *chat.Service
+	// Owner, if set, makes the process also answer the writes of the
+	// partitions it holds; nil: it answers only what any chat process may.
+	Owner *lease.Owner
+	// Timeout bounds each request (default DefaultTimeout).
+	Timeout time.Duration
+	// MaxInflight bounds the requests served at once (default
+	// DefaultMaxInflight); past it a request is answered overloaded.
+	MaxInflight int
+	Logger      *slog.Logger
+}
+
+// Validate reports every setting Serve cannot run with.
+func (c ServeConfig) Validate() error {
+	var errs []error
+	if c.Conn == nil {
+		errs = append(errs, errors.New("route: serve: Conn is required"))
+	}
+	if c.Namespace == "" {
+		errs = append(errs, errors.New("route: serve: Namespace is required"))
+	}
+	if c.Service == nil {
+		errs = append(errs, errors.New("route: serve: Service is required"))
+	}
+	if c.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("route: serve: Timeout must not be negative, got %v", c.Timeout))
+	}
+	if c.MaxInflight < 0 {
+		errs = append(errs, fmt.Errorf("route: serve: MaxInflight must not be negative, got %d", c.MaxInflight))
+	}
+	return errors.Join(errs...)
+}
+
+func (c ServeConfig) withDefaults() ServeConfig {
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.MaxInflight == 0 {
+		c.MaxInflight = DefaultMaxInflight
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Serve answers gateways' requests with cfg.Service until ctx ends.
+// Requests run on at most cfg.MaxInflight goroutines at once, each bounded
+// by cfg.Timeout; past that a request is answered at once with overloaded
+// and a jittered retry_after_ms (admission control: nothing queues without
 // bound). When ctx ends, Serve unsubscribes and waits for the requests in
 // progress, which keep their own timeout.
 //
-// With an owner, the process also answers the writes of the partitions it
+// With cfg.Owner, the process also answers the writes of the partitions it
 // holds (subjectPart), subscribing and unsubscribing as it takes and
 // gives them up. A write for a partition it no longer holds gets no
 // answer here: the new owner answers it.
-func Serve(ctx context.Context, nc *natsio.Conn, ns string, svc *chat.Service, timeout time.Duration, log *slog.Logger, owner *lease.Owner, maxInflight int) error {
-	if maxInflight <= 0 {
-		maxInflight = DefaultMaxInflight
+func Serve(ctx context.Context, cfg ServeConfig) error {
+	if err := cfg.Validate(); err != nil {
+		return err
 	}
+	cfg = cfg.withDefaults()
+	nc, ns, svc, owner, log, timeout := cfg.Conn, cfg.Namespace, cfg.Service, cfg.Owner, cfg.Logger, cfg.Timeout
 	var (
-		sem = make(chan struct{}, maxInflight)
+		sem = make(chan struct{}, cfg.MaxInflight)
 		wg  sync.WaitGroup
 	)
 	// admit runs fn on a goroutine of its own unless maxInflight are
