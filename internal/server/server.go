@@ -206,8 +206,13 @@ type Server struct {
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
 	closers  []func() error // engines, closed in reverse order
+
 	shutOnce sync.Once
-	shutErr  error
+	stopped  chan struct{} // closed when the stop is done
+	shutErr  error         // the stop's error, set before stopped closes
+	// shutMu guards shutSoFar: the errors of a stop in progress.
+	shutMu    sync.Mutex
+	shutSoFar error
 }
 
 // Start opens the engines, builds the roles and starts listening.
@@ -863,36 +868,80 @@ func (s *Server) Drain(ctx context.Context) {
 
 // Shutdown stops the node: connections are closed, the listener and the
 // event loop stop, the server's loops end, and the engines are closed. Call
-// Drain first for a graceful stop. It is idempotent.
+// Drain first for a graceful stop.
+//
+// Shutdown is bounded by ctx. The stop runs on a goroutine the Server
+// owns; if ctx ends before it is done, Shutdown returns ctx's error joined
+// with what the stop reported so far, and the loops still ending and the
+// engines' closing go on in the background, with nothing left running
+// once they are done. It is idempotent and safe to call concurrently:
+// every call waits (each bounded by its own ctx) for the same stop and,
+// once it is done, returns its error.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutOnce.Do(func() {
-		if s.admin != nil {
-			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			if err := s.admin.Shutdown(actx); err != nil {
-				s.log.Warn("admin API: shutdown", "err", err)
-			}
-			cancel()
-		}
-		var errGW error
-		if s.gw != nil {
-			errGW = s.gw.Shutdown(ctx)
-			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			if err := s.registry.DropNode(dctx, s.opts.Node); err != nil {
-				s.log.Warn("registry: drop node", "err", err)
-			}
-			cancel()
-		}
-		if s.engine != nil {
-			s.engine.Stop()
-		}
-		if s.std != nil {
-			_ = s.std.Close()
-		}
-		s.bgCancel()
-		s.bg.Wait()
-		s.shutErr = errors.Join(errGW, s.closeEngines())
+		s.stopped = make(chan struct{})
+		go func() {
+			defer close(s.stopped)
+			s.stop(ctx)
+		}()
 	})
-	return s.shutErr
+	select {
+	case <-s.stopped:
+		return s.shutErr
+	case <-ctx.Done():
+	}
+	select {
+	case <-s.stopped: // done in the same instant
+		return s.shutErr
+	default:
+	}
+	s.shutMu.Lock()
+	defer s.shutMu.Unlock()
+	return errors.Join(fmt.Errorf("server: shutdown: %w", ctx.Err()), s.shutSoFar)
+}
+
+// stop runs Shutdown's steps in order; ctx bounds those that wait on
+// clients or the network (the admin API, the gateway's connections, the
+// registry), not the end of the loops and the closing of the engines,
+// which must happen however long they take.
+func (s *Server) stop(ctx context.Context) {
+	var errs []error
+	if s.admin != nil {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := s.admin.Shutdown(actx); err != nil {
+			s.log.Warn("admin API: shutdown", "err", err)
+		}
+		cancel()
+	}
+	if s.gw != nil {
+		if err := s.gw.Shutdown(ctx); err != nil {
+			errs = append(errs, err)
+			s.noteShutdown(err)
+		}
+		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := s.registry.DropNode(dctx, s.opts.Node); err != nil {
+			s.log.Warn("registry: drop node", "err", err)
+		}
+		cancel()
+	}
+	if s.engine != nil {
+		s.engine.Stop()
+	}
+	if s.std != nil {
+		_ = s.std.Close()
+	}
+	s.bgCancel()
+	s.bg.Wait()
+	errs = append(errs, s.closeEngines())
+	s.shutErr = errors.Join(errs...)
+}
+
+// noteShutdown records an error of a stop still in progress, for a
+// Shutdown whose context ends first.
+func (s *Server) noteShutdown(err error) {
+	s.shutMu.Lock()
+	defer s.shutMu.Unlock()
+	s.shutSoFar = errors.Join(s.shutSoFar, err)
 }
 
 // reservedUser is the user id no token may carry.
