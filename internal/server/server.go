@@ -413,7 +413,7 @@ func (s *Server) startChat() error {
 	}
 	var lim chat.Limiter
 	if s.redis != nil {
-		lim = limit.New(rredis.NewLimiter(s.redis, o.Cluster.namespace()+":lim:"))
+		lim = limit.New(s.redis, o.Cluster.namespace()+":lim:")
 	}
 	// In cluster mode the Snowflake node number is leased in Redis: a
 	// configured one held by another live node refuses the start.

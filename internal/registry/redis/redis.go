@@ -1,5 +1,4 @@
-// Package redis is the session registry on Redis for cluster mode, plus the
-// Redis-backed token-bucket rate limits the cluster shares (Limiter).
+// Package redis is the session registry on Redis for cluster mode.
 //
 // # Layout
 //

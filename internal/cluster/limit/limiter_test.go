@@ -1,0 +1,144 @@
+package limit
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+var ctx = context.Background()
+
+// testClient connects to the Redis at $PARLEY_TEST_REDIS (see
+// scripts/engines/up.sh). Without it the test skips, except in CI, where a
+// missing engine is a failure.
+func testClient(t testing.TB) *goredis.Client {
+	t.Helper()
+	addr := os.Getenv("PARLEY_TEST_REDIS")
+	if addr == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI requires Redis: PARLEY_TEST_REDIS is unset (scripts/engines/up.sh start)")
+		}
+		t.Skip("PARLEY_TEST_REDIS is unset; run scripts/engines/up.sh start")
+	}
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("Redis at %s: %v", addr, err)
+	}
+	return c
+}
+
+// testPrefix returns a key prefix of the test's own and deletes its keys
+// when the test ends, so tests share one Redis without seeing each other.
+func testPrefix(t testing.TB, c *goredis.Client) string {
+	t.Helper()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	prefix := "parleytest:" + hex.EncodeToString(b[:]) + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			c.Del(ctx, iter.Val())
+		}
+	})
+	return prefix
+}
+
+func TestLimiter(t *testing.T) {
+	c := testClient(t)
+	l := New(c, testPrefix(t, c))
+	t.Run("BurstThenDeny", func(t *testing.T) {
+		for i := range 3 {
+			if ok, _, err := l.take(ctx, "a", 1, 3); err != nil || !ok {
+				t.Fatalf("call %d: ok=%v err=%v, want allowed within the burst", i, ok, err)
+			}
+		}
+		ok, after, err := l.take(ctx, "a", 1, 3)
+		if err != nil || ok {
+			t.Fatalf("4th call: ok=%v err=%v, want denied", ok, err)
+		}
+		if after <= 0 || after > time.Second {
+			t.Fatalf("retryAfter = %s, want in (0, 1s] at 1 token/s", after)
+		}
+		if ok, _, _ := l.take(ctx, "b", 1, 3); !ok {
+			t.Fatal("key b denied: buckets must be per key")
+		}
+	})
+	t.Run("RefillsAtRate", func(t *testing.T) {
+		ok, _, _ := l.take(ctx, "r", 20, 1)
+		if !ok {
+			t.Fatal("first call denied")
+		}
+		ok, after, _ := l.take(ctx, "r", 20, 1)
+		if ok || after <= 0 || after > 50*time.Millisecond {
+			t.Fatalf("second call: ok=%v retryAfter=%s, want denied with ≤50ms", ok, after)
+		}
+		time.Sleep(after + 5*time.Millisecond)
+		if ok, after, _ := l.take(ctx, "r", 20, 1); !ok {
+			t.Fatalf("after waiting retryAfter: denied, retryAfter=%s", after)
+		}
+	})
+	t.Run("ConcurrentCallersShareBucket", func(t *testing.T) {
+		var allowed atomic.Int64
+		var wg sync.WaitGroup
+		for range 10 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 10 {
+					ok, _, err := l.take(ctx, "shared", 0.001, 25)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if ok {
+						allowed.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if n := allowed.Load(); n != 25 {
+			t.Fatalf("%d of 100 calls allowed, want exactly the burst of 25", n)
+		}
+	})
+	t.Run("RejectsBadParameters", func(t *testing.T) {
+		for _, tc := range []struct {
+			rate  float64
+			burst int
+		}{{0, 1}, {-1, 1}, {1, 0}} {
+			if _, _, err := l.take(ctx, "x", tc.rate, tc.burst); err == nil {
+				t.Fatalf("take(rate %v, burst %d) succeeded, want an error", tc.rate, tc.burst)
+			}
+		}
+	})
+	t.Run("IdleBucketExpires", func(t *testing.T) {
+		l.take(ctx, "idle", 1000, 2)
+		ttl := c.PTTL(ctx, l.prefix+"idle").Val()
+		if ttl <= 0 || ttl > 2*time.Second {
+			t.Fatalf("bucket TTL = %s, want a short expiry", ttl)
+		}
+	})
+	t.Run("AllowOncePerInterval", func(t *testing.T) {
+		if ok, _, err := l.Allow(ctx, "i", 100*time.Millisecond); err != nil || !ok {
+			t.Fatalf("first Allow: ok=%v err=%v, want allowed", ok, err)
+		}
+		ok, after, err := l.Allow(ctx, "i", 100*time.Millisecond)
+		if err != nil || ok || after <= 0 || after > 100*time.Millisecond {
+			t.Fatalf("second Allow: ok=%v retryAfter=%s err=%v, want denied with ≤100ms", ok, after, err)
+		}
+		if ok, _, err := l.Allow(ctx, "i", 0); err != nil || !ok {
+			t.Fatalf("Allow with no interval: ok=%v err=%v, want allowed", ok, err)
+		}
+	})
+}
