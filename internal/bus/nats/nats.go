@@ -1,6 +1,8 @@
 // Package nats carries the cluster's node-to-node traffic on NATS: the push
-// bus (Bus, a bus.Bus on core NATS) and a durable task queue (Tasks, on
-// JetStream) for work that must survive crashes, such as compensations.
+// bus (Bus, a bus.Bus on core NATS), the connection every NATS user of a
+// process shares (Connect) and the naming rule of subject tokens that are
+// also durable consumer names (ValidName). The durable queues on JetStream
+// live with their users (internal/ledger/jetstream, the webhooks' engine).
 //
 // # Bus delivery guarantees
 //
@@ -16,7 +18,7 @@
 // A timeout does not prove the delivery was lost (the ack may be); clients
 // drop duplicate pushes by seq.
 //
-// Bus and Tasks are safe for concurrent use. A Bus handler runs on the
+// Bus is safe for concurrent use. A Bus handler runs on the
 // subscription's goroutine, one delivery at a time per node, under a Gate:
 // the subscription's cancel waits for the running handler, and none starts
 // after it (a late delivery is answered as if nobody subscribed).
@@ -289,4 +291,20 @@ func (b *Bus) logLimited(msg string, args ...any) {
 		return
 	}
 	b.cfg.Logger.Warn(msg, args...)
+}
+
+// ValidName admits [A-Za-z0-9_-]{1,64}: a name that can be both a subject
+// token and part of a durable consumer's name (task kinds, webhook
+// endpoints).
+func ValidName(k string) bool {
+	if k == "" || len(k) > 64 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }

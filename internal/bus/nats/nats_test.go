@@ -176,12 +176,9 @@ func TestConfigValidate(t *testing.T) {
 		{"bad subject", (&Config{Subject: "a..b"}).Validate()},
 		{"wildcard subject", (&Config{Subject: "a.*"}).Validate()},
 		{"no URL", (&ConnConfig{}).Validate()},
-		{"tasks defaults", (&TasksConfig{}).Validate()},
-		{"tasks same subjects", (&TasksConfig{Subject: "x", DeadSubject: "x"}).Validate()},
-		{"tasks bad stream", (&TasksConfig{Stream: "a.b"}).Validate()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			wantOK := tc.name == "defaults" || tc.name == "tasks defaults"
+			wantOK := tc.name == "defaults"
 			if (tc.err == nil) != wantOK {
 				t.Fatalf("Validate() = %v, want ok=%v", tc.err, wantOK)
 			}

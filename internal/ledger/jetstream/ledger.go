@@ -1,10 +1,11 @@
 // Package jetstream is the compensation ledger of cluster mode
 // (ledger.Ledger) on a JetStream work queue shared by every chat process:
 // a stream of pending tasks, one durable consumer per task kind, and a
-// dead stream. It follows ledger.Policy like the Pebble engine and passes
-// the same conformance suite (internal/ledger/ledgertest). Ledger is safe
-// for concurrent use; Run owns its consumers and returns when they have
-// stopped.
+// dead stream. The queue itself (tasks.go) is at-least-once with backoff
+// and dead letters and knows nothing of ledger tasks. It follows
+// ledger.Policy like the Pebble engine and passes the same conformance
+// suite (internal/ledger/ledgertest). Ledger is safe for concurrent use;
+// Run owns its consumers and returns when they have stopped.
 package jetstream
 
 import (
@@ -18,14 +19,13 @@ import (
 
 	natsio "github.com/nats-io/nats.go"
 
-	pnats "github.com/parley-im/parley/internal/bus/nats"
 	"github.com/parley-im/parley/internal/ledger"
 )
 
 // Config of a JetStream ledger.
 type Config struct {
 	// Stream, Subject and DeadSubject name the streams (see
-	// pnats.TasksConfig); the dead stream is Stream+"_DEAD".
+	// queueConfig); the dead stream is Stream+"_DEAD".
 	Stream, Subject, DeadSubject string
 	// Replicas of both streams (default 1).
 	Replicas int
@@ -37,7 +37,7 @@ type Config struct {
 // shared by every chat process, retried with backoff until a handler
 // succeeds or the task is dead.
 type Ledger struct {
-	tasks   *pnats.Tasks
+	tasks   *taskQueue
 	backlog atomic.Int64
 }
 
@@ -49,7 +49,7 @@ func Open(ctx context.Context, nc *natsio.Conn, cfg Config) (*Ledger, error) {
 		return nil, err
 	}
 	p := cfg.Policy.WithDefaults()
-	tasks, err := pnats.NewTasks(ctx, nc, pnats.TasksConfig{
+	tasks, err := openQueue(ctx, nc, queueConfig{
 		Stream: cfg.Stream, Subject: cfg.Subject, DeadSubject: cfg.DeadSubject,
 		Replicas: cfg.Replicas, Logger: cfg.Logger,
 		AckWait: p.Timeout, MaxDeliver: p.MaxAttempts,
@@ -59,7 +59,7 @@ func Open(ctx context.Context, nc *natsio.Conn, cfg Config) (*Ledger, error) {
 		return nil, fmt.Errorf("ledger: jetstream: %w", err)
 	}
 	l := &Ledger{tasks: tasks}
-	if n, err := tasks.Pending(ctx); err == nil {
+	if n, err := tasks.pending(ctx); err == nil {
 		l.backlog.Store(int64(n))
 	}
 	return l, nil
@@ -75,7 +75,7 @@ func (l *Ledger) Record(ctx context.Context, t ledger.Task) error {
 	if err != nil {
 		return fmt.Errorf("ledger: jetstream: %w", err)
 	}
-	if err := l.tasks.Enqueue(ctx, t.Kind, data); err != nil {
+	if err := l.tasks.enqueue(ctx, t.Kind, data); err != nil {
 		return err
 	}
 	l.backlog.Add(1) // until the next poll
@@ -84,7 +84,7 @@ func (l *Ledger) Record(ctx context.Context, t ledger.Task) error {
 
 // decode reads a task's payload: its id is its stream sequence, its
 // attempt the delivery's.
-func decode(d pnats.Delivery) (ledger.Task, error) {
+func decode(d delivery) (ledger.Task, error) {
 	var t ledger.Task
 	if err := json.Unmarshal(d.Data, &t); err != nil {
 		return t, err
@@ -99,10 +99,10 @@ func (l *Ledger) Run(ctx context.Context, h ledger.Handler) error {
 	errs := make(chan error, len(ledger.Kinds))
 	for _, kind := range ledger.Kinds {
 		wg.Go(func() {
-			errs <- l.tasks.ConsumeDeliveries(ctx, kind, func(ctx context.Context, d pnats.Delivery) error {
+			errs <- l.tasks.consumeDeliveries(ctx, kind, func(ctx context.Context, d delivery) error {
 				t, err := decode(d)
 				if err != nil {
-					return fmt.Errorf("undecodable task: %w: %w", err, pnats.ErrPermanent)
+					return fmt.Errorf("undecodable task: %w: %w", err, errPermanent)
 				}
 				return h(ctx, t)
 			})
@@ -112,7 +112,7 @@ func (l *Ledger) Run(ctx context.Context, h ledger.Handler) error {
 		tick := time.NewTicker(2 * time.Second)
 		defer tick.Stop()
 		for {
-			if n, err := l.tasks.Pending(ctx); err == nil {
+			if n, err := l.tasks.pending(ctx); err == nil {
 				l.backlog.Store(int64(n))
 			}
 			select {
@@ -138,13 +138,13 @@ func (l *Ledger) Backlog() int { return int(l.backlog.Load()) }
 
 // Dead lists at most max dead tasks, oldest first.
 func (l *Ledger) Dead(ctx context.Context, max int) ([]ledger.Task, error) {
-	ds, err := l.tasks.Dead(ctx, max)
+	ds, err := l.tasks.dead(ctx, max)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: jetstream: %w", err)
 	}
 	out := make([]ledger.Task, 0, len(ds))
 	for _, d := range ds {
-		t, err := decode(pnats.Delivery{Data: d.Data, Seq: d.Seq, Attempt: d.Attempts})
+		t, err := decode(delivery{Data: d.Data, Seq: d.Seq, Attempt: d.Attempts})
 		if err != nil {
 			t = ledger.Task{ID: d.Seq, Kind: d.Kind, Attempts: d.Attempts}
 		}

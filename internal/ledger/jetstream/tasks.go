@@ -1,4 +1,4 @@
-package nats
+package jetstream
 
 import (
 	"context"
@@ -11,10 +11,12 @@ import (
 
 	natsio "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	pnats "github.com/parley-im/parley/internal/bus/nats"
 )
 
-// TasksConfig tunes the task queue.
-type TasksConfig struct {
+// queueConfig tunes the task queue.
+type queueConfig struct {
 	// Stream is the JetStream stream holding pending tasks. Default
 	// "PARLEY_TASKS"; failed tasks go to Stream+"_DEAD".
 	Stream string
@@ -44,7 +46,7 @@ type TasksConfig struct {
 	Logger *slog.Logger
 }
 
-func (c *TasksConfig) withDefaults() TasksConfig {
+func (c *queueConfig) withDefaults() queueConfig {
 	out := *c
 	def := func(v *time.Duration, d time.Duration) {
 		if *v == 0 {
@@ -80,42 +82,42 @@ func (c *TasksConfig) withDefaults() TasksConfig {
 }
 
 // Validate reports a configuration the queue cannot use.
-func (c *TasksConfig) Validate() error {
+func (c *queueConfig) Validate() error {
 	d := c.withDefaults()
 	switch {
-	case !ValidName(d.Stream):
-		return fmt.Errorf("nats: tasks config: bad stream name %q", d.Stream)
+	case !pnats.ValidName(d.Stream):
+		return fmt.Errorf("ledger: jetstream: tasks config: bad stream name %q", d.Stream)
 	case d.Subject == d.DeadSubject:
-		return errors.New("nats: tasks config: Subject and DeadSubject must differ")
+		return errors.New("ledger: jetstream: tasks config: Subject and DeadSubject must differ")
 	case d.Replicas < 1 || d.Replicas > 5:
-		return fmt.Errorf("nats: tasks config: Replicas %d not in 1..5", d.Replicas)
+		return fmt.Errorf("ledger: jetstream: tasks config: Replicas %d not in 1..5", d.Replicas)
 	case d.MaxAge < 0 || d.AckWait <= 0 || d.BackoffBase <= 0 || d.BackoffMax < d.BackoffBase:
-		return errors.New("nats: tasks config: durations must be positive and BackoffMax ≥ BackoffBase")
+		return errors.New("ledger: jetstream: tasks config: durations must be positive and BackoffMax ≥ BackoffBase")
 	case d.MaxDeliver < 1 || d.Prefetch < 1:
-		return errors.New("nats: tasks config: MaxDeliver and Prefetch must be positive")
+		return errors.New("ledger: jetstream: tasks config: MaxDeliver and Prefetch must be positive")
 	}
 	return nil
 }
 
-// Tasks is a durable at-least-once task queue on JetStream. Each kind is a
+// taskQueue is a durable at-least-once task queue on JetStream. Each kind is a
 // work queue with one durable consumer shared by every process that
 // consumes it, so a task goes to one handler at a time. Handlers must be
 // idempotent: a task whose ack was lost runs again.
-type Tasks struct {
+type taskQueue struct {
 	js  jetstream.JetStream
-	cfg TasksConfig
+	cfg queueConfig
 }
 
-// NewTasks creates (or updates) the task stream and its dead-letter stream.
+// openQueue creates (or updates) the task stream and its dead-letter stream.
 // The caller owns nc.
-func NewTasks(ctx context.Context, nc *natsio.Conn, cfg TasksConfig) (*Tasks, error) {
+func openQueue(ctx context.Context, nc *natsio.Conn, cfg queueConfig) (*taskQueue, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return nil, fmt.Errorf("nats: tasks: %w", err)
+		return nil, fmt.Errorf("ledger: jetstream: tasks: %w", err)
 	}
 	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:     cfg.Stream,
@@ -127,7 +129,7 @@ func NewTasks(ctx context.Context, nc *natsio.Conn, cfg TasksConfig) (*Tasks, er
 		MaxAge:    cfg.MaxAge,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("nats: tasks: stream %s: %w", cfg.Stream, err)
+		return nil, fmt.Errorf("ledger: jetstream: tasks: stream %s: %w", cfg.Stream, err)
 	}
 	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:     cfg.Stream + "_DEAD",
@@ -137,55 +139,55 @@ func NewTasks(ctx context.Context, nc *natsio.Conn, cfg TasksConfig) (*Tasks, er
 		MaxAge:   cfg.MaxAge,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("nats: tasks: stream %s_DEAD: %w", cfg.Stream, err)
+		return nil, fmt.Errorf("ledger: jetstream: tasks: stream %s_DEAD: %w", cfg.Stream, err)
 	}
-	return &Tasks{js: js, cfg: cfg}, nil
+	return &taskQueue{js: js, cfg: cfg}, nil
 }
 
-// Enqueue stores a task of kind; it returns nil once the stream has it. It
-// fails at once with ErrDisconnected while the client is reconnecting, so
+// enqueue stores a task of kind; it returns nil once the stream has it. It
+// fails at once with pnats.ErrDisconnected while the client is reconnecting, so
 // the task is not left in the client's buffer. Any other error leaves it
 // unknown whether the task was stored: a caller that retries must accept a
 // duplicate, which idempotent handlers absorb.
-func (t *Tasks) Enqueue(ctx context.Context, kind string, payload []byte) error {
-	if !ValidName(kind) {
-		return fmt.Errorf("nats: enqueue: bad kind %q", kind)
+func (t *taskQueue) enqueue(ctx context.Context, kind string, payload []byte) error {
+	if !pnats.ValidName(kind) {
+		return fmt.Errorf("ledger: jetstream: enqueue: bad kind %q", kind)
 	}
 	if !t.js.Conn().IsConnected() {
-		return fmt.Errorf("nats: enqueue %s: %w", kind, ErrDisconnected)
+		return fmt.Errorf("ledger: jetstream: enqueue %s: %w", kind, pnats.ErrDisconnected)
 	}
 	if _, err := t.js.Publish(ctx, t.cfg.Subject+"."+kind, payload); err != nil {
-		return fmt.Errorf("nats: enqueue %s: %w", kind, err)
+		return fmt.Errorf("ledger: jetstream: enqueue %s: %w", kind, err)
 	}
 	return nil
 }
 
-// ErrPermanent, wrapped in a handler's error, moves the task to the dead
+// errPermanent, wrapped in a handler's error, moves the task to the dead
 // stream at once: retrying cannot help (e.g. an undecodable payload).
-var ErrPermanent = errors.New("nats: task failed permanently")
+var errPermanent = errors.New("ledger: jetstream: task failed permanently")
 
-// Delivery is one attempt at a task.
-type Delivery struct {
+// delivery is one attempt at a task.
+type delivery struct {
 	Data    []byte
 	Attempt int    // 1 for the first; every delivery counts, crashed ones included
 	Seq     uint64 // the task's sequence in the stream: its id
 }
 
-// Consume runs handler on tasks of kind, one at a time, until ctx ends; it
+// consume runs handler on tasks of kind, one at a time, until ctx ends; it
 // returns nil then, or an error if it could not start. A nil result acks
 // the task; an error retries it after a backoff, up to MaxDeliver attempts,
 // then moves it to the dead stream. Each handler call gets AckWait to run.
-// Call Consume from several goroutines or processes to run handlers in
+// Call consume from several goroutines or processes to run handlers in
 // parallel. Tasks it holds when ctx ends are handed back at once.
-func (t *Tasks) Consume(ctx context.Context, kind string, handler func(ctx context.Context, payload []byte) error) error {
-	return t.ConsumeDeliveries(ctx, kind, func(ctx context.Context, d Delivery) error { return handler(ctx, d.Data) })
+func (t *taskQueue) consume(ctx context.Context, kind string, handler func(ctx context.Context, payload []byte) error) error {
+	return t.consumeDeliveries(ctx, kind, func(ctx context.Context, d delivery) error { return handler(ctx, d.Data) })
 }
 
-// ConsumeDeliveries is Consume with each attempt's number and the task's
+// consumeDeliveries is consume with each attempt's number and the task's
 // sequence.
-func (t *Tasks) ConsumeDeliveries(ctx context.Context, kind string, handler func(ctx context.Context, d Delivery) error) error {
-	if !ValidName(kind) {
-		return fmt.Errorf("nats: consume: bad kind %q", kind)
+func (t *taskQueue) consumeDeliveries(ctx context.Context, kind string, handler func(ctx context.Context, d delivery) error) error {
+	if !pnats.ValidName(kind) {
+		return fmt.Errorf("ledger: jetstream: consume: bad kind %q", kind)
 	}
 	cons, err := t.js.CreateOrUpdateConsumer(ctx, t.cfg.Stream, jetstream.ConsumerConfig{
 		Durable:       kind,
@@ -198,11 +200,11 @@ func (t *Tasks) ConsumeDeliveries(ctx context.Context, kind string, handler func
 		MaxAckPending: 1000,
 	})
 	if err != nil {
-		return fmt.Errorf("nats: consume %s: %w", kind, err)
+		return fmt.Errorf("ledger: jetstream: consume %s: %w", kind, err)
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(t.cfg.Prefetch))
 	if err != nil {
-		return fmt.Errorf("nats: consume %s: %w", kind, err)
+		return fmt.Errorf("ledger: jetstream: consume %s: %w", kind, err)
 	}
 	var held []jetstream.Msg
 	for ctx.Err() == nil {
@@ -215,7 +217,7 @@ func (t *Tasks) ConsumeDeliveries(ctx context.Context, kind string, handler func
 		}
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, natsio.ErrConnectionClosed) {
-				return fmt.Errorf("nats: consume %s: %w", kind, err)
+				return fmt.Errorf("ledger: jetstream: consume %s: %w", kind, err)
 			}
 			// Transient (e.g. a server restart); the iterator recovers.
 			t.cfg.Logger.Warn("task pull failed", "kind", kind, "err", err)
@@ -247,26 +249,10 @@ func (t *Tasks) ConsumeDeliveries(ctx context.Context, kind string, handler func
 	return nil
 }
 
-// ValidName admits [A-Za-z0-9_-]{1,64}: a name that can be both a subject
-// token and part of a durable consumer's name (task kinds, webhook
-// endpoints).
-func ValidName(k string) bool {
-	if k == "" || len(k) > 64 {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		c := k[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
-
 // run handles one task. It returns false, leaving the task unanswered, when
-// the handler failed because Consume is stopping.
-func (t *Tasks) run(ctx context.Context, kind string, msg jetstream.Msg, handler func(context.Context, Delivery) error) bool {
-	d := Delivery{Data: msg.Data(), Attempt: 1}
+// the handler failed because consume is stopping.
+func (t *taskQueue) run(ctx context.Context, kind string, msg jetstream.Msg, handler func(context.Context, delivery) error) bool {
+	d := delivery{Data: msg.Data(), Attempt: 1}
 	if md, err := msg.Metadata(); err == nil {
 		d.Attempt, d.Seq = int(md.NumDelivered), md.Sequence.Stream
 	}
@@ -283,7 +269,7 @@ func (t *Tasks) run(ctx context.Context, kind string, msg jetstream.Msg, handler
 		if aerr := msg.Ack(); aerr != nil {
 			t.cfg.Logger.Warn("task ack failed; it will run again", "kind", kind, "err", aerr)
 		}
-	case d.Attempt >= t.cfg.MaxDeliver, errors.Is(err, ErrPermanent):
+	case d.Attempt >= t.cfg.MaxDeliver, errors.Is(err, errPermanent):
 		// Even when stopping: handed back, it would only die.
 		t.bury(ctx, kind, msg, d.Attempt, err)
 	case ctx.Err() != nil:
@@ -295,7 +281,7 @@ func (t *Tasks) run(ctx context.Context, kind string, msg jetstream.Msg, handler
 	return true
 }
 
-func (t *Tasks) backoff(attempt uint64) time.Duration {
+func (t *taskQueue) backoff(attempt uint64) time.Duration {
 	d := t.cfg.BackoffBase
 	for i := uint64(1); i < attempt && d < t.cfg.BackoffMax; i++ {
 		d *= 2
@@ -314,7 +300,7 @@ const (
 // the dead stream for an operator. If that fails the task, unanswered,
 // comes back once more after AckWait (MaxDeliver+1) to be buried again;
 // after that it stays pending without deliveries until MaxAge.
-func (t *Tasks) bury(ctx context.Context, kind string, msg jetstream.Msg, attempts int, cause error) {
+func (t *taskQueue) bury(ctx context.Context, kind string, msg jetstream.Msg, attempts int, cause error) {
 	t.cfg.Logger.Error("task failed for the last time; moving it to the dead stream",
 		"kind", kind, "attempts", attempts, "err", cause)
 	dead := &natsio.Msg{Subject: t.cfg.DeadSubject + "." + kind, Data: msg.Data(), Header: natsio.Header{}}
@@ -334,8 +320,8 @@ func (t *Tasks) bury(ctx context.Context, kind string, msg jetstream.Msg, attemp
 	}
 }
 
-// DeadTask is a task in the dead stream.
-type DeadTask struct {
+// deadTask is a task in the dead stream.
+type deadTask struct {
 	Kind     string
 	Data     []byte
 	Error    string
@@ -343,26 +329,26 @@ type DeadTask struct {
 	Seq      uint64 // its sequence in the task stream
 }
 
-// Dead lists at most max dead tasks, oldest first.
-func (t *Tasks) Dead(ctx context.Context, max int) ([]DeadTask, error) {
+// dead lists at most max dead tasks, oldest first.
+func (t *taskQueue) dead(ctx context.Context, max int) ([]deadTask, error) {
 	s, err := t.js.Stream(ctx, t.cfg.Stream+"_DEAD")
 	if err != nil {
-		return nil, fmt.Errorf("nats: dead: %w", err)
+		return nil, fmt.Errorf("ledger: jetstream: dead: %w", err)
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("nats: dead: %w", err)
+		return nil, fmt.Errorf("ledger: jetstream: dead: %w", err)
 	}
-	var out []DeadTask
+	var out []deadTask
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && len(out) < max && info.State.Msgs > 0; seq++ {
 		m, err := s.GetMsg(ctx, seq)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue // deleted
 		}
 		if err != nil {
-			return nil, fmt.Errorf("nats: dead: %w", err)
+			return nil, fmt.Errorf("ledger: jetstream: dead: %w", err)
 		}
-		d := DeadTask{Kind: strings.TrimPrefix(m.Subject, t.cfg.DeadSubject+"."), Data: m.Data, Error: m.Header.Get(headerError)}
+		d := deadTask{Kind: strings.TrimPrefix(m.Subject, t.cfg.DeadSubject+"."), Data: m.Data, Error: m.Header.Get(headerError)}
 		d.Attempts, _ = strconv.Atoi(m.Header.Get(headerAttempts))
 		d.Seq, _ = strconv.ParseUint(m.Header.Get(headerSeq), 10, 64)
 		out = append(out, d)
@@ -370,15 +356,15 @@ func (t *Tasks) Dead(ctx context.Context, max int) ([]DeadTask, error) {
 	return out, nil
 }
 
-// Pending is the number of tasks stored and not yet acknowledged.
-func (t *Tasks) Pending(ctx context.Context) (uint64, error) {
+// pending is the number of tasks stored and not yet acknowledged.
+func (t *taskQueue) pending(ctx context.Context) (uint64, error) {
 	s, err := t.js.Stream(ctx, t.cfg.Stream)
 	if err != nil {
-		return 0, fmt.Errorf("nats: pending: %w", err)
+		return 0, fmt.Errorf("ledger: jetstream: pending: %w", err)
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("nats: pending: %w", err)
+		return 0, fmt.Errorf("ledger: jetstream: pending: %w", err)
 	}
 	return info.State.Msgs, nil
 }

@@ -1,19 +1,98 @@
-package nats
+package jetstream
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	natsio "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	pnats "github.com/parley-im/parley/internal/bus/nats"
 )
 
+var ctx = context.Background()
+
+// testURL is the NATS server at $PARLEY_TEST_NATS (scripts/engines/nats.sh).
+// Without it the test skips, except in CI, where a missing engine fails.
+func testURL(t testing.TB) string {
+	t.Helper()
+	url := os.Getenv("PARLEY_TEST_NATS")
+	if url == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI requires NATS: PARLEY_TEST_NATS is unset (scripts/engines/nats.sh start)")
+		}
+		t.Skip("PARLEY_TEST_NATS is unset; run scripts/engines/nats.sh start")
+	}
+	return url
+}
+
+func connect(t testing.TB, url string) *natsio.Conn {
+	t.Helper()
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	nc, err := pnats.Connect(cctx, pnats.ConnConfig{URL: url, Name: t.Name(), ReconnectWait: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("NATS at %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// unique returns a name of the test's own, so tests share one server
+// without seeing each other's streams.
+func unique() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "t" + hex.EncodeToString(b[:])
+}
+
+// embedded starts a real NATS server with JetStream in this process, on
+// port (0 for a free one) with its store in dir.
+func embedded(t *testing.T, port int, dir string) *server.Server {
+	t.Helper()
+	if port == 0 {
+		port = -1
+	}
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("embedded NATS server not ready within 10s")
+	}
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+func restart(t *testing.T, s *server.Server, dir string) *server.Server {
+	t.Helper()
+	port := s.Addr().(*net.TCPAddr).Port
+	s.Shutdown()
+	s.WaitForShutdown()
+	return embedded(t, port, dir)
+}
+
+func eventually(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if f() {
+			return
+		}
+	}
+	t.Fatalf("%s: not within 10s", what)
+}
+
 // testTasks opens a queue with streams of the test's own, deleted at the end.
-func testTasks(t *testing.T, nc *natsio.Conn, cfg TasksConfig) *Tasks {
+func testTasks(t *testing.T, nc *natsio.Conn, cfg queueConfig) *taskQueue {
 	t.Helper()
 	if cfg.Stream == "" {
 		u := unique()
@@ -26,7 +105,7 @@ func testTasks(t *testing.T, nc *natsio.Conn, cfg TasksConfig) *Tasks {
 			}
 		})
 	}
-	q, err := NewTasks(ctx, nc, cfg)
+	q, err := openQueue(ctx, nc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,11 +114,11 @@ func testTasks(t *testing.T, nc *natsio.Conn, cfg TasksConfig) *Tasks {
 
 // consume runs q.Consume in the background until the test ends or stop is
 // called; stop waits for Consume to return.
-func consume(t *testing.T, q *Tasks, kind string, h func(context.Context, []byte) error) (stop func()) {
+func consume(t *testing.T, q *taskQueue, kind string, h func(context.Context, []byte) error) (stop func()) {
 	t.Helper()
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- q.Consume(cctx, kind, h) }()
+	go func() { done <- q.consume(cctx, kind, h) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -60,7 +139,7 @@ func consume(t *testing.T, q *Tasks, kind string, h func(context.Context, []byte
 	return stop
 }
 
-func streamMsgs(t *testing.T, q *Tasks, name string) uint64 {
+func streamMsgs(t *testing.T, q *taskQueue, name string) uint64 {
 	t.Helper()
 	s, err := q.js.Stream(ctx, name)
 	if err != nil {
@@ -86,13 +165,13 @@ func recvPayload(t *testing.T, ch <-chan string, within time.Duration) string {
 
 func TestTasksDeliverAndAck(t *testing.T) {
 	nc := connect(t, testURL(t))
-	q := testTasks(t, nc, TasksConfig{})
+	q := testTasks(t, nc, queueConfig{})
 	for _, p := range []string{"a", "b", "c"} {
-		if err := q.Enqueue(ctx, "comp", []byte(p)); err != nil {
+		if err := q.enqueue(ctx, "comp", []byte(p)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := q.Enqueue(ctx, "other", []byte("x")); err != nil {
+	if err := q.enqueue(ctx, "other", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan string, 8)
@@ -104,14 +183,14 @@ func TestTasksDeliverAndAck(t *testing.T) {
 	}
 	// Acked tasks leave the work queue; the other kind's task stays.
 	eventually(t, "acked tasks removed", func() bool { return streamMsgs(t, q, q.cfg.Stream) == 1 })
-	if err := q.Enqueue(ctx, "bad.kind", nil); err == nil {
+	if err := q.enqueue(ctx, "bad.kind", nil); err == nil {
 		t.Fatal("Enqueue accepted a kind with a dot")
 	}
 }
 
 func TestTasksRetryWithBackoff(t *testing.T) {
 	nc := connect(t, testURL(t))
-	q := testTasks(t, nc, TasksConfig{BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second})
+	q := testTasks(t, nc, queueConfig{BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second})
 	var mu sync.Mutex
 	var at []time.Time
 	done := make(chan struct{})
@@ -125,7 +204,7 @@ func TestTasksRetryWithBackoff(t *testing.T) {
 		close(done)
 		return nil
 	})
-	if err := q.Enqueue(ctx, "comp", []byte("x")); err != nil {
+	if err := q.enqueue(ctx, "comp", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -143,13 +222,13 @@ func TestTasksRetryWithBackoff(t *testing.T) {
 
 func TestTasksDeadAfterMaxDeliver(t *testing.T) {
 	nc := connect(t, testURL(t))
-	q := testTasks(t, nc, TasksConfig{MaxDeliver: 3, BackoffBase: 20 * time.Millisecond})
+	q := testTasks(t, nc, queueConfig{MaxDeliver: 3, BackoffBase: 20 * time.Millisecond})
 	calls := make(chan string, 8)
 	consume(t, q, "comp", func(_ context.Context, p []byte) error {
 		calls <- string(p)
 		return errors.New("always fails")
 	})
-	if err := q.Enqueue(ctx, "comp", []byte("doomed")); err != nil {
+	if err := q.enqueue(ctx, "comp", []byte("doomed")); err != nil {
 		t.Fatal(err)
 	}
 	for range 3 {
@@ -177,14 +256,14 @@ func TestTasksDeadAfterMaxDeliver(t *testing.T) {
 func TestTasksHandedBackOnStop(t *testing.T) {
 	url := testURL(t)
 	nc := connect(t, url)
-	q := testTasks(t, nc, TasksConfig{AckWait: time.Minute})
+	q := testTasks(t, nc, queueConfig{AckWait: time.Minute})
 	entered := make(chan struct{})
 	stop := consume(t, q, "comp", func(hctx context.Context, _ []byte) error {
 		close(entered)
 		<-hctx.Done()
 		return hctx.Err()
 	})
-	if err := q.Enqueue(ctx, "comp", []byte("x")); err != nil {
+	if err := q.enqueue(ctx, "comp", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	<-entered
@@ -203,9 +282,9 @@ func TestTasksHandedBackOnStop(t *testing.T) {
 func TestTasksRedeliveredAfterConsumerCrash(t *testing.T) {
 	url := testURL(t)
 	crashing := connect(t, url)
-	q := testTasks(t, crashing, TasksConfig{AckWait: 500 * time.Millisecond})
+	q := testTasks(t, crashing, queueConfig{AckWait: 500 * time.Millisecond})
 	q2 := testTasks(t, connect(t, url), q.cfg)
-	if err := q.Enqueue(ctx, "comp", []byte("x")); err != nil {
+	if err := q.enqueue(ctx, "comp", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	taken := make(chan struct{})
@@ -230,16 +309,16 @@ func TestTasksSurviveServerRestart(t *testing.T) {
 	dir := t.TempDir()
 	srv := embedded(t, 0, dir)
 	nc := connect(t, srv.ClientURL())
-	q := testTasks(t, nc, TasksConfig{Stream: "PARLEY_TASKS"})
-	if err := q.Enqueue(ctx, "comp", []byte("before")); err != nil {
+	q := testTasks(t, nc, queueConfig{Stream: "PARLEY_TASKS"})
+	if err := q.enqueue(ctx, "comp", []byte("before")); err != nil {
 		t.Fatal(err)
 	}
 	port := srv.Addr().(*net.TCPAddr).Port
 	srv.Shutdown()
 	srv.WaitForShutdown()
 	eventually(t, "client notices the outage", func() bool { return !nc.IsConnected() })
-	if err := q.Enqueue(ctx, "comp", []byte("lost")); !errors.Is(err, ErrDisconnected) {
-		t.Fatalf("Enqueue during the outage = %v, want ErrDisconnected", err)
+	if err := q.enqueue(ctx, "comp", []byte("lost")); !errors.Is(err, pnats.ErrDisconnected) {
+		t.Fatalf("Enqueue during the outage = %v, want pnats.ErrDisconnected", err)
 	}
 	srv = embedded(t, port, dir)
 	got := make(chan string, 4)
@@ -250,9 +329,27 @@ func TestTasksSurviveServerRestart(t *testing.T) {
 	// Restart again under the running consumer.
 	srv = restart(t, srv, dir)
 	eventually(t, "Enqueue after the restart", func() bool {
-		return q.Enqueue(ctx, "comp", []byte("after")) == nil
+		return q.enqueue(ctx, "comp", []byte("after")) == nil
 	})
 	if p := recvPayload(t, got, 10*time.Second); p != "after" {
 		t.Fatalf("got %q, want after", p)
+	}
+}
+
+func TestQueueConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"defaults", (&queueConfig{}).Validate()},
+		{"same subjects", (&queueConfig{Subject: "x", DeadSubject: "x"}).Validate()},
+		{"bad stream", (&queueConfig{Stream: "a.b"}).Validate()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wantOK := tc.name == "defaults"
+			if (tc.err == nil) != wantOK {
+				t.Fatalf("Validate() = %v, want ok=%v", tc.err, wantOK)
+			}
+		})
 	}
 }
