@@ -17,6 +17,7 @@ import (
 	"github.com/parley-im/parley/internal/churn"
 	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
+	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/internal/store/cassandra"
 	"github.com/parley-im/parley/internal/testbin"
 )
@@ -229,7 +230,7 @@ func TestChurnCluster(t *testing.T) {
 	per := func(i int) float64 { return res.Steps[i].Seconds() * 1000 / float64(max(res.Conversations, 1)) }
 	t.Logf("mean per conversation: open_direct %.1f ms, send %.1f, delivered %.1f, typing %.1f",
 		per(churn.StepOpen), per(churn.StepSend), per(churn.StepDelivered), per(churn.StepTyping))
-	if pc, ok := srv.Store().(interface{ Transactions() uint64 }); ok {
+	if pc, ok := store.Engine(srv.Store()).(interface{ Transactions() uint64 }); ok {
 		t.Logf("%.2f Paxos rounds (transactions, SERIAL reads) per conversation", float64(pc.Transactions())/float64(res.Conversations))
 	}
 	if reqs, err := clientRequests(cc); err == nil {

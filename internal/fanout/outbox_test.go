@@ -18,7 +18,7 @@ import (
 // rig is a real (in-memory) Pebble store with groups and a recording
 // handler.
 type rig struct {
-	st    *pebble.Store
+	st    store.Store
 	mu    sync.Mutex
 	got   map[uint64][]uint64 // conv → seqs handled, in order
 	fail  func(j Job) error   // nil: succeed

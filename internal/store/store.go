@@ -5,8 +5,11 @@
 // and idempotency records.
 //
 // Store is the engine seam. Each engine lives in its own package named after
-// it (store/pebble, later store/cassandra) and passes the conformance suite in
-// store/storetest. Implementations are safe for concurrent use.
+// it (store/pebble, store/cassandra), passes the conformance suite in
+// store/storetest, and is handed out behind Check (seam.go): the one place
+// that admits calls (context, Close, a broken engine) and checks their
+// arguments, so an engine's methods trust theirs. Stores are safe for
+// concurrent use; Close waits for the calls in progress.
 package store
 
 import (
@@ -224,6 +227,17 @@ type DeliveredRaiser interface {
 }
 
 // Store is the durable state of Parley.
+//
+// Arguments: user and device ids are protocol.ValidID ids (device "" is
+// the per-user read position, and Message.SenderDevice may be empty);
+// roles are at most RoleOwner, kinds Direct or Group, and Append's
+// Msg.MsgID is not 0. For an invalid one (Check decides it for every
+// engine), a call that would store it fails with an error that is none of
+// the sentinels, except that RemoveMembers and UpdateRows skip invalid ids
+// and Append ignores an invalid ReadBy; a call that looks it up finds
+// nothing: ErrNotMember from Member, SetRole and SetMuted, ErrNotFound from
+// TakeBundle, 0 from Read, Delivered and PreKeyCounts, no rows from
+// UserConversations and KeyDevices, and RemoveDevice removes nothing.
 type Store interface {
 	// CreateConversation stores a new conversation with its first members,
 	// all with JoinSeq 1. It fails with ErrExists if the id is taken.

@@ -12,7 +12,6 @@ import (
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
 
 	"github.com/parley-im/parley/internal/store"
-	"github.com/parley-im/parley/protocol"
 )
 
 // Append stores a.Msg with the next seq of its conversation (see the
@@ -30,18 +29,8 @@ import (
 // be stored, and a retry with the same client_msg_id finds it.
 func (s *Store) Append(ctx context.Context, a store.Append) (store.AppendResult, error) {
 	const op = "append"
-	if err := s.enter(ctx, op); err != nil {
-		return store.AppendResult{}, err
-	}
-	defer s.gate.RUnlock()
-	m := a.Msg
-	switch {
-	case !protocol.ValidID(m.Sender):
-		return store.AppendResult{}, fmt.Errorf("cassandra: %s: invalid sender %q", op, m.Sender)
-	case m.SenderDevice != "" && !protocol.ValidID(m.SenderDevice):
-		return store.AppendResult{}, fmt.Errorf("cassandra: %s: invalid sender device %q", op, m.SenderDevice)
-	case m.MsgID == 0 || m.MsgID > maxSeq:
-		return store.AppendResult{}, fmt.Errorf("cassandra: %s: msg id %d outside [1, 2^63)", op, m.MsgID)
+	if a.Msg.MsgID > maxSeq { // a CQL bigint; 0 stops at the seam
+		return store.AppendResult{}, fmt.Errorf("cassandra: %s: msg id %d outside [1, 2^63)", op, a.Msg.MsgID)
 	}
 	// The result is shared with waiting duplicates: it must not alias the
 	// caller's slice. Superseded is never stored.
@@ -52,7 +41,7 @@ func (s *Store) Append(ctx context.Context, a store.Append) (store.AppendResult,
 		return store.AppendResult{}, ce.err
 	}
 	if err != nil {
-		return store.AppendResult{}, fmt.Errorf("cassandra: %s %d: %w", op, m.ConvID, err)
+		return store.AppendResult{}, fmt.Errorf("cassandra: %s %d: %w", op, a.Msg.ConvID, err)
 	}
 	return res, nil
 }

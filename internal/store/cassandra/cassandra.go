@@ -186,10 +186,11 @@
 // # Concurrency
 //
 // Store is safe for concurrent use, also by several processes on one
-// keyspace. Lock order: Store.gate (read side, per call) → direct-pair
-// stripe → convState.mu; Store.convs.mu and Store.pairFails.mu are leaves
-// (the latter calls only Lease.Epoch). Close waits for calls in
-// progress.
+// keyspace. Open hands it out behind store.Check, which admits each call
+// (context, Close) and checks its arguments before a method here runs: the
+// methods trust theirs, and Close waits for the calls in progress. Lock order: the seam's gate (read side, per call)
+// → direct-pair stripe → convState.mu; Store.convs.mu and
+// Store.pairFails.mu are leaves (the latter calls only Lease.Epoch).
 package cassandra
 
 import (
@@ -363,10 +364,7 @@ type Store struct {
 	// commit groups the owned path's plain writes (commit.go).
 	commit *committer
 
-	// gate is held for reading by every call and for writing by Close, so
-	// Close never closes the session under a call in progress.
-	gate   sync.RWMutex
-	closed bool // guarded by gate
+	closeOnce sync.Once
 
 	// convs holds the states of recently used conversations, at most
 	// Config.ConvStates. The mutex in a state orders this process's seq
@@ -393,7 +391,7 @@ type Store struct {
 	ob outboxState
 }
 
-var _ store.Store = (*Store)(nil)
+var _ store.Networked = (*Store)(nil)
 
 // newCluster returns the driver configuration for cfg (with defaults).
 func newCluster(cfg Config, keyspace string) (*gocql.ClusterConfig, error) {
@@ -425,8 +423,19 @@ func newCluster(cfg Config, keyspace string) (*gocql.ClusterConfig, error) {
 }
 
 // Open connects to the keyspace of cfg, which Migrate must have brought to
-// the schema this package uses.
-func Open(ctx context.Context, cfg Config) (*Store, error) {
+// the schema this package uses. The store is behind the seam's checks
+// (store.Check); it is a store.Networked.
+func Open(ctx context.Context, cfg Config) (store.Store, error) {
+	s, err := open(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return store.Check("cassandra", s), nil
+}
+
+// open connects the engine itself: its methods trust their arguments and
+// may not be called after Close (Open's store.Check sees to both).
+func open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -468,29 +477,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 // overlaps independent ones.
 func (s *Store) Networked() bool { return true }
 
-// Close closes the session after the calls in progress return. Later calls
-// fail with store.ErrClosed. Closing twice is a no-op.
+// Close closes the session; store.Check calls it once the calls in
+// progress have returned. Closing twice is a no-op.
 func (s *Store) Close() error {
-	s.gate.Lock()
-	defer s.gate.Unlock()
-	if s.closed {
-		return nil
-	}
-	s.closed = true
-	s.sess.Close()
-	return nil
-}
-
-// enter admits a call; the caller must defer s.gate.RUnlock() on success.
-func (s *Store) enter(ctx context.Context, op string) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("cassandra: %s: %w", op, err)
-	}
-	s.gate.RLock()
-	if s.closed {
-		s.gate.RUnlock()
-		return fmt.Errorf("cassandra: %s: %w", op, store.ErrClosed)
-	}
+	s.closeOnce.Do(s.sess.Close)
 	return nil
 }
 

@@ -12,7 +12,6 @@ import (
 
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/internal/store/statecache"
-	"github.com/parley-im/parley/protocol"
 )
 
 // convState is this process's view of one conversation.
@@ -174,10 +173,6 @@ func (s *Store) convRow(ctx context.Context, conv uint64) (store.Conversation, e
 // CreateConversation stores c with its members, all with JoinSeq 1.
 func (s *Store) CreateConversation(ctx context.Context, c store.Conversation, members []store.Member) error {
 	const op = "create conversation"
-	if err := s.enter(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
 	if err := s.create(ctx, c, members, ""); err != nil {
 		return fmt.Errorf("cassandra: %s %d: %w", op, c.ID, err)
 	}
@@ -188,18 +183,9 @@ func (s *Store) CreateConversation(ctx context.Context, c store.Conversation, me
 // and then its members; pair is the direct_pairs key of a 1:1
 // conversation, "" for a group.
 func (s *Store) create(ctx context.Context, c store.Conversation, members []store.Member, pair string) error {
-	if c.Kind != store.Direct && c.Kind != store.Group {
-		return fmt.Errorf("invalid kind %d", c.Kind)
-	}
 	seen := make(map[string]bool, len(members))
 	uniq := members[:0:0]
 	for _, m := range members {
-		if !protocol.ValidID(m.UserID) {
-			return fmt.Errorf("invalid user id %q", m.UserID)
-		}
-		if m.Role > store.RoleOwner {
-			return fmt.Errorf("invalid role %d", m.Role)
-		}
 		if !seen[m.UserID] {
 			seen[m.UserID] = true
 			uniq = append(uniq, m)
@@ -375,13 +361,6 @@ func (s *Store) DirectE2E(ctx context.Context, a, b string, newID uint64, now in
 
 func (s *Store) directPair(ctx context.Context, a, b string, newID uint64, now int64, e2e bool) (store.Conversation, error) {
 	const op = "direct"
-	if err := s.enter(ctx, op); err != nil {
-		return store.Conversation{}, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(a) || !protocol.ValidID(b) {
-		return store.Conversation{}, fmt.Errorf("cassandra: %s: invalid user id %q or %q", op, a, b)
-	}
 	lo, hi := pairKey(a, b)
 	mu := &s.directLocks[maphash.String(directSeed, lo+"\x00"+hi)%directStripes] // both kinds share a stripe
 	mu.Lock()
@@ -627,10 +606,6 @@ func (s *Store) pairOf(ctx context.Context, id uint64) string {
 // seq index.
 func (s *Store) Conversation(ctx context.Context, id uint64) (store.Conversation, error) {
 	const op = "conversation"
-	if err := s.enter(ctx, op); err != nil {
-		return store.Conversation{}, err
-	}
-	defer s.gate.RUnlock()
 	row, err := s.convRow(ctx, id)
 	if top, owned := s.ownedTop(id); err == nil && owned {
 		// The owner knows the top without reading the index.
@@ -658,10 +633,6 @@ func (s *Store) withTop(ctx context.Context, row store.Conversation) (store.Conv
 // the tier cell, so a plain write suffices.
 func (s *Store) SetTier(ctx context.Context, convID uint64, tier uint8) error {
 	const op = "set tier"
-	if err := s.enter(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
 	err := s.check(ctx, convID)
 	if err == nil {
 		err = s.q(ctx, `UPDATE conversations SET tier = ? WHERE conv_id = ?`, int8(tier), i64(convID)).Exec()
@@ -686,10 +657,6 @@ func (s *Store) EvictIdle() int { return s.convs.EvictIdle() }
 // else one index probe (Conversation reads the conversations row too).
 func (s *Store) LastSeq(ctx context.Context, id uint64) (uint64, error) {
 	const op = "last seq"
-	if err := s.enter(ctx, op); err != nil {
-		return 0, err
-	}
-	defer s.gate.RUnlock()
 	if top, owned := s.ownedTop(id); owned {
 		return top, nil
 	}

@@ -9,7 +9,6 @@ import (
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
 
 	"github.com/parley-im/parley/internal/store"
-	"github.com/parley-im/parley/protocol"
 )
 
 // The E2E key directory (store.KeyDirectory) in two tables: e2e_devices
@@ -26,13 +25,6 @@ const (
 	takeCandidates = 8
 	takeAttempts   = 16
 )
-
-func validDevice(user, device string) error {
-	if !protocol.ValidID(user) || !protocol.ValidID(device) {
-		return fmt.Errorf("invalid user %q or device %q", user, device)
-	}
-	return nil
-}
 
 const selectDevice = `SELECT device_id, reg_id, identity_key, spk_id, spk, spk_sig, lr_id, lr_key, lr_sig, updated_at FROM e2e_devices`
 
@@ -60,14 +52,7 @@ func (s *Store) device(ctx context.Context, user, device string) (store.DeviceKe
 func (s *Store) UploadKeys(ctx context.Context, user, device string, up store.KeyUpload) (store.UploadResult, error) {
 	const op = "upload keys"
 	var res store.UploadResult
-	if err := s.enter(ctx, op); err != nil {
-		return res, err
-	}
-	defer s.gate.RUnlock()
 	err := func() error {
-		if err := validDevice(user, device); err != nil {
-			return err
-		}
 		cur, found, err := s.device(ctx, user, device)
 		if err != nil {
 			return err
@@ -182,14 +167,7 @@ func (s *Store) take(ctx context.Context, user, device string, kind int8) (*stor
 func (s *Store) TakeBundle(ctx context.Context, user, device string) (store.KeyBundle, error) {
 	const op = "take bundle"
 	var kb store.KeyBundle
-	if err := s.enter(ctx, op); err != nil {
-		return kb, err
-	}
-	defer s.gate.RUnlock()
 	err := func() error {
-		if validDevice(user, device) != nil {
-			return store.ErrNotFound
-		}
 		d, found, err := s.device(ctx, user, device)
 		if err != nil {
 			return err
@@ -223,13 +201,6 @@ func (s *Store) TakeBundle(ctx context.Context, user, device string) (store.KeyB
 // KeyDevices lists a user's devices with keys, by device id.
 func (s *Store) KeyDevices(ctx context.Context, user string) ([]store.DeviceKeys, error) {
 	const op = "key devices"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(user) {
-		return nil, nil
-	}
 	it := s.q(ctx, selectDevice+` WHERE user_id = ?`, user).Iter()
 	var out []store.DeviceKeys
 	for {
@@ -248,13 +219,6 @@ func (s *Store) KeyDevices(ctx context.Context, user string) ([]store.DeviceKeys
 // PreKeyCounts returns a device's one-time prekey counts.
 func (s *Store) PreKeyCounts(ctx context.Context, user, device string) (int, int, error) {
 	const op = "prekey counts"
-	if err := s.enter(ctx, op); err != nil {
-		return 0, 0, err
-	}
-	defer s.gate.RUnlock()
-	if validDevice(user, device) != nil {
-		return 0, 0, nil
-	}
 	a, err := s.countKeys(ctx, user, device, kindPreKey)
 	if err != nil {
 		return 0, 0, fmt.Errorf("cassandra: %s: %w", op, err)
@@ -269,13 +233,6 @@ func (s *Store) PreKeyCounts(ctx context.Context, user, device string) (int, int
 // RemoveDevice drops a device's keys.
 func (s *Store) RemoveDevice(ctx context.Context, user, device string) error {
 	const op = "remove device"
-	if err := s.enter(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
-	if validDevice(user, device) != nil {
-		return nil
-	}
 	if err := s.q(ctx, `DELETE FROM e2e_prekeys WHERE user_id = ? AND device_id = ?`, user, device).Exec(); err != nil {
 		return fmt.Errorf("cassandra: %s: %w", op, err)
 	}

@@ -11,7 +11,6 @@ import (
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
 
 	"github.com/parley-im/parley/internal/store"
-	"github.com/parley-im/parley/protocol"
 )
 
 // Membership changes run under the conversation's mutex and are
@@ -43,10 +42,6 @@ func scanMember(conv uint64, user string, q *gocql.Query) (store.Member, error) 
 // Member returns the membership of user in conv, a former one included.
 func (s *Store) Member(ctx context.Context, convID uint64, user string) (store.Member, error) {
 	const op = "member"
-	if err := s.enter(ctx, op); err != nil {
-		return store.Member{}, err
-	}
-	defer s.gate.RUnlock()
 	if ms, ok := s.ownedDirect(convID); ok {
 		for _, m := range ms {
 			if m.UserID == user {
@@ -63,19 +58,12 @@ func (s *Store) Member(ctx context.Context, convID uint64, user string) (store.M
 }
 
 func (s *Store) member(ctx context.Context, conv uint64, user string) (store.Member, error) {
-	if !protocol.ValidID(user) {
-		return store.Member{}, store.ErrNotMember
-	}
 	return scanMember(conv, user, s.q(ctx, `SELECT `+memberColumns+` FROM members WHERE conv_id = ? AND user_id = ?`, i64(conv), user))
 }
 
 // Members lists the current members of conv in user id order.
 func (s *Store) Members(ctx context.Context, convID uint64) ([]store.Member, error) {
 	const op = "members"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
 	if ms, ok := s.ownedDirect(convID); ok {
 		return ms, nil
 	}
@@ -146,10 +134,6 @@ func (s *Store) members(ctx context.Context, conv uint64) ([]store.Member, error
 // after the join, the ambiguity of any concurrent send.
 func (s *Store) AddMembers(ctx context.Context, convID uint64, users []string, role store.Role) ([]store.Member, error) {
 	const op = "add members"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
 	out, err := s.addMembers(ctx, convID, users, role)
 	if err != nil {
 		return nil, fmt.Errorf("cassandra: %s %d: %w", op, convID, err)
@@ -178,14 +162,6 @@ type memberChange struct {
 }
 
 func (s *Store) addMembers(ctx context.Context, conv uint64, users []string, role store.Role) ([]store.Member, error) {
-	if role > store.RoleOwner {
-		return nil, fmt.Errorf("invalid role %d", role)
-	}
-	for _, u := range users {
-		if !protocol.ValidID(u) {
-			return nil, fmt.Errorf("invalid user id %q", u)
-		}
-	}
 	st, err := s.existing(ctx, conv)
 	if err != nil {
 		return nil, err
@@ -506,10 +482,6 @@ func rowStmt(conv uint64, user string, seq uint64, mention bool) stmt {
 // current member before the first message fails with store.ErrConflict.
 func (s *Store) RemoveMembers(ctx context.Context, convID uint64, users []string) ([]store.Member, error) {
 	const op = "remove members"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
 	out, err := s.removeMembers(ctx, convID, users)
 	if err != nil {
 		return nil, fmt.Errorf("cassandra: %s %d: %w", op, convID, err)
@@ -541,7 +513,7 @@ func (s *Store) removeMembers(ctx context.Context, conv uint64, users []string) 
 	var distinct []string
 	seen := make(map[string]bool, len(users))
 	for _, u := range users {
-		if !seen[u] && protocol.ValidID(u) {
+		if !seen[u] {
 			seen[u] = true
 			distinct = append(distinct, u)
 		}
@@ -586,15 +558,7 @@ func (s *Store) removeMembers(ctx context.Context, conv uint64, users []string) 
 // SetRole changes the role of a current member.
 func (s *Store) SetRole(ctx context.Context, convID uint64, user string, role store.Role) error {
 	const op = "set role"
-	if err := s.enter(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
-	err := fmt.Errorf("invalid role %d", role)
-	if role <= store.RoleOwner {
-		err = s.changeMember(ctx, convID, user, func(m *store.Member) { m.Role = role })
-	}
-	if err != nil {
+	if err := s.changeMember(ctx, convID, user, func(m *store.Member) { m.Role = role }); err != nil {
 		return fmt.Errorf("cassandra: %s %d %s: %w", op, convID, user, err)
 	}
 	return nil
@@ -603,10 +567,6 @@ func (s *Store) SetRole(ctx context.Context, convID uint64, user string, role st
 // SetMuted mutes or unmutes a current member.
 func (s *Store) SetMuted(ctx context.Context, convID uint64, user string, muted bool) error {
 	const op = "set muted"
-	if err := s.enter(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
 	if err := s.changeMember(ctx, convID, user, func(m *store.Member) { m.Muted = muted }); err != nil {
 		return fmt.Errorf("cassandra: %s %d %s: %w", op, convID, user, err)
 	}
@@ -617,9 +577,6 @@ func (s *Store) SetMuted(ctx context.Context, convID uint64, user string, muted 
 // membership; anything else, an unknown conversation included, is
 // store.ErrNotMember.
 func (s *Store) changeMember(ctx context.Context, conv uint64, user string, change func(*store.Member)) error {
-	if !protocol.ValidID(user) {
-		return store.ErrNotMember
-	}
 	st, err := s.existing(ctx, conv)
 	if errors.Is(err, store.ErrNotFound) {
 		return store.ErrNotMember

@@ -280,10 +280,6 @@ func (s *Store) bodies(ctx context.Context, conv uint64, ss []slot) ([]store.Mes
 // limit (limit ≤ 0 returns none).
 func (s *Store) Messages(ctx context.Context, convID, from, to uint64, limit int) ([]store.Message, error) {
 	const op = "messages"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
 	msgs, err := s.messages(ctx, convID, from, to, limit)
 	if err != nil {
 		return nil, fmt.Errorf("cassandra: %s %d: %w", op, convID, err)
@@ -359,10 +355,6 @@ func (s *Store) supersede(ctx context.Context, conv uint64, msgs []store.Message
 // 0: no upper bound), in ascending order.
 func (s *Store) Latest(ctx context.Context, convID uint64, before, floor uint64, n int) ([]store.Message, error) {
 	const op = "latest"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
 	msgs, err := s.latest(ctx, convID, before, floor, n)
 	if err != nil {
 		return nil, fmt.Errorf("cassandra: %s %d: %w", op, convID, err)
@@ -432,10 +424,6 @@ func (s *Store) recordEdit(ctx context.Context, conv, seq uint64, target store.M
 // never show what came after asOf.
 func (s *Store) AsOf(ctx context.Context, convID, asOf uint64, msgs []store.Message) error {
 	const op = "as of"
-	if err := s.enter(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
 	var todo []int
 	for i, m := range msgs {
 		if m.Edited && !m.Recalled && m.Seq <= asOf && m.ConvID == convID {

@@ -138,10 +138,6 @@ func (s *Store) outboxEntries(ctx context.Context, conv uint64, seqs ...uint64) 
 // is written after its seq is claimed, so every one is a stored message.
 func (s *Store) Pending(ctx context.Context, limit int) ([]store.Pending, error) {
 	const op = "pending"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
 	o := &s.ob
 	o.mu.Lock()
 	now := o.clock()
@@ -280,10 +276,6 @@ func (s *Store) legacyPending(ctx context.Context, limit int) ([]store.Pending, 
 // FanoutDone deletes the outbox entries of seqs.
 func (s *Store) FanoutDone(ctx context.Context, convID uint64, seqs []uint64) error {
 	const op = "fanout done"
-	if err := s.enter(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
 	err := func() error {
 		if err := s.check(ctx, convID); err != nil {
 			return err

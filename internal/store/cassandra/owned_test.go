@@ -80,16 +80,16 @@ func TestConformanceOwned(t *testing.T) {
 		Open: func(t *testing.T) store.Store {
 			cfg = fresh(t)
 			cfg.Lease = leases.grant()
-			return openT(t, cfg)
+			return openSeam(t, cfg)
 		},
 		Reopen: func(t *testing.T, old store.Store) store.Store {
 			if err := old.Close(); err != nil {
 				t.Fatalf("Close: %v", err)
 			}
 			cfg.Lease = leases.grant()
-			return openT(t, cfg)
+			return openSeam(t, cfg)
 		},
-		Evict: func(s store.Store) { s.(*Store).EvictIdle() },
+		Evict: func(s store.Store) { store.Engine(s).(*Store).EvictIdle() },
 	})
 }
 

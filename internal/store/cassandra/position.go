@@ -8,7 +8,6 @@ import (
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
 
 	"github.com/parley-im/parley/internal/store"
-	"github.com/parley-im/parley/protocol"
 )
 
 // Positions are max-registers: a raise is written USING TIMESTAMP seq, so
@@ -19,13 +18,6 @@ import (
 // SetRead raises the read position of (user, device, conv) to seq.
 func (s *Store) SetRead(ctx context.Context, user, device string, convID, seq uint64) (uint64, error) {
 	const op = "set read"
-	if err := s.enter(ctx, op); err != nil {
-		return 0, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(user) || (device != "" && !protocol.ValidID(device)) {
-		return 0, fmt.Errorf("cassandra: %s: invalid user %q or device %q", op, user, device)
-	}
 	v, err := s.raise(ctx, seq,
 		`UPDATE read_positions USING TIMESTAMP ? SET seq = ? WHERE user_id = ? AND conv_id = ? AND device = ?`,
 		`SELECT seq FROM read_positions WHERE user_id = ? AND conv_id = ? AND device = ?`,
@@ -39,13 +31,6 @@ func (s *Store) SetRead(ctx context.Context, user, device string, convID, seq ui
 // Read returns the read position of (user, device, conv), 0 if none.
 func (s *Store) Read(ctx context.Context, user, device string, convID uint64) (uint64, error) {
 	const op = "read"
-	if err := s.enter(ctx, op); err != nil {
-		return 0, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(user) || (device != "" && !protocol.ValidID(device)) {
-		return 0, nil
-	}
 	v, err := s.position(ctx, `SELECT seq FROM read_positions WHERE user_id = ? AND conv_id = ? AND device = ?`,
 		user, i64(convID), device)
 	if err != nil {
@@ -57,13 +42,6 @@ func (s *Store) Read(ctx context.Context, user, device string, convID uint64) (u
 // SetDelivered raises the delivered position of (user, conv) to seq.
 func (s *Store) SetDelivered(ctx context.Context, user string, convID, seq uint64) (uint64, error) {
 	const op = "set delivered"
-	if err := s.enter(ctx, op); err != nil {
-		return 0, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(user) {
-		return 0, fmt.Errorf("cassandra: %s: invalid user %q", op, user)
-	}
 	v, err := s.raise(ctx, seq,
 		`UPDATE delivered_positions USING TIMESTAMP ? SET seq = ? WHERE user_id = ? AND conv_id = ?`,
 		`SELECT seq FROM delivered_positions WHERE user_id = ? AND conv_id = ?`,
@@ -79,16 +57,9 @@ func (s *Store) SetDelivered(ctx context.Context, user string, convID, seq uint6
 // service's periodic flush of every position raised meanwhile.
 func (s *Store) RaiseDelivered(ctx context.Context, ps []store.Delivered) error {
 	const op = "raise delivered"
-	if err := s.enter(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
 	const chunk = 32 // statements a request; the committer groups requests
 	var stmts []stmt
 	for _, p := range ps {
-		if !protocol.ValidID(p.User) {
-			return fmt.Errorf("cassandra: %s: invalid user %q", op, p.User)
-		}
 		if p.Seq == 0 {
 			continue
 		}
@@ -115,13 +86,6 @@ var _ store.DeliveredRaiser = (*Store)(nil)
 // Delivered returns the delivered position of (user, conv), 0 if none.
 func (s *Store) Delivered(ctx context.Context, user string, convID uint64) (uint64, error) {
 	const op = "delivered"
-	if err := s.enter(ctx, op); err != nil {
-		return 0, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(user) {
-		return 0, nil
-	}
 	v, err := s.position(ctx, `SELECT seq FROM delivered_positions WHERE user_id = ? AND conv_id = ?`, user, i64(convID))
 	if err != nil {
 		return 0, fmt.Errorf("cassandra: %s: %w", op, err)

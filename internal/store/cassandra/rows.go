@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/parley-im/parley/internal/store"
-	"github.com/parley-im/parley/protocol"
 )
 
 // UpdateRows is write fan-out: it raises the rows of the current members
@@ -15,10 +14,6 @@ import (
 // repeated calls need no lock and never lower a row.
 func (s *Store) UpdateRows(ctx context.Context, convID, seq uint64, users []string, mention bool) error {
 	const op = "update rows"
-	if err := s.enter(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
 	if err := s.updateRows(ctx, convID, seq, users, mention); err != nil {
 		return fmt.Errorf("cassandra: %s %d: %w", op, convID, err)
 	}
@@ -38,7 +33,7 @@ func (s *Store) updateRows(ctx context.Context, conv, seq uint64, users []string
 	seen := make(map[string]bool, len(users))
 	valid := users[:0:0]
 	for _, u := range users {
-		if !seen[u] && protocol.ValidID(u) {
+		if !seen[u] {
 			seen[u] = true
 			valid = append(valid, u)
 		}
@@ -84,13 +79,6 @@ func (s *Store) membersAt(ctx context.Context, conv uint64, users []string, seq 
 // seq another process claimed just before the leave may land after it.
 func (s *Store) UserConversations(ctx context.Context, user string) ([]store.ConvRow, error) {
 	const op = "user conversations"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(user) {
-		return nil, nil
-	}
 	iter := s.q(ctx, `SELECT conv_id, kind, join_seq, leave_seq, last_seq, mention_seq FROM user_conversations WHERE user_id = ?`, user).Iter()
 	var (
 		out                                []store.ConvRow

@@ -9,7 +9,6 @@ import (
 	cpebble "github.com/cockroachdb/pebble/v2"
 
 	"github.com/parley-im/parley/internal/store"
-	"github.com/parley-im/parley/protocol"
 )
 
 // Append durably stores a.Msg with the next seq of its conversation. It
@@ -23,19 +22,6 @@ import (
 // server time) and its CoalesceKey, which indexes it, are kept.
 func (s *Store) Append(ctx context.Context, a store.Append) (store.AppendResult, error) {
 	const op = "append"
-	if err := s.enterWrite(ctx, op); err != nil {
-		return store.AppendResult{}, err
-	}
-	defer s.gate.RUnlock()
-	m := a.Msg
-	switch {
-	case !protocol.ValidID(m.Sender):
-		return store.AppendResult{}, fmt.Errorf("pebble: %s: invalid sender %q", op, m.Sender)
-	case m.SenderDevice != "" && !protocol.ValidID(m.SenderDevice):
-		return store.AppendResult{}, fmt.Errorf("pebble: %s: invalid sender device %q", op, m.SenderDevice)
-	case m.MsgID == 0:
-		return store.AppendResult{}, fmt.Errorf("pebble: %s: msg id 0", op)
-	}
 	// The result is shared with waiting duplicates: it must not alias the
 	// caller's slice. Superseded is never stored.
 	a.Msg.Mentions = cloneMentions(a.Msg.Mentions)
@@ -385,10 +371,6 @@ func (s *Store) dropVersions(conv, target uint64) {
 // which holds what the message was after every edit up to asOf.
 func (s *Store) AsOf(ctx context.Context, convID, asOf uint64, msgs []store.Message) error {
 	const op = "as of"
-	if err := s.enter(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
 	for i := range msgs {
 		m := &msgs[i]
 		if !m.Edited || m.Recalled || m.Seq > asOf || m.ConvID != convID {
@@ -464,10 +446,6 @@ func (s *Store) messageOf(conv uint64, ref seqRef) (store.Message, error) {
 // limit (limit ≤ 0 returns none).
 func (s *Store) Messages(ctx context.Context, convID, from, to uint64, limit int) ([]store.Message, error) {
 	const op = "messages"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
 	msgs, err := s.messages(convID, from, to, limit, false)
 	if err != nil {
 		return nil, fmt.Errorf("pebble: %s %d: %w", op, convID, err)
@@ -479,10 +457,6 @@ func (s *Store) Messages(ctx context.Context, convID, from, to uint64, limit int
 // 0: no upper bound), in ascending order.
 func (s *Store) Latest(ctx context.Context, convID uint64, before, floor uint64, n int) ([]store.Message, error) {
 	const op = "latest"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
 	to := before - 1 // before 0 wraps to no upper bound; before 1 leaves nothing
 
 	msgs, err := s.messages(convID, floor, to, n, true)

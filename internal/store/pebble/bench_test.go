@@ -76,7 +76,7 @@ func BenchmarkAppend(b *testing.B) {
 // openBench opens a store on disk with convs groups of the same members.
 func openBench(b *testing.B, convs, members int) (*Store, []string) {
 	b.Helper()
-	s, err := Open(context.Background(), Config{Dir: filepath.Join(b.TempDir(), "db")})
+	s, err := open(context.Background(), Config{Dir: filepath.Join(b.TempDir(), "db")})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/internal/store/statecache"
-	"github.com/parley-im/parley/protocol"
 )
 
 // convState is the in-memory side of one conversation.
@@ -353,10 +352,6 @@ func (s *Store) capLastSeq(conv, last uint64) uint64 {
 // JoinSeq 1 and LeaveSeq 0; their Role and Muted are kept.
 func (s *Store) CreateConversation(ctx context.Context, c store.Conversation, members []store.Member) error {
 	const op = "create conversation"
-	if err := s.enterWrite(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
 	if err := s.create(c, members, nil); err != nil {
 		return fmt.Errorf("pebble: %s %d: %w", op, c.ID, err)
 	}
@@ -365,18 +360,9 @@ func (s *Store) CreateConversation(ctx context.Context, c store.Conversation, me
 
 // create writes a new conversation and extra (a D row) in one synced batch.
 func (s *Store) create(c store.Conversation, members []store.Member, extra func(*cpebble.Batch) error) error {
-	if !validKind(c.Kind) {
-		return fmt.Errorf("invalid kind %d", c.Kind)
-	}
 	seen := make(map[string]bool, len(members))
 	uniq := members[:0:0]
 	for _, m := range members {
-		if !protocol.ValidID(m.UserID) {
-			return fmt.Errorf("invalid user id %q", m.UserID)
-		}
-		if m.Role > store.RoleOwner {
-			return fmt.Errorf("invalid role %d", m.Role)
-		}
 		if !seen[m.UserID] {
 			seen[m.UserID] = true
 			uniq = append(uniq, m)
@@ -434,13 +420,6 @@ func (s *Store) DirectE2E(ctx context.Context, a, b string, newID uint64, now in
 
 func (s *Store) direct(ctx context.Context, a, b string, newID uint64, now int64, e2e bool) (store.Conversation, error) {
 	const op = "direct"
-	if err := s.enterWrite(ctx, op); err != nil {
-		return store.Conversation{}, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(a) || !protocol.ValidID(b) {
-		return store.Conversation{}, fmt.Errorf("pebble: %s: invalid user id %q or %q", op, a, b)
-	}
 	key := directKey(a, b)
 	if e2e {
 		key = append(key, 0, 'e') // ids hold no 0 byte: a distinct pair key
@@ -481,10 +460,6 @@ func (s *Store) direct(ctx context.Context, a, b string, newID uint64, now int64
 // Conversation returns the conversation's row.
 func (s *Store) Conversation(ctx context.Context, id uint64) (store.Conversation, error) {
 	const op = "conversation"
-	if err := s.enter(ctx, op); err != nil {
-		return store.Conversation{}, err
-	}
-	defer s.gate.RUnlock()
 	c, err := s.conversation(id)
 	if err != nil {
 		return store.Conversation{}, fmt.Errorf("pebble: %s %d: %w", op, id, err)
@@ -520,10 +495,6 @@ func (s *Store) conversation(id uint64) (store.Conversation, error) {
 // SetTier records the conversation's fan-out tier.
 func (s *Store) SetTier(ctx context.Context, convID uint64, tier uint8) error {
 	const op = "set tier"
-	if err := s.enterWrite(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
 	if err := s.setTier(convID, tier); err != nil {
 		return fmt.Errorf("pebble: %s %d: %w", op, convID, err)
 	}

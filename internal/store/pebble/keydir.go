@@ -11,7 +11,6 @@ import (
 	cpebble "github.com/cockroachdb/pebble/v2"
 
 	"github.com/parley-im/parley/internal/store"
-	"github.com/parley-im/parley/protocol"
 )
 
 // The E2E key directory (store.KeyDirectory):
@@ -144,24 +143,10 @@ func decodePreKey(id uint32, b []byte) (store.PreKey, error) {
 	return p, d.finish("prekey")
 }
 
-func validDevice(user, device string) error {
-	if !protocol.ValidID(user) || !protocol.ValidID(device) {
-		return fmt.Errorf("invalid user %q or device %q", user, device)
-	}
-	return nil
-}
-
 // UploadKeys stores a device's keys (see store.KeyDirectory).
 func (s *Store) UploadKeys(ctx context.Context, user, device string, up store.KeyUpload) (store.UploadResult, error) {
 	const op = "upload keys"
 	var res store.UploadResult
-	if err := s.enterWrite(ctx, op); err != nil {
-		return res, err
-	}
-	defer s.gate.RUnlock()
-	if err := validDevice(user, device); err != nil {
-		return res, fmt.Errorf("pebble: %s: %w", op, err)
-	}
 	mu := s.keyLock(user, device)
 	mu.Lock()
 	b := s.db.NewBatch()
@@ -283,13 +268,6 @@ func (s *Store) firstPreKey(p []byte) (*store.PreKey, []byte, error) {
 func (s *Store) TakeBundle(ctx context.Context, user, device string) (store.KeyBundle, error) {
 	const op = "take bundle"
 	var kb store.KeyBundle
-	if err := s.enterWrite(ctx, op); err != nil {
-		return kb, err
-	}
-	defer s.gate.RUnlock()
-	if err := validDevice(user, device); err != nil {
-		return kb, fmt.Errorf("pebble: %s: %w", op, store.ErrNotFound)
-	}
 	mu := s.keyLock(user, device)
 	mu.Lock()
 	b := s.db.NewBatch()
@@ -358,13 +336,6 @@ func (s *Store) TakeBundle(ctx context.Context, user, device string) (store.KeyB
 // KeyDevices lists a user's devices with keys.
 func (s *Store) KeyDevices(ctx context.Context, user string) ([]store.DeviceKeys, error) {
 	const op = "key devices"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(user) {
-		return nil, nil
-	}
 	p := keyDevicePrefix(user)
 	var out []store.DeviceKeys
 	err := s.scan(p, func(k, v []byte) error {
@@ -384,13 +355,6 @@ func (s *Store) KeyDevices(ctx context.Context, user string) ([]store.DeviceKeys
 // PreKeyCounts returns a device's one-time prekey counts.
 func (s *Store) PreKeyCounts(ctx context.Context, user, device string) (int, int, error) {
 	const op = "prekey counts"
-	if err := s.enter(ctx, op); err != nil {
-		return 0, 0, err
-	}
-	defer s.gate.RUnlock()
-	if validDevice(user, device) != nil {
-		return 0, 0, nil
-	}
 	raw, found, err := s.get(keyDeviceKey(user, device))
 	if err != nil {
 		return 0, 0, fmt.Errorf("pebble: %s: %w", op, err)
@@ -408,13 +372,6 @@ func (s *Store) PreKeyCounts(ctx context.Context, user, device string) (int, int
 // RemoveDevice drops a device's keys.
 func (s *Store) RemoveDevice(ctx context.Context, user, device string) error {
 	const op = "remove device"
-	if err := s.enterWrite(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
-	if validDevice(user, device) != nil {
-		return nil
-	}
 	mu := s.keyLock(user, device)
 	mu.Lock()
 	defer mu.Unlock()

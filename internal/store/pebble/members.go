@@ -9,7 +9,6 @@ import (
 	cpebble "github.com/cockroachdb/pebble/v2"
 
 	"github.com/parley-im/parley/internal/store"
-	"github.com/parley-im/parley/protocol"
 )
 
 // Memberships change under the conversation's mutex, the lock that
@@ -20,10 +19,6 @@ import (
 // Member returns the membership of user in conv, a former one included.
 func (s *Store) Member(ctx context.Context, convID uint64, user string) (store.Member, error) {
 	const op = "member"
-	if err := s.enter(ctx, op); err != nil {
-		return store.Member{}, err
-	}
-	defer s.gate.RUnlock()
 	// A current member is in the cached memberships when they are known.
 	if st := s.peek(convID); st != nil {
 		if p := st.members.Load(); p != nil {
@@ -42,9 +37,6 @@ func (s *Store) Member(ctx context.Context, convID uint64, user string) (store.M
 }
 
 func (s *Store) member(conv uint64, user string) (store.Member, error) {
-	if !protocol.ValidID(user) {
-		return store.Member{}, store.ErrNotMember
-	}
 	v, found, err := s.get(memberKey(conv, user))
 	if err != nil {
 		return store.Member{}, err
@@ -58,10 +50,6 @@ func (s *Store) member(conv uint64, user string) (store.Member, error) {
 // Members lists the current members of conv in user id order.
 func (s *Store) Members(ctx context.Context, convID uint64) ([]store.Member, error) {
 	const op = "members"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
 	// A loaded conversation exists (conversations are never deleted): its
 	// cached members need no lookup of the C key.
 	if st := s.peek(convID); st != nil && st.exists.Load() {
@@ -87,10 +75,6 @@ func (s *Store) Members(ctx context.Context, convID uint64) ([]store.Member, err
 // rejoins with a fresh membership (the given role, not muted).
 func (s *Store) AddMembers(ctx context.Context, convID uint64, users []string, role store.Role) ([]store.Member, error) {
 	const op = "add members"
-	if err := s.enterWrite(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
 	out, err := s.addMembers(convID, users, role)
 	if err != nil {
 		return nil, fmt.Errorf("pebble: %s %d: %w", op, convID, err)
@@ -99,14 +83,6 @@ func (s *Store) AddMembers(ctx context.Context, convID uint64, users []string, r
 }
 
 func (s *Store) addMembers(conv uint64, users []string, role store.Role) ([]store.Member, error) {
-	if role > store.RoleOwner {
-		return nil, fmt.Errorf("invalid role %d", role)
-	}
-	for _, u := range users {
-		if !protocol.ValidID(u) {
-			return nil, fmt.Errorf("invalid user id %q", u)
-		}
-	}
 	st, err := s.lockState(conv, false)
 	if err != nil {
 		return nil, err
@@ -171,10 +147,6 @@ func (s *Store) addMembers(conv uint64, users []string, role store.Role) ([]stor
 // member from it fails with store.ErrConflict.
 func (s *Store) RemoveMembers(ctx context.Context, convID uint64, users []string) ([]store.Member, error) {
 	const op = "remove members"
-	if err := s.enterWrite(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
 	out, err := s.removeMembers(convID, users)
 	if err != nil {
 		return nil, fmt.Errorf("pebble: %s %d: %w", op, convID, err)
@@ -276,15 +248,7 @@ func (s *Store) commitMembership(st *convState, b *cpebble.Batch, row store.Conv
 // SetRole changes the role of a current member.
 func (s *Store) SetRole(ctx context.Context, convID uint64, user string, role store.Role) error {
 	const op = "set role"
-	if err := s.enterWrite(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
-	err := fmt.Errorf("invalid role %d", role)
-	if role <= store.RoleOwner {
-		err = s.changeMember(convID, user, func(m *store.Member) { m.Role = role })
-	}
-	if err != nil {
+	if err := s.changeMember(convID, user, func(m *store.Member) { m.Role = role }); err != nil {
 		return fmt.Errorf("pebble: %s %d %s: %w", op, convID, user, err)
 	}
 	return nil
@@ -293,10 +257,6 @@ func (s *Store) SetRole(ctx context.Context, convID uint64, user string, role st
 // SetMuted mutes or unmutes a current member.
 func (s *Store) SetMuted(ctx context.Context, convID uint64, user string, muted bool) error {
 	const op = "set muted"
-	if err := s.enterWrite(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
 	if err := s.changeMember(convID, user, func(m *store.Member) { m.Muted = muted }); err != nil {
 		return fmt.Errorf("pebble: %s %d %s: %w", op, convID, user, err)
 	}

@@ -18,10 +18,6 @@ import (
 // Pending lists up to limit O rows of durable messages in key order.
 func (s *Store) Pending(ctx context.Context, limit int) ([]store.Pending, error) {
 	const op = "pending"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
 	var out []store.Pending
 	err := s.scan([]byte{tagOutbox}, func(k, _ []byte) error {
 		if len(out) >= limit {
@@ -59,10 +55,6 @@ var errStop error = stopError{}
 // FanoutDone deletes the O rows of seqs in one unsynced batch.
 func (s *Store) FanoutDone(ctx context.Context, convID uint64, seqs []uint64) error {
 	const op = "fanout done"
-	if err := s.enterWrite(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
 	if err := s.fanoutDone(convID, seqs); err != nil {
 		return fmt.Errorf("pebble: %s %d: %w", op, convID, err)
 	}

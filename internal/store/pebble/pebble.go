@@ -76,11 +76,14 @@
 //
 // # Concurrency
 //
-// Store is safe for concurrent use. Lock order: Store.gate (read side, per
-// call) → direct-pair stripe → convState.mu → convState.rowsMu →
-// convState.ov.mu → Store.idMark.mu (idmark.go); the state cache's lock
-// is taken before a state's (its eviction TryLocks convState.mu) and held
-// for no I/O; position stripes are leaves. Close waits for calls in progress.
+// Store is safe for concurrent use. Open hands it out behind store.Check,
+// which admits each call (context, Close, Broken) and checks its arguments
+// before a method here runs: the methods trust theirs, and Close waits for
+// the calls in progress. Lock order: the seam's gate (read side, per call)
+// → direct-pair stripe → convState.mu → convState.rowsMu → convState.ov.mu
+// → Store.idMark.mu (idmark.go); the state cache's lock is taken before a
+// state's (its eviction TryLocks convState.mu) and held for no I/O;
+// position stripes are leaves.
 package pebble
 
 import (
@@ -179,10 +182,8 @@ type Store struct {
 	bucketMS int64
 	seed     maphash.Seed
 
-	// gate is held for reading by every call and for writing by Close, so
-	// Close never pulls the database from under a call in progress.
-	gate   sync.RWMutex
-	closed bool // guarded by gate
+	closeOnce sync.Once
+	closeErr  error
 
 	// convs holds the states of recently used conversations, at most
 	// Config.ConvStates of them (see "Bounded memory"). Two live states for
@@ -207,8 +208,19 @@ type Store struct {
 
 var _ store.Store = (*Store)(nil)
 
-// Open opens (creating if needed) the store in cfg.Dir.
-func Open(ctx context.Context, cfg Config) (*Store, error) {
+// Open opens (creating if needed) the store in cfg.Dir, behind the seam's
+// checks (store.Check).
+func Open(ctx context.Context, cfg Config) (store.Store, error) {
+	s, err := open(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return store.Check("pebble", s), nil
+}
+
+// open opens the engine itself: its methods trust their arguments and may
+// not be called after Close (Open's store.Check sees to both).
+func open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("pebble: open: %w", err)
 	}
@@ -248,42 +260,22 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// Close closes the database after the calls in progress return. Later calls
-// fail with store.ErrClosed. Closing twice is a no-op.
+// Close closes the database; store.Check calls it once the calls in
+// progress have returned. Closing twice is a no-op.
 func (s *Store) Close() error {
-	s.gate.Lock()
-	defer s.gate.Unlock()
-	if s.closed {
-		return nil
-	}
-	s.closed = true
-	if err := s.db.Close(); err != nil {
-		return fmt.Errorf("pebble: close: %w", err)
-	}
-	return nil
+	s.closeOnce.Do(func() {
+		if err := s.db.Close(); err != nil {
+			s.closeErr = fmt.Errorf("pebble: close: %w", err)
+		}
+	})
+	return s.closeErr
 }
 
-// enter admits a call; the caller must defer s.gate.RUnlock() on success.
-func (s *Store) enter(ctx context.Context, op string) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("pebble: %s: %w", op, err)
-	}
-	s.gate.RLock()
-	if s.closed {
-		s.gate.RUnlock()
-		return fmt.Errorf("pebble: %s: %w", op, store.ErrClosed)
-	}
-	return nil
-}
-
-// enterWrite is enter for calls that write.
-func (s *Store) enterWrite(ctx context.Context, op string) error {
-	if err := s.enter(ctx, op); err != nil {
-		return err
-	}
+// Broken returns the WAL sync failure after which the store takes no more
+// writes (store.Broken), nil while there is none.
+func (s *Store) Broken() error {
 	if p := s.broken.Load(); p != nil {
-		s.gate.RUnlock()
-		return fmt.Errorf("pebble: %s: store failed earlier: %w", op, *p)
+		return *p
 	}
 	return nil
 }

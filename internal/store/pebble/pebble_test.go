@@ -2,6 +2,7 @@ package pebble
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"testing"
 	"time"
@@ -12,35 +13,37 @@ import (
 	"github.com/parley-im/parley/internal/store/storetest"
 )
 
+// openT opens the engine itself, without the seam's checks.
 func openT(t *testing.T, cfg Config) *Store {
 	t.Helper()
-	s, err := Open(context.Background(), cfg)
+	s, err := open(context.Background(), cfg)
 	if err != nil {
-		t.Fatalf("Open: %v", err)
+		t.Fatalf("open: %v", err)
 	}
 	return s
 }
 
-// harness reopens the store with the Config it was opened with.
+// harness reopens the store with the Config it was opened with. The suite
+// runs on what Open returns: the engine behind the seam.
 func harness(cfgOf func(t *testing.T) Config) storetest.Harness {
 	cfgs := map[store.Store]Config{}
+	openSeam := func(t *testing.T, cfg Config) store.Store {
+		s, err := Open(context.Background(), cfg)
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		cfgs[s] = cfg
+		return s
+	}
 	return storetest.Harness{
-		Open: func(t *testing.T) store.Store {
-			cfg := cfgOf(t)
-			s := openT(t, cfg)
-			cfgs[s] = cfg
-			return s
-		},
+		Open: func(t *testing.T) store.Store { return openSeam(t, cfgOf(t)) },
 		Reopen: func(t *testing.T, old store.Store) store.Store {
-			cfg := cfgs[old]
 			if err := old.Close(); err != nil {
 				t.Fatalf("Close: %v", err)
 			}
-			s := openT(t, cfg)
-			cfgs[s] = cfg
-			return s
+			return openSeam(t, cfgs[old])
 		},
-		Evict: func(s store.Store) { s.(*Store).EvictIdle() },
+		Evict: func(s store.Store) { store.Engine(s).(*Store).EvictIdle() },
 	}
 }
 
@@ -113,5 +116,31 @@ func TestEditKeepsCoalesceKey(t *testing.T) {
 	msgs, err := s.Messages(ctx, 1, 1, 1, 1)
 	if err != nil || len(msgs) != 1 || msgs[0].CoalesceKey != "k" || msgs[0].Superseded || msgs[0].Body != "edited" {
 		t.Errorf("edited state = %+v, %v; want key k kept, body edited, not superseded", msgs, err)
+	}
+}
+
+// TestBrokenRefusesWrites: after a failed WAL sync the store behind the
+// seam refuses every write (store.Broken) and still serves reads.
+func TestBrokenRefusesWrites(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, Config{Dir: "db", FS: vfs.NewMem()})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer s.Close()
+	if err := s.CreateConversation(ctx, store.Conversation{ID: 1, Kind: store.Group}, []store.Member{{UserID: "a"}}); err != nil {
+		t.Fatalf("CreateConversation: %v", err)
+	}
+	injected := errors.New("injected sync failure")
+	store.Engine(s).(*Store).fail(injected)
+	_, err = s.Append(ctx, store.Append{Msg: store.Message{ConvID: 1, MsgID: 1, Sender: "a", Kind: "text"}})
+	if !errors.Is(err, injected) {
+		t.Errorf("Append after a failed sync: %v, want %v", err, injected)
+	}
+	if _, err := s.SetRead(ctx, "a", "", 1, 1); !errors.Is(err, injected) {
+		t.Errorf("SetRead after a failed sync: %v, want %v", err, injected)
+	}
+	if c, err := s.Conversation(ctx, 1); err != nil || c.LastSeq != 0 {
+		t.Errorf("Conversation after a failed sync = %+v, %v; want it, last seq 0", c, err)
 	}
 }

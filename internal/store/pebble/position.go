@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
-
-	"github.com/parley-im/parley/protocol"
 )
 
 // Positions are written with NoSync (see the package comment): a later
@@ -14,13 +12,6 @@ import (
 // SetRead raises the read position of (user, device, conv) to seq.
 func (s *Store) SetRead(ctx context.Context, user, device string, convID, seq uint64) (uint64, error) {
 	const op = "set read"
-	if err := s.enterWrite(ctx, op); err != nil {
-		return 0, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(user) || (device != "" && !protocol.ValidID(device)) {
-		return 0, fmt.Errorf("pebble: %s: invalid user %q or device %q", op, user, device)
-	}
 	v, err := s.raise(readKey(user, convID, device), seq)
 	if err != nil {
 		return 0, fmt.Errorf("pebble: %s: %w", op, err)
@@ -31,13 +22,6 @@ func (s *Store) SetRead(ctx context.Context, user, device string, convID, seq ui
 // Read returns the read position of (user, device, conv), 0 if none.
 func (s *Store) Read(ctx context.Context, user, device string, convID uint64) (uint64, error) {
 	const op = "read"
-	if err := s.enter(ctx, op); err != nil {
-		return 0, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(user) || (device != "" && !protocol.ValidID(device)) {
-		return 0, nil
-	}
 	v, err := s.position(readKey(user, convID, device))
 	if err != nil {
 		return 0, fmt.Errorf("pebble: %s: %w", op, err)
@@ -48,13 +32,6 @@ func (s *Store) Read(ctx context.Context, user, device string, convID uint64) (u
 // SetDelivered raises the delivered position of (user, conv) to seq.
 func (s *Store) SetDelivered(ctx context.Context, user string, convID, seq uint64) (uint64, error) {
 	const op = "set delivered"
-	if err := s.enterWrite(ctx, op); err != nil {
-		return 0, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(user) {
-		return 0, fmt.Errorf("pebble: %s: invalid user %q", op, user)
-	}
 	v, err := s.raise(deliveredKey(user, convID), seq)
 	if err != nil {
 		return 0, fmt.Errorf("pebble: %s: %w", op, err)
@@ -65,13 +42,6 @@ func (s *Store) SetDelivered(ctx context.Context, user string, convID, seq uint6
 // Delivered returns the delivered position of (user, conv), 0 if none.
 func (s *Store) Delivered(ctx context.Context, user string, convID uint64) (uint64, error) {
 	const op = "delivered"
-	if err := s.enter(ctx, op); err != nil {
-		return 0, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(user) {
-		return 0, nil
-	}
 	v, err := s.position(deliveredKey(user, convID))
 	if err != nil {
 		return 0, fmt.Errorf("pebble: %s: %w", op, err)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/parley-im/parley/internal/store"
-	"github.com/parley-im/parley/protocol"
 )
 
 // UpdateRows is write fan-out: it raises the U rows of the current members
@@ -25,10 +24,6 @@ import (
 // point at a message a crash could take back.
 func (s *Store) UpdateRows(ctx context.Context, convID, seq uint64, users []string, mention bool) error {
 	const op = "update rows"
-	if err := s.enterWrite(ctx, op); err != nil {
-		return err
-	}
-	defer s.gate.RUnlock()
 	if err := s.updateRows(convID, seq, users, mention); err != nil {
 		return fmt.Errorf("pebble: %s %d: %w", op, convID, err)
 	}
@@ -51,7 +46,7 @@ func (s *Store) updateRows(conv, seq uint64, users []string, mention bool) error
 	seen := make(map[string]bool, len(users))
 	current := false
 	for _, u := range users {
-		if seen[u] || !protocol.ValidID(u) {
+		if seen[u] {
 			continue
 		}
 		seen[u] = true
@@ -118,13 +113,6 @@ func (s *Store) convRow(user string, conv uint64) (store.ConvRow, bool, error) {
 // included, in conversation id order (the U keys' order).
 func (s *Store) UserConversations(ctx context.Context, user string) ([]store.ConvRow, error) {
 	const op = "user conversations"
-	if err := s.enter(ctx, op); err != nil {
-		return nil, err
-	}
-	defer s.gate.RUnlock()
-	if !protocol.ValidID(user) {
-		return nil, nil
-	}
 	var out []store.ConvRow
 	err := s.scan(userConvPrefix(user), func(k, v []byte) error {
 		conv, ok := convOfUserConvKey(k)

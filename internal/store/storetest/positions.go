@@ -124,6 +124,21 @@ func testClosed(t *testing.T, e *env) {
 		{"Read", func() error { _, err := e.s.Read(ctx, "alice", "", 1); return err }},
 		{"SetDelivered", func() error { _, err := e.s.SetDelivered(ctx, "alice", 1, 1); return err }},
 		{"Delivered", func() error { _, err := e.s.Delivered(ctx, "alice", 1); return err }},
+		{"AsOf", func() error { return e.s.AsOf(ctx, 1, 1, nil) }},
+		{"DirectE2E", func() error { _, err := e.s.DirectE2E(ctx, "a", "b", 4, baseTime); return err }},
+		{"UploadKeys", func() error { _, err := e.s.UploadKeys(ctx, "alice", "phone", upload(1, 1, 1, 1)); return err }},
+		{"TakeBundle", func() error { _, err := e.s.TakeBundle(ctx, "alice", "phone"); return err }},
+		{"KeyDevices", func() error { _, err := e.s.KeyDevices(ctx, "alice"); return err }},
+		{"PreKeyCounts", func() error { _, _, err := e.s.PreKeyCounts(ctx, "alice", "phone"); return err }},
+		{"RemoveDevice", func() error { return e.s.RemoveDevice(ctx, "alice", "phone") }},
+	}
+	if r, ok := e.s.(store.DeliveredRaiser); ok {
+		calls = append(calls, struct {
+			name string
+			call func() error
+		}{"RaiseDelivered", func() error {
+			return r.RaiseDelivered(ctx, []store.Delivered{{User: "alice", ConvID: 1, Seq: 1}})
+		}})
 	}
 	for _, c := range calls {
 		wantErr(t, c.name+" after Close", c.call(), store.ErrClosed)

@@ -73,6 +73,7 @@ func Run(t *testing.T, h Harness) {
 		{"OutboxConcurrent", testOutboxConcurrent},
 		{"AppendRows", testAppendRows},
 		{"AppendReadBy", testAppendReadBy},
+		{"BadArguments", testBadArguments},
 		{"Closed", testClosed},
 		{"EvictBetweenOperations", testEvictBetweenOperations},
 		{"EvictConcurrent", testEvictConcurrent},
