@@ -1,3 +1,10 @@
+// Package e2e tests a real node end to end, as its clients see it: each
+// test starts its own in-process server (servertest: real listener, real
+// Pebble store on disk) and talks to it over real WebSockets, HTTP polling
+// and the server API, byte for byte with rawConn rather than through the
+// SDK, so the SDK's retries and ordering hide nothing. Every frame and
+// server API answer a test reads is validated against protocol/schema.
+// Tests share no server and no state.
 package e2e
 
 import (
