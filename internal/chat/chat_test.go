@@ -11,7 +11,7 @@ import (
 	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/bus/local"
 	"github.com/parley-im/parley/internal/fanout"
-	"github.com/parley-im/parley/internal/ledger"
+	lpebble "github.com/parley-im/parley/internal/ledger/pebble"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/registry/memory"
 	"github.com/parley-im/parley/internal/snowflake"
@@ -48,7 +48,7 @@ func TestPushIsOneDeliveryPerNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	led, err := ledger.Open(ledger.Config{Dir: "ledger", FS: vfs.NewMem()})
+	led, err := lpebble.Open(lpebble.Config{Dir: "ledger", FS: vfs.NewMem()})
 	if err != nil {
 		t.Fatal(err)
 	}

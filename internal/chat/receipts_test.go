@@ -12,6 +12,7 @@ import (
 	"github.com/parley-im/parley/internal/bus/local"
 	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/ledger"
+	lpebble "github.com/parley-im/parley/internal/ledger/pebble"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/registry/memory"
 	"github.com/parley-im/parley/internal/snowflake"
@@ -41,7 +42,7 @@ func newReceiptRig(t *testing.T) *receiptRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	led, err := ledger.Open(ledger.Config{Dir: "ledger", FS: vfs.NewMem()})
+	led, err := lpebble.Open(lpebble.Config{Dir: "ledger", FS: vfs.NewMem()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,6 +48,7 @@ import (
 	"github.com/parley-im/parley/internal/hooks"
 	"github.com/parley-im/parley/internal/ledger"
 	"github.com/parley-im/parley/internal/ledger/jetstream"
+	lpebble "github.com/parley-im/parley/internal/ledger/pebble"
 	"github.com/parley-im/parley/internal/metrics"
 	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/privatefs"
@@ -297,7 +298,7 @@ func (s *Server) openEngines(ctx context.Context) error {
 		}
 		s.store = st
 		s.onClose(st.Close)
-		led, err := ledger.Open(ledger.Config{Dir: filepath.Join(o.DataDir, "ledger"), FS: privatefs.Wrap(o.StoreFS), Logger: o.Logger})
+		led, err := lpebble.Open(lpebble.Config{Dir: filepath.Join(o.DataDir, "ledger"), FS: privatefs.Wrap(o.StoreFS), Logger: o.Logger})
 		if err != nil {
 			return fmt.Errorf("server: open ledger: %w", err)
 		}

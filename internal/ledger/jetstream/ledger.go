@@ -3,9 +3,10 @@
 // a stream of pending tasks, one durable consumer per task kind, and a
 // dead stream. The queue itself (tasks.go) is at-least-once with backoff
 // and dead letters and knows nothing of ledger tasks. It follows
-// ledger.Policy like the Pebble engine and passes the same conformance
-// suite (internal/ledger/ledgertest). Ledger is safe for concurrent use;
-// Run owns its consumers and returns when they have stopped.
+// ledger.Policy like the Pebble engine (internal/ledger/pebble) and passes
+// the same conformance suite (internal/ledger/ledgertest). Ledger is safe
+// for concurrent use; Run owns its consumers and returns when they have
+// stopped.
 package jetstream
 
 import (

@@ -1,4 +1,4 @@
-package ledger_test
+package pebble_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/parley-im/parley/internal/ledger"
 	"github.com/parley-im/parley/internal/ledger/ledgertest"
+	"github.com/parley-im/parley/internal/ledger/pebble"
 )
 
 // The Pebble ledger on disk, and on a crashable in-memory file system for
@@ -19,7 +20,7 @@ func TestConformance(t *testing.T) {
 		return func(t *testing.T, p ledger.Policy) func() ledgertest.Instance {
 			cur, dir, crash := fs(t)
 			return func() ledgertest.Instance {
-				l, err := ledger.Open(ledger.Config{Dir: dir, FS: cur, Policy: p, Poll: 10 * time.Millisecond})
+				l, err := pebble.Open(pebble.Config{Dir: dir, FS: cur, Policy: p, Poll: 10 * time.Millisecond})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -64,7 +65,7 @@ func TestUndecodableTaskDies(t *testing.T) {
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
-	l, err := ledger.Open(ledger.Config{Dir: dir, Poll: 10 * time.Millisecond})
+	l, err := pebble.Open(pebble.Config{Dir: dir, Poll: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
