@@ -1,6 +1,9 @@
-// Command parley is the Parley instant-messaging server and its tools. One
-// binary runs every role: `parley serve` with no flags runs them all in one
-// process on embedded storage under ./data.
+// Command parley is the Parley instant-messaging server: it serves a node
+// and administers one (tokens, the Cassandra schema). One binary runs every
+// role: `parley serve` with no flags runs them all in one process on
+// embedded storage under ./data. The terminal client (cmd/parley-chat) and
+// the load tools (cmd/parley-bench) are commands of their own, so this
+// binary links no client or benchmark code (deps_test.go).
 package main
 
 import (
@@ -22,12 +25,13 @@ usage: parley <command> [flags]
 commands:
   serve    run a node (every role, embedded storage under ./data, by default)
   token    mint a token for a user with the server's HS256 key
-  bench    benchmarks: idle, send, fanout, history (embedded or against a cluster)
   migrate  create or upgrade the Cassandra schema of cluster mode
   version  print the version, commit and Go release of this build
 
 Run 'parley <command> -h' for a command's flags; serve, migrate and token
 also list every setting with its YAML key, environment variable and default.
+The terminal chat client and the benchmarks are commands of their own:
+parley-chat (go run ./cmd/parley-chat) and parley-bench.
 `
 
 func main() {
@@ -53,8 +57,6 @@ func run(ctx context.Context, args []string) error {
 		return runServe(ctx, rest)
 	case "token":
 		return runToken(rest, os.Stdout)
-	case "bench":
-		return runBench(ctx, rest)
 	case "migrate":
 		return runMigrate(ctx, rest, os.Stdout)
 	case "version":

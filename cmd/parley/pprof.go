@@ -9,7 +9,7 @@ import (
 )
 
 // pprofEnv names a loopback address on which `parley serve` exposes
-// net/http/pprof, for profiling (`parley bench fanout -profile-dir`). It is
+// net/http/pprof, for profiling (`parley-bench fanout -profile-dir`). It is
 // off unless set, and kept apart from the public listener.
 const pprofEnv = "PARLEY_PPROF"
 

@@ -131,12 +131,12 @@ func TestRunSendAttached(t *testing.T) {
 
 func TestSendConfigValidate(t *testing.T) {
 	base := DefaultSendConfig()
-	base.Binary = "/bin/parley"
+	base.ServerBinary = "/bin/parley"
 	if err := base.Validate(); err != nil {
 		t.Fatalf("defaults with a binary: %v", err)
 	}
 	for name, mut := range map[string]func(*SendConfig){
-		"no binary no addr":    func(c *SendConfig) { c.Binary = "" },
+		"no binary no addr":    func(c *SendConfig) { c.ServerBinary = "" },
 		"addr without dir":     func(c *SendConfig) { c.Addr = "127.0.0.1:1" },
 		"fsyncs when attached": func(c *SendConfig) { c.Addr, c.DataDir, c.Fsyncs = "127.0.0.1:1", "/tmp", true },
 		"zero inflight":        func(c *SendConfig) { c.Inflight = 0 },
@@ -152,7 +152,7 @@ func TestSendConfigValidate(t *testing.T) {
 
 func TestIdleConfigValidate(t *testing.T) {
 	base := DefaultIdleConfig()
-	base.Binary = "/bin/parley"
+	base.ServerBinary, base.ClientBinary = "/bin/parley", "/bin/parley-bench"
 	base.ClientArgs = func(IdleClientConfig) []string { return nil }
 	if err := base.Validate(); err != nil {
 		t.Fatalf("defaults with a binary: %v", err)
@@ -160,6 +160,8 @@ func TestIdleConfigValidate(t *testing.T) {
 	for name, mut := range map[string]func(*IdleConfig){
 		"too many per process": func(c *IdleConfig) { c.Conns, c.Procs = 30001, 2 },
 		"zero step":            func(c *IdleConfig) { c.Step = 0 },
+		"no server binary":     func(c *IdleConfig) { c.ServerBinary = "" },
+		"no client binary":     func(c *IdleConfig) { c.ClientBinary = "" },
 		"no client args":       func(c *IdleConfig) { c.ClientArgs = nil },
 	} {
 		c := base

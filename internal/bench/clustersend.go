@@ -19,16 +19,17 @@ import (
 // next gateway (mod their number), so with several gateways every message
 // crosses from one gateway to another through the chat tier and the bus.
 // It uses cfg's workload fields (Pairs, Messages, Inflight, BodyBytes,
-// Timeout, Out, Logger); Binary, Addr, DataDir and Fsyncs must be unset.
+// Timeout, Out, Logger); ServerBinary, Addr, DataDir and Fsyncs must be
+// unset.
 // The stored counter is read from the target's chat processes.
 func RunClusterSend(ctx context.Context, t ClusterTarget, cfg SendConfig) (res SendResult, err error) {
 	probe := cfg
-	probe.Binary = "-" // Validate wants a way to reach a node; t is it
+	probe.ServerBinary = "-" // Validate wants a way to reach a node; t is it
 	if err := errors.Join(t.Validate(), probe.Validate()); err != nil {
 		return SendResult{}, fmt.Errorf("bench send: %w", err)
 	}
-	if cfg.Binary != "" || cfg.Addr != "" || cfg.DataDir != "" || cfg.Fsyncs {
-		return SendResult{}, errors.New("bench send: a cluster run takes no binary, addr, data dir or fsyncs")
+	if cfg.ServerBinary != "" || cfg.Addr != "" || cfg.DataDir != "" || cfg.Fsyncs {
+		return SendResult{}, errors.New("bench send: a cluster run takes no server binary, addr, data dir or fsyncs")
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()

@@ -56,18 +56,19 @@ func DefaultFanoutScenarios(deliveryMembers, procs int) []FanoutScenario {
 
 // FanoutConfig configures the group fan-out benchmark.
 type FanoutConfig struct {
-	// Binary is started as the server (unless Addr is set) and as the
-	// client processes.
-	Binary string
+	// ServerBinary, the parley executable, is started as the server
+	// unless Addr is set; it may be another build than the one the
+	// clients come from, to compare two servers in the same run with the
+	// same clients.
+	ServerBinary string
+	// ClientBinary is started as the client processes: the benchmark's
+	// own executable.
+	ClientBinary string
 	// Addr and DataDir attach to a running node instead of starting one;
 	// DataDir holds the development key the benchmark mints tokens with.
 	// The node's fan-out counters must move only for this benchmark.
 	Addr    string
 	DataDir string
-	// ServerBinary, if set, is started as the server instead of Binary
-	// (e.g. an older build, to compare in the same run with the same
-	// clients). It must accept the `serve` flags Binary does.
-	ServerBinary string
 	// ServerPID, with Addr, is the running node's process id, for its CPU
 	// time; 0 leaves the CPU column empty.
 	ServerPID int
@@ -97,8 +98,8 @@ type FanoutConfig struct {
 	// re-sent is still counted.
 	DeliveryWait time.Duration
 	Timeout      time.Duration // bound on the whole run
-	// ClientArgs returns the arguments after Binary that start one client
-	// process (`bench fanout-client` and its flags).
+	// ClientArgs returns the arguments after ClientBinary that start one
+	// client process (`fanout-client` and its flags).
 	ClientArgs func(FanoutClientConfig) []string
 
 	Out    io.Writer // the report
@@ -109,7 +110,7 @@ type FanoutConfig struct {
 	startClient func(name string, cc FanoutClientConfig) (*fanoutProc, error)
 }
 
-// DefaultFanoutConfig returns the defaults used by `parley bench fanout`.
+// DefaultFanoutConfig returns the defaults used by `parley-bench fanout`.
 func DefaultFanoutConfig() FanoutConfig {
 	return FanoutConfig{
 		Scenarios: DefaultFanoutScenarios(10000, 3),
@@ -122,8 +123,11 @@ func DefaultFanoutConfig() FanoutConfig {
 // Validate reports a configuration the benchmark cannot run with.
 func (c FanoutConfig) Validate() error {
 	var errs []error
-	if c.Binary == "" && (c.Addr == "" || c.startClient == nil) {
-		errs = append(errs, errors.New("binary is required"))
+	if c.Addr == "" && c.ServerBinary == "" {
+		errs = append(errs, errors.New("server binary is required unless attaching with addr"))
+	}
+	if c.ClientBinary == "" && c.startClient == nil {
+		errs = append(errs, errors.New("client binary is required"))
 	}
 	if (c.Addr == "") != (c.DataDir == "") {
 		errs = append(errs, errors.New("addr and data dir go together (the data dir holds the key to mint tokens)"))
@@ -282,10 +286,6 @@ func RunFanout(ctx context.Context, cfg FanoutConfig) (results []FanoutResult, e
 		for _, s := range cfg.Scenarios {
 			most = max(most, s.Online)
 		}
-		bin := cfg.Binary
-		if cfg.ServerBinary != "" {
-			bin = cfg.ServerBinary
-		}
 		var env []string
 		if cfg.ProfileDir != "" {
 			if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
@@ -299,7 +299,7 @@ func RunFanout(ctx context.Context, cfg FanoutConfig) (results []FanoutResult, e
 			env = append(env, "PARLEY_PPROF="+pprofAddr)
 		}
 		srv, err := StartServer(ctx, ServerConfig{
-			Binary: bin, DataDir: dir, Stderr: cfg.Stderr, Env: env,
+			Binary: cfg.ServerBinary, DataDir: dir, Stderr: cfg.Stderr, Env: env,
 			Args: []string{
 				"--log.level", "warn",
 				"--gateway.max-connections", strconv.Itoa(most + 1000),
@@ -761,9 +761,9 @@ func readyAll(ctx context.Context, procs []*fanoutProc) error {
 	return errors.Join(errs...)
 }
 
-// execClient starts a client as a child process of Binary.
+// execClient starts a client as a child process of ClientBinary.
 func (c FanoutConfig) execClient(name string, cc FanoutClientConfig) (*fanoutProc, error) {
-	cmd := exec.Command(c.Binary, c.ClientArgs(cc)...)
+	cmd := exec.Command(c.ClientBinary, c.ClientArgs(cc)...)
 	cmd.Stderr = c.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

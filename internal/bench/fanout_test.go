@@ -172,10 +172,16 @@ func TestStampBody(t *testing.T) {
 
 func TestFanoutConfigValidate(t *testing.T) {
 	base := DefaultFanoutConfig()
-	base.Binary = "/bin/parley"
+	base.ServerBinary, base.ClientBinary = "/bin/parley", "/bin/parley-bench"
 	base.ClientArgs = func(FanoutClientConfig) []string { return nil }
 	if err := base.Validate(); err != nil {
 		t.Fatalf("defaults with a binary: %v", err)
+	}
+	attached := base // to a running node, clients in this process: no binary needed
+	attached.ServerBinary, attached.ClientBinary = "", ""
+	attached.Addr, attached.DataDir, attached.startClient = "127.0.0.1:1", "/tmp", inProcessClient()
+	if err := attached.Validate(); err != nil {
+		t.Fatalf("attached with in-process clients: %v", err)
 	}
 	for name, mut := range map[string]func(*FanoutConfig){
 		"online above members": func(c *FanoutConfig) { c.Scenarios = []FanoutScenario{{Name: "x", Members: 5, Online: 6, Procs: 1}} },
@@ -185,6 +191,8 @@ func TestFanoutConfigValidate(t *testing.T) {
 		"negative rate":        func(c *FanoutConfig) { c.Rate = -1 },
 		"body below the stamp": func(c *FanoutConfig) { c.BodyBytes = stampLen - 1 },
 		"no client args":       func(c *FanoutConfig) { c.ClientArgs = nil },
+		"no server binary":     func(c *FanoutConfig) { c.ServerBinary = "" },
+		"no client binary":     func(c *FanoutConfig) { c.ClientBinary = "" },
 	} {
 		c := base
 		mut(&c)

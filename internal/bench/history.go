@@ -33,7 +33,7 @@ type HistoryConfig struct {
 	Logger    *slog.Logger
 }
 
-// DefaultHistoryConfig returns the defaults of `parley bench history`.
+// DefaultHistoryConfig returns the defaults of `parley-bench history`.
 func DefaultHistoryConfig() HistoryConfig {
 	return HistoryConfig{
 		Convs: 8, Messages: 300, BodyBytes: 100, Reads: 250, Limit: 50, Timeout: 10 * time.Minute,

@@ -25,22 +25,25 @@ const MaxConnsPerClient = 15000
 
 // IdleConfig configures the idle-connection benchmark.
 type IdleConfig struct {
-	Binary string // the parley executable, started as server and clients
-	Conns  int    // connections in total
-	Procs  int    // client processes sharing them
-	Step   int    // connections added between RSS checkpoints
+	ServerBinary string // the parley executable, started as the server
+	// ClientBinary is started as the idle-client processes: the
+	// benchmark's own executable.
+	ClientBinary string
+	Conns        int // connections in total
+	Procs        int // client processes sharing them
+	Step         int // connections added between RSS checkpoints
 	// Settle is the pause before each sample, so handshake garbage and
 	// in-flight frames are not counted as per-connection cost.
 	Settle time.Duration
-	// ClientArgs returns the arguments after Binary that start one
-	// idle-client process (`bench idle-client` and its flags).
+	// ClientArgs returns the arguments after ClientBinary that start one
+	// idle-client process (`idle-client` and its flags).
 	ClientArgs func(IdleClientConfig) []string
 	Out        io.Writer // the report
 	Stderr     io.Writer // children's logs
 	Logger     *slog.Logger
 }
 
-// DefaultIdleConfig returns the defaults used by `parley bench idle`.
+// DefaultIdleConfig returns the defaults used by `parley-bench idle`.
 func DefaultIdleConfig() IdleConfig {
 	return IdleConfig{
 		Conns: 18000, Procs: 3, Step: 3000, Settle: 5 * time.Second,
@@ -51,8 +54,8 @@ func DefaultIdleConfig() IdleConfig {
 // Validate reports a configuration the benchmark cannot run with.
 func (c IdleConfig) Validate() error {
 	var errs []error
-	if c.Binary == "" {
-		errs = append(errs, errors.New("binary is required"))
+	if c.ServerBinary == "" || c.ClientBinary == "" {
+		errs = append(errs, errors.New("server and client binaries are required"))
 	}
 	if c.Conns < 1 || c.Procs < 1 || c.Step < 1 {
 		errs = append(errs, fmt.Errorf("conns, procs and step must be positive, got %d, %d, %d", c.Conns, c.Procs, c.Step))
@@ -109,7 +112,7 @@ func RunIdle(ctx context.Context, cfg IdleConfig) (res IdleResult, err error) {
 		return IdleResult{}, fmt.Errorf("bench idle: %w", err)
 	}
 	srv, err := StartServer(ctx, ServerConfig{
-		Binary: cfg.Binary, DataDir: dir, Stderr: cfg.Stderr,
+		Binary: cfg.ServerBinary, DataDir: dir, Stderr: cfg.Stderr,
 		Args: []string{
 			"--log.level", "warn",
 			"--gateway.max-connections", strconv.Itoa(cfg.Conns + 1000),
@@ -130,7 +133,7 @@ func RunIdle(ctx context.Context, cfg IdleConfig) (res IdleResult, err error) {
 			Addr: srv.Addr, DataDir: dir, LocalIP: fmt.Sprintf("127.0.0.%d", 10+k),
 			Prefix: fmt.Sprintf("idle%d-", k), Concurrency: DefaultIdleClientConfig().Concurrency,
 		}
-		if err := fleet.start(cfg.Binary, cfg.ClientArgs(cc), cfg.Stderr); err != nil {
+		if err := fleet.start(cfg.ClientBinary, cfg.ClientArgs(cc), cfg.Stderr); err != nil {
 			return IdleResult{}, fmt.Errorf("bench idle: %w", err)
 		}
 	}

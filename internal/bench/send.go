@@ -24,8 +24,9 @@ import (
 
 // SendConfig configures the durable send benchmark.
 type SendConfig struct {
-	// Binary starts a server on a fresh data directory when Addr is empty.
-	Binary string
+	// ServerBinary, the parley executable, is started as the server on a
+	// fresh data directory when Addr is empty.
+	ServerBinary string
 	// Addr and DataDir attach to a running node instead; DataDir holds the
 	// development key the benchmark mints tokens with.
 	Addr    string
@@ -46,7 +47,7 @@ type SendConfig struct {
 	Logger *slog.Logger
 }
 
-// DefaultSendConfig returns the defaults used by `parley bench send`.
+// DefaultSendConfig returns the defaults used by `parley-bench send`.
 func DefaultSendConfig() SendConfig {
 	return SendConfig{
 		Pairs: 16, Messages: 500, Inflight: 1, BodyBytes: 100, Timeout: 5 * time.Minute,
@@ -57,8 +58,8 @@ func DefaultSendConfig() SendConfig {
 // Validate reports a configuration the benchmark cannot run with.
 func (c SendConfig) Validate() error {
 	var errs []error
-	if c.Addr == "" && c.Binary == "" {
-		errs = append(errs, errors.New("binary is required unless attaching with addr"))
+	if c.Addr == "" && c.ServerBinary == "" {
+		errs = append(errs, errors.New("server binary is required unless attaching with addr"))
 	}
 	if (c.Addr == "") != (c.DataDir == "") {
 		errs = append(errs, errors.New("addr and data dir go together (the data dir holds the key to mint tokens)"))
@@ -153,7 +154,7 @@ func RunSend(ctx context.Context, cfg SendConfig) (res SendResult, err error) {
 			return SendResult{}, fmt.Errorf("bench send: %w", err)
 		}
 		srv, err := StartServer(ctx, ServerConfig{
-			Binary: cfg.Binary, DataDir: dir, Stderr: cfg.Stderr,
+			Binary: cfg.ServerBinary, DataDir: dir, Stderr: cfg.Stderr,
 			Args: []string{"--log.level", "warn", "--gateway.drain-timeout", "2s"},
 		})
 		if err != nil {

@@ -23,9 +23,13 @@ import (
 	"github.com/parley-im/parley/internal/testbin"
 )
 
-var binary string
+// binary is parley; benchBinary is parley-bench, whose storm-client
+// processes the reconnect storm runs.
+var binary, benchBinary string
 
-func TestMain(m *testing.M) { testbin.Main(m, &binary) }
+func TestMain(m *testing.M) {
+	testbin.Main(m, &binary, testbin.Command{Name: "parley-bench", Path: &benchBinary})
+}
 
 // engines returns the engines' addresses or skips (fails under CI).
 func engines(t *testing.T) (redis, nats, cassandra string) {

@@ -255,7 +255,7 @@ func waitTexts(t *testing.T, procs []*stormProc, clients, want int, limit time.D
 	}
 }
 
-// stormProc is a `parley bench storm-client` child process.
+// stormProc is a `parley-bench storm-client` child process.
 type stormProc struct {
 	name  string
 	cmd   *exec.Cmd
@@ -271,7 +271,7 @@ func startStormProc(t *testing.T, c *Cluster, k int, urls []string, prefix strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(binary, "bench", "storm-client", "-urls", strings.Join(urls, ","),
+	cmd := exec.Command(benchBinary, "storm-client", "-urls", strings.Join(urls, ","),
 		"-key", hex.EncodeToString(c.key), "-prefix", prefix,
 		"-from", strconv.Itoa(from), "-to", strconv.Itoa(to), "-max-backoff", "5s")
 	cmd.Stderr = logf

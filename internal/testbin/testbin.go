@@ -1,5 +1,6 @@
 // Package testbin builds the real parley binary once per test package, for
-// black-box tests that run it as child processes (crash and cluster tests).
+// black-box tests that run it as child processes (crash and cluster tests),
+// and beside it any other command of the module they run (parley-bench).
 package testbin
 
 import (
@@ -12,22 +13,31 @@ import (
 	"time"
 )
 
-// Main builds parley into a temporary directory, stores its path in
-// *binary, runs the package's tests and exits with their code; call it
-// from TestMain.
-func Main(m *testing.M, binary *string) {
+// Command is another command of the module for Main to build: cmd/Name,
+// its path stored in *Path.
+type Command struct {
+	Name string
+	Path *string
+}
+
+// Main builds parley and the commands of also into one temporary
+// directory, stores parley's path in *binary, runs the package's tests and
+// exits with their code; call it from TestMain.
+func Main(m *testing.M, binary *string, also ...Command) {
 	dir, err := os.MkdirTemp("", "parley-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	*binary = filepath.Join(dir, "parley")
-	build := exec.Command("go", "build", "-o", *binary, "github.com/parley-im/parley/cmd/parley")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build parley:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
+	for _, c := range append([]Command{{Name: "parley", Path: binary}}, also...) {
+		*c.Path = filepath.Join(dir, c.Name)
+		build := exec.Command("go", "build", "-o", *c.Path, "github.com/parley-im/parley/cmd/"+c.Name)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n", c.Name, err)
+			os.RemoveAll(dir)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)

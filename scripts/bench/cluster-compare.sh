@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# cluster-compare.sh CLIENT BINARY... — old vs new cluster builds, same run
+# cluster-compare.sh BENCH BINARY... — old vs new cluster builds, same run
 #
 # For each BINARY in turn (ROUNDS times, interleaved: A B C A B C ...),
 # starts a fresh cluster of it on the shared engines (cluster.sh: 2 chat
 # processes, 3 gateways, a keyspace and namespace of its own), runs the
-# cluster benchmarks with CLIENT's `parley bench` (the same client for
+# cluster benchmarks with BENCH, a parley-bench (the same client for
 # every build), prints the 1-minute load average before each, the CPU
 # time each process and engine spent per ACKed message, and stops it:
 #
@@ -12,7 +12,7 @@
 #   3,000-member group fan-out across the 3 gateways, 20 messages at 1/s
 #
 #   source /tmp/parley-engines/env; export PARLEY_TEST_REDIS PARLEY_TEST_NATS PARLEY_TEST_CASSANDRA
-#   scripts/bench/cluster-compare.sh /tmp/new /tmp/old /tmp/main /tmp/new
+#   scripts/bench/cluster-compare.sh ./parley-bench /tmp/old /tmp/main /tmp/new
 #
 # ONLY=send or ONLY=fanout runs one kind; CHUNK (default 250) is the
 # members per add_members frame of the fan-out's setup. Reports go to stdout; each
@@ -82,13 +82,13 @@ for round in $(seq "$rounds"); do
 		T=$(cat "$root/$name/T")
 		if [[ $only != fanout ]]; then
 			# shellcheck disable=SC2086
-			measure "$name" "1 pair × $m1" "$m1" "$client" bench send $T -pairs 1 -messages "$m1" -inflight 1
+			measure "$name" "1 pair × $m1" "$m1" "$client" send $T -pairs 1 -messages "$m1" -inflight 1
 			# shellcheck disable=SC2086
-			measure "$name" "16 pairs × $m16" $((16 * m16)) "$client" bench send $T -pairs 16 -messages "$m16" -inflight 1
+			measure "$name" "16 pairs × $m16" $((16 * m16)) "$client" send $T -pairs 16 -messages "$m16" -inflight 1
 		fi
 		if [[ $only != send ]]; then
 			# shellcheck disable=SC2086
-			measure "$name" "3,000 members × 20" 20 "$client" bench fanout $T -only delivery-3000 -delivery-members 3000 -procs 3 -messages 20 -rate 1 -chunk "${CHUNK:-250}"
+			measure "$name" "3,000 members × 20" 20 "$client" fanout $T -only delivery-3000 -delivery-members 3000 -procs 3 -messages 20 -rate 1 -chunk "${CHUNK:-250}"
 		fi
 		"$here/cluster.sh" down "$name"
 		trap - EXIT

@@ -8,14 +8,14 @@
 # (chat) and PORTBASE+11..13 (gateways), each with pprof on PORTBASE+21..25
 # (PARLEY_PPROF; builds without it ignore it). Its files go under
 # ${BENCH_DIR:-/tmp/parley-bench}/NAME: logs, pids, and T — the
-# `-urls/-key/-chats` flags of `parley bench` for this cluster:
+# `-urls/-key/-chats` flags of `parley-bench` for this cluster:
 #
 #   scripts/bench/cluster.sh up ./parley pb1 7400
-#   ./parley bench send $(cat /tmp/parley-bench/pb1/T) -pairs 16 -messages 200 -inflight 1
+#   ./parley-bench send $(cat /tmp/parley-bench/pb1/T) -pairs 16 -messages 200 -inflight 1
 #   scripts/bench/cluster.sh down pb1
 #
 # The gateways' per-user and per-connection limits are lifted as
-# `parley bench` does for a node it starts; a build that refuses one of
+# `parley-bench` does for a node it starts; a build that refuses one of
 # those flags is started without them. down drops the keyspace's data
 # only by leaving it: rerun with a fresh NAME for a fresh keyspace.
 set -euo pipefail

@@ -1,18 +1,29 @@
+// Command parley-bench is Parley's load tools (internal/bench): idle
+// memory, send throughput and latency, group fan-out, history reads. It
+// starts a real `parley serve` child from the parley executable beside it
+// (or -server-binary), or drives a running node or cluster, and re-executes
+// itself for the client processes that hold the many connections (hidden
+// subcommands idle-client, fanout-client, storm-client). It is a command of
+// its own so that the server's binary links none of it.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/parley-im/parley/internal/bench"
 )
 
-const benchUsage = `usage: parley bench <idle|send|fanout|history> [flags]
+const benchUsage = `usage: parley-bench <idle|send|fanout|history> [flags]
 
   idle     server RSS per idle authenticated connection (starts its own server)
   send     durable 1:1 send→ACK throughput and send→deliver latency
@@ -20,15 +31,28 @@ const benchUsage = `usage: parley bench <idle|send|fanout|history> [flags]
   history  "latest 50" history reads through a running cluster's gateways
 
 send and fanout start their own node, or drive a running one (-addr) or a
-running cluster (-urls ws://g1,ws://g2 -key HEX -chats c1,c2).
+running cluster (-urls ws://g1,ws://g2 -key HEX -chats c1,c2). A node they
+start runs the parley executable in this one's directory, or -server-binary.
 
-Run 'parley bench <name> -h' for its flags. Results: docs/benchmarks.md.
+Run 'parley-bench <name> -h' for its flags. Results: docs/benchmarks.md.
 `
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := runBench(ctx, os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "parley-bench:", err)
+		os.Exit(1)
+	}
+}
 
 func runBench(ctx context.Context, args []string) error {
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, benchUsage)
-		return fmt.Errorf("bench: no benchmark named")
+		return errors.New("no benchmark named")
 	}
 	switch args[0] {
 	case "idle":
@@ -53,7 +77,7 @@ func runBench(ctx context.Context, args []string) error {
 		return nil
 	}
 	fmt.Fprint(os.Stderr, benchUsage)
-	return fmt.Errorf("bench: unknown benchmark %q", args[0])
+	return fmt.Errorf("unknown benchmark %q", args[0])
 }
 
 const (
@@ -62,28 +86,53 @@ const (
 	stormClientCmd  = "storm-client"
 )
 
+// serverBinaryFlag registers -server-binary on fs; the function it returns
+// gives the parley executable to start as the server after parsing: the
+// flag's value, or parley in this executable's directory.
+func serverBinaryFlag(fs *flag.FlagSet) func() (string, error) {
+	bin := fs.String("server-binary", "", "start this parley executable as the server (default: parley beside this executable; e.g. an older build, with this one's clients)")
+	return func() (string, error) {
+		if *bin != "" {
+			return *bin, nil
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			return "", err
+		}
+		beside := filepath.Join(filepath.Dir(exe), "parley")
+		if st, err := os.Stat(beside); err != nil || !st.Mode().IsRegular() {
+			return "", fmt.Errorf("no parley executable beside %s: build one (go build -o %s ./cmd/parley) or name one with -server-binary", exe, beside)
+		}
+		return beside, nil
+	}
+}
+
 func benchLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
 func runBenchIdle(ctx context.Context, args []string) error {
 	cfg := bench.DefaultIdleConfig()
-	fs := flag.NewFlagSet("bench idle", flag.ContinueOnError)
+	fs := flag.NewFlagSet("parley-bench idle", flag.ContinueOnError)
 	fs.IntVar(&cfg.Conns, "conns", cfg.Conns, "idle connections in total")
 	fs.IntVar(&cfg.Procs, "procs", cfg.Procs, fmt.Sprintf("client processes (each holds at most %d)", bench.MaxConnsPerClient))
 	fs.IntVar(&cfg.Step, "step", cfg.Step, "connections added between RSS checkpoints")
 	fs.DurationVar(&cfg.Settle, "settle", cfg.Settle, "pause before each RSS sample")
+	server := serverBinaryFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	exe, err := os.Executable()
 	if err != nil {
-		return fmt.Errorf("bench idle: %w", err)
+		return fmt.Errorf("idle: %w", err)
 	}
-	cfg.Binary = exe
+	if cfg.ServerBinary, err = server(); err != nil {
+		return fmt.Errorf("idle: %w", err)
+	}
+	cfg.ClientBinary = exe
 	cfg.Logger = benchLogger()
 	cfg.ClientArgs = func(c bench.IdleClientConfig) []string {
-		return []string{"bench", idleClientCmd,
+		return []string{idleClientCmd,
 			"-addr", c.Addr, "-data-dir", c.DataDir, "-local-ip", c.LocalIP,
 			"-prefix", c.Prefix, "-concurrency", strconv.Itoa(c.Concurrency)}
 	}
@@ -93,7 +142,7 @@ func runBenchIdle(ctx context.Context, args []string) error {
 
 func runBenchIdleClient(ctx context.Context, args []string) error {
 	cfg := bench.DefaultIdleClientConfig()
-	fs := flag.NewFlagSet("bench "+idleClientCmd, flag.ContinueOnError)
+	fs := flag.NewFlagSet("parley-bench "+idleClientCmd, flag.ContinueOnError)
 	fs.StringVar(&cfg.Addr, "addr", "", "node address, host:port")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "the node's data directory (development key)")
 	fs.StringVar(&cfg.LocalIP, "local-ip", "", "source IP address of the connections")
@@ -108,7 +157,7 @@ func runBenchIdleClient(ctx context.Context, args []string) error {
 
 func runBenchSend(ctx context.Context, args []string) error {
 	cfg := bench.DefaultSendConfig()
-	fs := flag.NewFlagSet("bench send", flag.ContinueOnError)
+	fs := flag.NewFlagSet("parley-bench send", flag.ContinueOnError)
 	fs.IntVar(&cfg.Pairs, "pairs", cfg.Pairs, "sender/receiver pairs, each in its own direct conversation")
 	fs.IntVar(&cfg.Messages, "messages", cfg.Messages, "messages per sender")
 	fs.IntVar(&cfg.Inflight, "inflight", cfg.Inflight, "unacknowledged sends per sender")
@@ -117,24 +166,25 @@ func runBenchSend(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "with -addr: the node's data directory (its development key signs the tokens)")
 	fs.BoolVar(&cfg.Fsyncs, "fsyncs", false, "count the server's fsync/fdatasync calls with perf(1); needs perf and permission to trace")
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "bound on the whole run")
+	server := serverBinaryFlag(fs)
 	cluster := clusterFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if t, err := cluster(); err != nil || t != nil {
 		if err != nil {
-			return fmt.Errorf("bench send: %w", err)
+			return fmt.Errorf("send: %w", err)
 		}
 		cfg.Logger = benchLogger()
 		_, err := bench.RunClusterSend(ctx, *t, cfg)
 		return err
 	}
 	if cfg.Addr == "" {
-		exe, err := os.Executable()
+		bin, err := server()
 		if err != nil {
-			return fmt.Errorf("bench send: %w", err)
+			return fmt.Errorf("send: %w", err)
 		}
-		cfg.Binary = exe
+		cfg.ServerBinary = bin
 	}
 	cfg.Logger = benchLogger()
 	_, err := bench.RunSend(ctx, cfg)
@@ -143,7 +193,7 @@ func runBenchSend(ctx context.Context, args []string) error {
 
 func runBenchFanout(ctx context.Context, args []string) error {
 	cfg := bench.DefaultFanoutConfig()
-	fs := flag.NewFlagSet("bench fanout", flag.ContinueOnError)
+	fs := flag.NewFlagSet("parley-bench fanout", flag.ContinueOnError)
 	fs.IntVar(&cfg.Messages, "messages", cfg.Messages, "messages sent per scenario")
 	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "messages per second; 0 sends each after the previous ACK")
 	fs.IntVar(&cfg.BodyBytes, "body-bytes", cfg.BodyBytes, "message body size")
@@ -158,7 +208,7 @@ func runBenchFanout(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Addr, "addr", "", "attach to this running node (host:port) instead of starting one")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "with -addr: the node's data directory (its development key signs the tokens)")
 	fs.IntVar(&cfg.ServerPID, "server-pid", 0, "with -addr: the node's process id, to report its CPU time per delivery")
-	fs.StringVar(&cfg.ServerBinary, "server-binary", "", "start this parley executable as the server (e.g. an older build), with this one's clients")
+	server := serverBinaryFlag(fs)
 	fs.StringVar(&cfg.ProfileDir, "profile-dir", "", "save CPU and allocation profiles of the server's sending window here (the server opens pprof on PARLEY_PPROF)")
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "bound on the whole run")
 	cluster := clusterFlags(fs)
@@ -167,7 +217,7 @@ func runBenchFanout(ctx context.Context, args []string) error {
 	}
 	target, err := cluster()
 	if err != nil {
-		return fmt.Errorf("bench fanout: %w", err)
+		return fmt.Errorf("fanout: %w", err)
 	}
 	cfg.Scenarios = bench.DefaultFanoutScenarios(*members, *procs)
 	if *groupMembers > 0 {
@@ -183,19 +233,24 @@ func runBenchFanout(ctx context.Context, args []string) error {
 				}
 			}
 			if !found {
-				return fmt.Errorf("bench fanout: no scenario %q", name)
+				return fmt.Errorf("fanout: no scenario %q", name)
 			}
 		}
 		cfg.Scenarios = picked
 	}
 	exe, err := os.Executable()
 	if err != nil {
-		return fmt.Errorf("bench fanout: %w", err)
+		return fmt.Errorf("fanout: %w", err)
 	}
-	cfg.Binary = exe
+	cfg.ClientBinary = exe
+	if target == nil && cfg.Addr == "" {
+		if cfg.ServerBinary, err = server(); err != nil {
+			return fmt.Errorf("fanout: %w", err)
+		}
+	}
 	cfg.Logger = benchLogger()
 	cfg.ClientArgs = func(c bench.FanoutClientConfig) []string {
-		return []string{"bench", fanoutClientCmd,
+		return []string{fanoutClientCmd,
 			"-addr", c.Addr, "-data-dir", c.DataDir, "-local-ip", c.LocalIP, "-prefix", c.Prefix,
 			"-from", strconv.Itoa(c.From), "-to", strconv.Itoa(c.To), "-device", c.Device,
 			"-concurrency", strconv.Itoa(c.Concurrency), "-ack-every", c.AckEvery.String()}
@@ -210,7 +265,7 @@ func runBenchFanout(ctx context.Context, args []string) error {
 
 func runBenchHistory(ctx context.Context, args []string) error {
 	cfg := bench.DefaultHistoryConfig()
-	fs := flag.NewFlagSet("bench history", flag.ContinueOnError)
+	fs := flag.NewFlagSet("parley-bench history", flag.ContinueOnError)
 	fs.IntVar(&cfg.Convs, "convs", cfg.Convs, "direct conversations, read in parallel")
 	fs.IntVar(&cfg.Messages, "messages", cfg.Messages, "messages seeded per conversation")
 	fs.IntVar(&cfg.BodyBytes, "body-bytes", cfg.BodyBytes, "message body size")
@@ -226,7 +281,7 @@ func runBenchHistory(ctx context.Context, args []string) error {
 		err = fmt.Errorf("-urls and -key are required")
 	}
 	if err != nil {
-		return fmt.Errorf("bench history: %w", err)
+		return fmt.Errorf("history: %w", err)
 	}
 	cfg.Logger = benchLogger()
 	_, err = bench.RunClusterHistory(ctx, *t, cfg)
@@ -256,7 +311,7 @@ func clusterFlags(fs *flag.FlagSet) func() (*bench.ClusterTarget, error) {
 
 func runBenchFanoutClient(ctx context.Context, args []string) error {
 	cfg := bench.DefaultFanoutClientConfig()
-	fs := flag.NewFlagSet("bench "+fanoutClientCmd, flag.ContinueOnError)
+	fs := flag.NewFlagSet("parley-bench "+fanoutClientCmd, flag.ContinueOnError)
 	fs.StringVar(&cfg.Addr, "addr", "", "node address, host:port")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "the node's data directory (development key)")
 	fs.StringVar(&cfg.LocalIP, "local-ip", "", "source IP address of the connections")
@@ -275,7 +330,7 @@ func runBenchFanoutClient(ctx context.Context, args []string) error {
 
 func runBenchStormClient(ctx context.Context, args []string) error {
 	cfg := bench.DefaultStormClientConfig()
-	fs := flag.NewFlagSet("bench "+stormClientCmd, flag.ContinueOnError)
+	fs := flag.NewFlagSet("parley-bench "+stormClientCmd, flag.ContinueOnError)
 	urls := fs.String("urls", "", "comma-separated gateway WebSocket bases (ws://host:port)")
 	key := fs.String("key", "", "the cluster's HS256 key, hex (mints the tokens)")
 	fs.StringVar(&cfg.Prefix, "prefix", "", "user id prefix")
@@ -290,7 +345,7 @@ func runBenchStormClient(ctx context.Context, args []string) error {
 	}
 	t, err := bench.ParseClusterTarget(*urls, *key, "")
 	if err != nil {
-		return fmt.Errorf("bench %s: %w", stormClientCmd, err)
+		return fmt.Errorf("%s: %w", stormClientCmd, err)
 	}
 	cfg.URLs, cfg.Key = t.URLs, t.Key
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("client", fmt.Sprintf("%s%d-%d", cfg.Prefix, cfg.From, cfg.To))
