@@ -238,23 +238,6 @@ func (c *countingStore) Read(ctx context.Context, user, device string, conv uint
 	return c.Store.Read(ctx, user, device, conv)
 }
 
-// networkedStore is a countingStore that, as Cassandra's owned appends
-// do, is networked and raises the sender's read position with the append
-// (store.Append.ReadBy).
-type networkedStore struct{ *countingStore }
-
-func (networkedStore) Networked() bool { return true }
-
-func (n networkedStore) Append(ctx context.Context, a store.Append) (store.AppendResult, error) {
-	res, err := n.countingStore.Append(ctx, a)
-	if err == nil && a.ReadBy != nil && !res.Duplicate {
-		if _, err = n.SetRead(ctx, a.ReadBy.User, a.ReadBy.Device, res.Msg.ConvID, res.Msg.Seq); err == nil {
-			res.ReadRaised = true
-		}
-	}
-	return res, err
-}
-
 func (c *countingStore) reads() (int, int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -308,14 +291,14 @@ func TestDirectSendRemembersConversation(t *testing.T) {
 	}
 }
 
-// TestSendRemembersOwnReadPosition: with a store that raises the sender's
-// read position with the append, a send takes the position before the
+// TestSendRemembersOwnReadPosition: the store raises the sender's read
+// position with the append, and a send takes the position before the
 // message from memory once this process has seen it, and still pushes the
 // read receipt exactly when the move passes others' messages.
 func TestSendRemembersOwnReadPosition(t *testing.T) {
 	r := newReceiptRig(t)
 	cs := &countingStore{Store: r.st}
-	r.st = networkedStore{cs}
+	r.st = cs
 	svc := r.service()
 	conv := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeOpenDirect, Peer: "b"}).Conv.ConvID
 	send := func(user, id string) {

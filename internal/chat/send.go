@@ -16,132 +16,20 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
-// networked is implemented by stores whose reads cross the network
-// (Cassandra): the service then overlaps independent reads.
-type networked interface{ Networked() bool }
-
 // send stores a message or an edit/recall event and acknowledges it.
 // Order of work: membership → seq + durable write → ack → fan-out.
 // A failed write is reported and nothing is acknowledged; a failed fan-out
 // never undoes the stored message.
 func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply func(*protocol.Frame)) *protocol.Error {
 	start := s.now()
-	var (
-		cv   store.Conversation
-		err  error
-		read chan struct{}
-		// own is the caller's read position before the message, read
-		// alongside over the network (ownErr != nil: not known).
-		own     uint64
-		ownErr  = errors.New("not read")
-		ownRead chan struct{}
-	)
-	// A direct conversation the caller is a member of, as remembered:
-	// neither it nor the membership is read again (directConv).
-	var known bool
-	if !c.Admin {
-		cv, known = s.directConv(f.ConvID, c.User)
-	}
-	if _, ok := s.store.(networked); ok {
-		// Over the network the conversation and the caller's read
-		// position are read alongside the membership: one round trip
-		// before the append instead of three.
-		read = make(chan struct{})
-		if known {
-			close(read)
-		} else {
-			go func() { cv, err = s.store.Conversation(ctx, f.ConvID); close(read) }()
-		}
-		if !c.Admin {
-			if seq, ok := s.ownRead(c.User, s.readDevice(c), f.ConvID); ok {
-				own, ownErr = seq, nil
-				ownRead = make(chan struct{})
-				close(ownRead)
-			} else {
-				ownRead = make(chan struct{})
-				go func() {
-					own, ownErr = s.store.Read(ctx, c.User, s.readDevice(c), f.ConvID)
-					if ownErr == nil {
-						s.sawRead(c.User, s.readDevice(c), f.ConvID, own)
-					}
-					close(ownRead)
-				}()
-			}
-		}
-	}
-	// waitOwn waits for the read position's read, on every return.
-	waitOwn := func() {
-		if ownRead != nil {
-			<-ownRead
-			ownRead = nil
-		}
-	}
-	defer waitOwn()
-	if !c.Admin && !known {
-		// The admin (moderation edit and recall, admin.go) is no member:
-		// its authority replaces the membership check.
-		m, perr := s.member(ctx, c.User, f.ConvID)
-		if read != nil {
-			<-read
-		}
-		if perr != nil {
-			return perr
-		}
-		switch {
-		case m.LeaveSeq != 0:
-			return protocol.Errorf(protocol.CodeNotMember, "no longer a member of this conversation")
-		case m.Muted:
-			return protocol.Errorf(protocol.CodeForbidden, "muted in this conversation")
-		}
-	} else if read != nil {
-		<-read
-	}
-	if read == nil && !known {
-		cv, err = s.store.Conversation(ctx, f.ConvID)
-	}
-	if err != nil {
-		return s.storeErr("conversation", err)
-	}
-	if !known {
-		s.rememberDirect(cv)
-	}
-	if c.Admin && cv.E2E && f.Type != protocol.TypeRecall {
-		return protocol.Errorf(protocol.CodeE2EUnsupported, "the server never produces the body of an end-to-end encrypted conversation: moderation can recall, not edit")
-	}
-	if perr := checkE2E(cv, f); perr != nil {
+	cv, own, perr := s.sendReads(ctx, c, f.ConvID)
+	if perr != nil {
 		return perr
 	}
-	if f.MentionAll {
-		if cv.Kind != store.Group {
-			return protocol.Errorf(protocol.CodeInvalidArgument, "mention_all is for groups")
-		}
-		ok, wait, err := s.limits.Allow(ctx, "everyone:"+strconv.FormatUint(cv.ID, 10), s.cfg.EveryoneInterval)
-		if err != nil {
-			return &protocol.Error{Code: protocol.CodeOverloaded, Msg: "rate limiter unavailable", RetryAfter: 1000}
-		}
-		if !ok {
-			return &protocol.Error{Code: protocol.CodeRateLimited, Msg: "@everyone is limited per group", RetryAfter: max(wait.Milliseconds(), 1)}
-		}
+	if perr := s.sendAllowed(ctx, c, cv, f); perr != nil {
+		return perr
 	}
-	a := store.Append{
-		Msg: store.Message{
-			ConvID: f.ConvID, MsgID: s.ids.Next(), Sender: c.User, SenderDevice: c.Device,
-			ClientMsgID: f.ClientMsgID, Kind: f.Kind, Body: f.Body, TargetSeq: f.TargetSeq,
-			ServerTime: start.UnixMilli(), Mentions: f.Mentions, MentionAll: f.MentionAll, CoalesceKey: scopedKey(c.User, f.CoalesceKey),
-		},
-	}
-	if f.TargetSeq != 0 {
-		a.Check = s.checkTarget(c, f)
-	}
-	if ownRead != nil {
-		// The store raises the sender's read position with the message's
-		// last writes if it can (res.ReadRaised).
-		a.ReadBy = &store.Reader{User: c.User, Device: s.readDevice(c)}
-	}
-	// Direct conversations and small groups of a few members get their
-	// rows in the message's own write: no second write (and fsync) per
-	// message, and the rows are never behind the message.
-	a.Rows = cv.Kind == store.Direct || (s.cfg.tierFor(cv.Tier, cv.Members) == TierSmall && cv.Members <= s.cfg.InlineRows)
+	a := s.appendOf(c, cv, f, start)
 	res, err := s.store.Append(ctx, a)
 	if err != nil {
 		return s.storeErr("append", err)
@@ -150,17 +38,7 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 		s.obs.Stored(s.now().Sub(start))
 	}
 	stored := res.Msg
-	// The sender has seen what it sent: its read position moves to the
-	// message (a duplicate repeats it, in case the first attempt died
-	// between the two writes), before the ack, so that no conv_list after
-	// the ack counts the user's own message as unread.
-	var passed bool
-	if waitOwn(); res.ReadRaised {
-		passed = ownErr == nil && own+1 < stored.Seq
-		s.sawRead(c.User, s.readDevice(c), stored.ConvID, stored.Seq)
-	} else {
-		passed = s.readOwn(ctx, c, stored.ConvID, stored.Seq)
-	}
+	passed := s.ownReadRaised(ctx, c, own, res)
 	reply(&protocol.Frame{
 		Type: protocol.TypeAck, RID: f.RID, ConvID: stored.ConvID, ClientMsgID: stored.ClientMsgID,
 		Seq: stored.Seq, MsgID: stored.MsgID, ServerTime: stored.ServerTime, Duplicate: res.Duplicate,
@@ -175,6 +53,146 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	// the client retry. Rows are idempotent and devices drop repeated seqs.
 	s.outbox.Enqueue(fanout.Job{Msg: stored, RowsWritten: res.RowsWritten, Conv: &cv})
 	return nil
+}
+
+// ownPos is the caller's read position before its message, if known.
+type ownPos struct {
+	seq   uint64
+	known bool
+}
+
+// sendReads reads what a send checks before its append: the
+// conversation, the caller's membership and the caller's read position
+// (to tell whether its message passes over others'). The three reads
+// overlap — one round trip before the append over the network, not three
+// — and what this process remembers is not read again: a direct
+// conversation and its membership (directConv), the read position
+// (ownRead).
+func (s *Service) sendReads(ctx context.Context, c Caller, conv uint64) (store.Conversation, ownPos, *protocol.Error) {
+	var (
+		cv    store.Conversation
+		known bool
+		own   ownPos
+		cvErr error
+		wg    sync.WaitGroup
+	)
+	if !c.Admin {
+		cv, known = s.directConv(conv, c.User)
+		own.seq, own.known = s.ownRead(c.User, s.readDevice(c), conv)
+		if !own.known {
+			wg.Go(func() { own = s.readOwnPos(ctx, c, conv) })
+		}
+	}
+	if !known {
+		wg.Go(func() { cv, cvErr = s.store.Conversation(ctx, conv) })
+	}
+	var perr *protocol.Error
+	if !c.Admin && !known {
+		// The admin (moderation edit and recall, admin.go) is no member:
+		// its authority replaces the membership check.
+		perr = s.sender(ctx, c.User, conv)
+	}
+	wg.Wait()
+	switch {
+	case perr != nil:
+		return cv, own, perr
+	case cvErr != nil:
+		return cv, own, s.storeErr("conversation", cvErr)
+	}
+	if !known {
+		s.rememberDirect(cv)
+	}
+	return cv, own, nil
+}
+
+// readOwnPos reads the caller's read position in conv and remembers it.
+func (s *Service) readOwnPos(ctx context.Context, c Caller, conv uint64) ownPos {
+	dev := s.readDevice(c)
+	seq, err := s.store.Read(ctx, c.User, dev, conv)
+	if err != nil {
+		return ownPos{}
+	}
+	s.sawRead(c.User, dev, conv, seq)
+	return ownPos{seq: seq, known: true}
+}
+
+// sender checks that user may send to conv: a current member, not muted.
+func (s *Service) sender(ctx context.Context, user string, conv uint64) *protocol.Error {
+	m, perr := s.member(ctx, user, conv)
+	switch {
+	case perr != nil:
+		return perr
+	case m.LeaveSeq != 0:
+		return protocol.Errorf(protocol.CodeNotMember, "no longer a member of this conversation")
+	case m.Muted:
+		return protocol.Errorf(protocol.CodeForbidden, "muted in this conversation")
+	}
+	return nil
+}
+
+// sendAllowed applies the checks of the conversation's kind: what an
+// end-to-end encrypted conversation accepts, and @everyone's limit.
+func (s *Service) sendAllowed(ctx context.Context, c Caller, cv store.Conversation, f *protocol.Frame) *protocol.Error {
+	if c.Admin && cv.E2E && f.Type != protocol.TypeRecall {
+		return protocol.Errorf(protocol.CodeE2EUnsupported, "the server never produces the body of an end-to-end encrypted conversation: moderation can recall, not edit")
+	}
+	if perr := checkE2E(cv, f); perr != nil {
+		return perr
+	}
+	if !f.MentionAll {
+		return nil
+	}
+	if cv.Kind != store.Group {
+		return protocol.Errorf(protocol.CodeInvalidArgument, "mention_all is for groups")
+	}
+	ok, wait, err := s.limits.Allow(ctx, "everyone:"+strconv.FormatUint(cv.ID, 10), s.cfg.EveryoneInterval)
+	if err != nil {
+		return &protocol.Error{Code: protocol.CodeOverloaded, Msg: "rate limiter unavailable", RetryAfter: 1000}
+	}
+	if !ok {
+		return &protocol.Error{Code: protocol.CodeRateLimited, Msg: "@everyone is limited per group", RetryAfter: max(wait.Milliseconds(), 1)}
+	}
+	return nil
+}
+
+// appendOf is the store write of f.
+func (s *Service) appendOf(c Caller, cv store.Conversation, f *protocol.Frame, now time.Time) store.Append {
+	a := store.Append{
+		Msg: store.Message{
+			ConvID: f.ConvID, MsgID: s.ids.Next(), Sender: c.User, SenderDevice: c.Device,
+			ClientMsgID: f.ClientMsgID, Kind: f.Kind, Body: f.Body, TargetSeq: f.TargetSeq,
+			ServerTime: now.UnixMilli(), Mentions: f.Mentions, MentionAll: f.MentionAll, CoalesceKey: scopedKey(c.User, f.CoalesceKey),
+		},
+	}
+	if f.TargetSeq != 0 {
+		a.Check = s.checkTarget(c, f)
+	}
+	if !c.Admin {
+		// The sender has seen what it sent: the store raises its read
+		// position with the message.
+		a.ReadBy = &store.Reader{User: c.User, Device: s.readDevice(c)}
+	}
+	// Direct conversations and small groups of a few members get their
+	// rows in the message's own write: no second write (and fsync) per
+	// message, and the rows are never behind the message.
+	a.Rows = cv.Kind == store.Direct || (s.cfg.tierFor(cv.Tier, cv.Members) == TierSmall && cv.Members <= s.cfg.InlineRows)
+	return a
+}
+
+// ownReadRaised makes sure the sender's read position is at its message
+// before the ack, so that no conv_list after the ack counts the user's own
+// message as unread, and reports whether the move passed over earlier
+// messages (the `read` receipt is then due). The store raised it with the
+// append (res.ReadRaised) unless the message is a duplicate — repeated
+// here, in case the first attempt died between the two writes — or the
+// position's write failed.
+func (s *Service) ownReadRaised(ctx context.Context, c Caller, own ownPos, res store.AppendResult) bool {
+	m := res.Msg
+	if !res.ReadRaised {
+		return s.readOwn(ctx, c, m.ConvID, m.Seq)
+	}
+	s.sawRead(c.User, s.readDevice(c), m.ConvID, m.Seq)
+	return own.known && own.seq+1 < m.Seq
 }
 
 // FanOut makes a stored message visible (the outbox's handler):

@@ -178,12 +178,13 @@ type Append struct {
 	Rows bool
 	// ReadBy, if set, asks for the read position of (ReadBy.User,
 	// ReadBy.Device) in the conversation to be raised to the new seq with
-	// the message (the sender has seen what it sent): an engine whose
-	// writes cross the network does it alongside the message's own last
-	// writes instead of one more round trip after them. An engine may
-	// leave it to the caller: AppendResult.ReadRaised reports whether it
-	// was done (never on a duplicate, and never when the message was not
-	// stored).
+	// the message (the sender has seen what it sent); a position already
+	// beyond it is kept. Every engine honours it: over the network
+	// alongside the message's own last writes, instead of one more round
+	// trip after them; embedded once the message is durable.
+	// AppendResult.ReadRaised reports that it was done: never on a
+	// duplicate, and not when the position's write failed (the message is
+	// stored all the same and the caller raises the position).
 	ReadBy *Reader
 }
 

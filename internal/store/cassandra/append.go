@@ -43,7 +43,22 @@ func (s *Store) Append(ctx context.Context, a store.Append) (store.AppendResult,
 	if err != nil {
 		return store.AppendResult{}, fmt.Errorf("cassandra: %s %d: %w", op, a.Msg.ConvID, err)
 	}
+	if a.ReadBy != nil && s.lease == nil && !res.Duplicate {
+		// Owned appends write the position with the message's last
+		// writes; without a lease it follows the message.
+		res.ReadRaised = s.raiseReadBy(ctx, *a.ReadBy, a.Msg.ConvID, res.Msg.Seq)
+	}
 	return res, nil
+}
+
+// raiseReadBy raises the read position of Append.ReadBy to seq after an
+// unowned append; a failure leaves it to the caller (false).
+func (s *Store) raiseReadBy(ctx context.Context, r store.Reader, conv, seq uint64) bool {
+	if _, err := s.raiseRead(ctx, r.User, r.Device, conv, seq); err != nil {
+		s.log.Warn("cassandra: append: read position of the sender not raised; left to the caller", logKeyConv, conv, logKeySeq, seq, logKeyErr, err)
+		return false
+	}
+	return true
 }
 
 // cloneMentions copies ms, with nil for none, so that a message reads back

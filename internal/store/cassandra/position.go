@@ -18,14 +18,19 @@ import (
 // SetRead raises the read position of (user, device, conv) to seq.
 func (s *Store) SetRead(ctx context.Context, user, device string, convID, seq uint64) (uint64, error) {
 	const op = "set read"
-	v, err := s.raise(ctx, seq,
-		`UPDATE read_positions USING TIMESTAMP ? SET seq = ? WHERE user_id = ? AND conv_id = ? AND device = ?`,
-		`SELECT seq FROM read_positions WHERE user_id = ? AND conv_id = ? AND device = ?`,
-		user, i64(convID), device)
+	v, err := s.raiseRead(ctx, user, device, convID, seq)
 	if err != nil {
 		return 0, fmt.Errorf("cassandra: %s: %w", op, err)
 	}
 	return v, nil
+}
+
+// raiseRead raises a read position to seq and returns it.
+func (s *Store) raiseRead(ctx context.Context, user, device string, convID, seq uint64) (uint64, error) {
+	return s.raise(ctx, seq,
+		`UPDATE read_positions USING TIMESTAMP ? SET seq = ? WHERE user_id = ? AND conv_id = ? AND device = ?`,
+		`SELECT seq FROM read_positions WHERE user_id = ? AND conv_id = ? AND device = ?`,
+		user, i64(convID), device)
 }
 
 // Read returns the read position of (user, device, conv), 0 if none.

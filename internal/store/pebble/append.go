@@ -260,7 +260,11 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	if recall {
 		s.dropVersions(conv, m.TargetSeq)
 	}
-	return store.AppendResult{Msg: m, RowsWritten: a.Rows}, nil
+	res = store.AppendResult{Msg: m, RowsWritten: a.Rows}
+	if a.ReadBy != nil {
+		res.ReadRaised = s.raiseReadBy(*a.ReadBy, conv, seq)
+	}
+	return res, nil
 }
 
 // memberRows returns the U rows of conv's current members raised to m's

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+
+	"github.com/parley-im/parley/internal/store"
 )
 
 // Positions are written with NoSync (see the package comment): a later
@@ -17,6 +19,17 @@ func (s *Store) SetRead(ctx context.Context, user, device string, convID, seq ui
 		return 0, fmt.Errorf("pebble: %s: %w", op, err)
 	}
 	return v, nil
+}
+
+// raiseReadBy raises the read position of Append.ReadBy to seq, its
+// message, once the message is durable: a position never runs ahead of
+// what a crash keeps. A failure leaves the raise to the caller (false).
+func (s *Store) raiseReadBy(r store.Reader, conv, seq uint64) bool {
+	if _, err := s.raise(readKey(r.User, conv, r.Device), seq); err != nil {
+		s.log.Warn("pebble: append: read position of the sender not raised; left to the caller", "conv", conv, "seq", seq, logKeyErr, err)
+		return false
+	}
+	return true
 }
 
 // Read returns the read position of (user, device, conv), 0 if none.

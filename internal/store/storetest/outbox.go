@@ -186,9 +186,9 @@ func testAppendRows(t *testing.T, e *env) {
 	}
 }
 
-// testAppendReadBy: Append.ReadBy, where the engine honours it
-// (ReadRaised), raises the reader's position to the reader's own message
-// and never lowers it; a duplicate reports it not raised.
+// testAppendReadBy: Append.ReadBy raises the reader's position to the
+// reader's own message with the append (ReadRaised) and never lowers it;
+// a duplicate reports it not raised.
 func testAppendReadBy(t *testing.T, e *env) {
 	ctx := context.Background()
 	e.group(t, 1, "alice", "bob")
@@ -199,15 +199,11 @@ func testAppendReadBy(t *testing.T, e *env) {
 	reader := &store.Reader{User: "alice", Device: "d1"}
 	m := e.msg(1, "alice", "rb-1", "hi")
 	res, err := e.s.Append(ctx, store.Append{Msg: m, ReadBy: reader})
-	if err != nil || res.Msg.Seq != 3 {
-		t.Fatalf("Append(ReadBy) = %+v, %v; want seq 3", res, err)
+	if err != nil || res.Msg.Seq != 3 || !res.ReadRaised {
+		t.Fatalf("Append(ReadBy) = %+v, %v; want seq 3, read raised", res, err)
 	}
-	want := uint64(1) // left to the caller
-	if res.ReadRaised {
-		want = 3
-	}
-	if got, err := e.s.Read(ctx, "alice", "d1", 1); err != nil || got != want {
-		t.Fatalf("read position after Append(ReadBy) with ReadRaised %v = %d, %v; want %d", res.ReadRaised, got, err, want)
+	if got, err := e.s.Read(ctx, "alice", "d1", 1); err != nil || got != 3 {
+		t.Fatalf("read position after Append(ReadBy) = %d, %v; want 3", got, err)
 	}
 	if got, err := e.s.Read(ctx, "alice", "", 1); err != nil || got != 0 {
 		t.Fatalf("per-user position moved with a device's ReadBy: %d, %v", got, err)
@@ -215,6 +211,14 @@ func testAppendReadBy(t *testing.T, e *env) {
 	dup, err := e.s.Append(ctx, store.Append{Msg: e.msg(1, "alice", "rb-1", "hi"), ReadBy: reader})
 	if err != nil || !dup.Duplicate || dup.ReadRaised {
 		t.Fatalf("duplicate Append(ReadBy) = %+v, %v; want a duplicate, not raised", dup, err)
+	}
+	// The per-user position (no device) too.
+	res, err = e.s.Append(ctx, store.Append{Msg: e.msg(1, "alice", "rb-u", "user"), ReadBy: &store.Reader{User: "alice"}})
+	if err != nil || !res.ReadRaised {
+		t.Fatalf("Append(ReadBy user) = %+v, %v; want read raised", res, err)
+	}
+	if got, err := e.s.Read(ctx, "alice", "", 1); err != nil || got != res.Msg.Seq {
+		t.Fatalf("per-user read position after Append(ReadBy) = %d, %v; want %d", got, err, res.Msg.Seq)
 	}
 	// A position already beyond the message is kept.
 	if _, err := e.s.SetRead(ctx, "alice", "d1", 1, 10); err != nil {
