@@ -138,26 +138,14 @@ func validate(f *Frame, lim Limits) *Error {
 		}
 		return needBody(f, lim)
 	case TypeEdit:
-		if e := needConv(f); e != nil {
+		if e := needTarget(f, lim); e != nil {
 			return e
-		}
-		if e := needClientMsgID(f, lim); e != nil {
-			return e
-		}
-		if f.TargetSeq == 0 {
-			return Errorf(CodeInvalidArgument, "target_seq is required")
 		}
 		f.Kind = KindEdit
 		return needBody(f, lim)
 	case TypeRecall:
-		if e := needConv(f); e != nil {
+		if e := needTarget(f, lim); e != nil {
 			return e
-		}
-		if e := needClientMsgID(f, lim); e != nil {
-			return e
-		}
-		if f.TargetSeq == 0 {
-			return Errorf(CodeInvalidArgument, "target_seq is required")
 		}
 		if f.Body != "" {
 			return Errorf(CodeInvalidArgument, "recall takes no body")
@@ -254,6 +242,21 @@ func validate(f *Frame, lim Limits) *Error {
 func needConv(f *Frame) *Error {
 	if f.ConvID == 0 {
 		return Errorf(CodeInvalidArgument, "conv_id is required")
+	}
+	return nil
+}
+
+// needTarget checks what an edit and a recall both need: the conversation,
+// a client_msg_id and the seq of the message they change.
+func needTarget(f *Frame, lim Limits) *Error {
+	if e := needConv(f); e != nil {
+		return e
+	}
+	if e := needClientMsgID(f, lim); e != nil {
+		return e
+	}
+	if f.TargetSeq == 0 {
+		return Errorf(CodeInvalidArgument, "target_seq is required")
 	}
 	return nil
 }

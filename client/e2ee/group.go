@@ -40,12 +40,11 @@ func senderKeyKey(group string, sender Address) string { return "sk/" + group + 
 func (d *Device) GroupDistribution(group string, f SenderKeyFormat) ([]byte, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	key := senderKeyKey(group, d.self)
-	var rec senderKeyRecord
-	if _, err := d.load(key, &rec); err != nil {
+	key, rec, err := d.ownSenderKey(group)
+	if err != nil {
 		return nil, err
 	}
-	if len(rec.States) == 0 || rec.States[0].SigningPriv == nil {
+	if !rec.signs() {
 		var r [4]byte
 		rand.Read(r[:])
 		s := senderKeyState{ChainID: binary.BigEndian.Uint32(r[:]) & 0x7FFFFFFF}
@@ -65,6 +64,21 @@ func (d *Device) GroupDistribution(group string, f SenderKeyFormat) ([]byte, err
 		Iteration: s.Chain.Index, ChainKey: s.Chain.Key, SigningKey: s.SigningPub}.Encode(f), nil
 }
 
+// ownSenderKey loads this device's own sender key record for group, and
+// the store key it is kept under; d.mu is held.
+func (d *Device) ownSenderKey(group string) (string, senderKeyRecord, error) {
+	key := senderKeyKey(group, d.self)
+	var rec senderKeyRecord
+	_, err := d.load(key, &rec)
+	return key, rec, err
+}
+
+// signs reports whether the record holds a sender key this device can
+// send with (its own, with the signing private key).
+func (r *senderKeyRecord) signs() bool {
+	return len(r.States) > 0 && r.States[0].SigningPriv != nil
+}
+
 // RotateGroup forgets this device's sender key for group: the next
 // GroupDistribution makes a new one. Call it when a member leaves or is
 // removed, and send the new distribution to the remaining members only.
@@ -79,12 +93,11 @@ func (d *Device) RotateGroup(group string) error {
 func (d *Device) GroupEncrypt(group string, plain []byte, f SenderKeyFormat) ([]byte, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	key := senderKeyKey(group, d.self)
-	var rec senderKeyRecord
-	if _, err := d.load(key, &rec); err != nil {
+	key, rec, err := d.ownSenderKey(group)
+	if err != nil {
 		return nil, err
 	}
-	if len(rec.States) == 0 || rec.States[0].SigningPriv == nil {
+	if !rec.signs() {
 		return nil, fmt.Errorf("%w: own sender key for %q (send a distribution first)", ErrNoSenderKey, group)
 	}
 	s := &rec.States[0]

@@ -293,17 +293,7 @@ func (m *Messenger) direct(ctx context.Context, f protocol.Frame, peer, text str
 		return client.Ack{}, err
 	}
 	f.Body = protocol.EncodeEnvelope(protocol.Envelope{To: env})
-	ack, err := m.sendOwn(ctx, f, text)
-	if err != nil {
-		return ack, err
-	}
-	if err := m.keep(f.ConvID, ack.Seq, text); err != nil {
-		return ack, err
-	}
-	if f.TargetSeq != 0 {
-		err = m.keep(f.ConvID, f.TargetSeq, text)
-	}
-	return ack, err
+	return m.sendOwn(ctx, f, text)
 }
 
 func groupName(conv uint64) string { return strconv.FormatUint(conv, 10) }
@@ -314,7 +304,8 @@ func ownKey(conv uint64, clientMsgID string) string {
 
 // sendOwn sends f, keeping text under its client_msg_id first: the echo
 // push of this device's own message may arrive before the ack, and a
-// sender cannot decrypt its own ciphertext.
+// sender cannot decrypt its own ciphertext. Once acknowledged, text is
+// kept under the message's seq too (and its target's, for an edit).
 func (m *Messenger) sendOwn(ctx context.Context, f protocol.Frame, text string) (client.Ack, error) {
 	if f.ClientMsgID == "" {
 		f.ClientMsgID = client.NewClientMsgID()
@@ -322,7 +313,17 @@ func (m *Messenger) sendOwn(ctx context.Context, f protocol.Frame, text string) 
 	if err := m.st.Save(ownKey(f.ConvID, f.ClientMsgID), []byte(text)); err != nil {
 		return client.Ack{}, err
 	}
-	return m.c.SendFrame(ctx, f)
+	ack, err := m.c.SendFrame(ctx, f)
+	if err != nil {
+		return ack, err
+	}
+	if err := m.keep(f.ConvID, ack.Seq, text); err != nil {
+		return ack, err
+	}
+	if f.TargetSeq != 0 {
+		err = m.keep(f.ConvID, f.TargetSeq, text)
+	}
+	return ack, err
 }
 
 // distKey records which devices have this device's current sender key.
@@ -415,17 +416,7 @@ func (m *Messenger) group(ctx context.Context, f protocol.Frame, members []strin
 		return client.Ack{}, err
 	}
 	f.Body = protocol.EncodeEnvelope(protocol.Envelope{Group: ct})
-	ack, err := m.sendOwn(ctx, f, text)
-	if err != nil {
-		return ack, err
-	}
-	if err := m.keep(f.ConvID, ack.Seq, text); err != nil {
-		return ack, err
-	}
-	if f.TargetSeq != 0 {
-		err = m.keep(f.ConvID, f.TargetSeq, text)
-	}
-	return ack, err
+	return m.sendOwn(ctx, f, text)
 }
 
 // RotateGroup drops this device's sender key of convID: the next

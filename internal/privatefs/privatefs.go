@@ -52,50 +52,37 @@ func chmod(name string, mode os.FileMode) error {
 
 func (p private) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
 	f, err := p.FS.Create(name, c)
-	if err != nil {
-		return nil, err
-	}
-	if err := chmod(name, FileMode); err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	return f, nil
+	return restrict(name, f, err)
 }
 
 func (p private) OpenReadWrite(name string, c vfs.DiskWriteCategory, opts ...vfs.OpenOption) (vfs.File, error) {
 	f, err := p.FS.OpenReadWrite(name, c, opts...)
-	if err != nil {
-		return nil, err
-	}
-	if err := chmod(name, FileMode); err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	return f, nil
+	return restrict(name, f, err)
 }
 
 func (p private) ReuseForWrite(oldname, newname string, c vfs.DiskWriteCategory) (vfs.File, error) {
 	f, err := p.FS.ReuseForWrite(oldname, newname, c)
-	if err != nil {
-		return nil, err
-	}
-	if err := chmod(newname, FileMode); err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	return f, nil
+	return restrict(newname, f, err)
 }
 
 func (p private) Lock(name string) (io.Closer, error) {
 	l, err := p.FS.Lock(name)
+	return restrict(name, l, err)
+}
+
+// restrict finishes an open of name that returned f, err: the file's
+// mode becomes FileMode whatever the umask, or f is closed and the open
+// fails.
+func restrict[F io.Closer](name string, f F, err error) (F, error) {
+	var none F
 	if err != nil {
-		return nil, err
+		return none, err
 	}
 	if err := chmod(name, FileMode); err != nil {
-		_ = l.Close()
-		return nil, err
+		_ = f.Close()
+		return none, err
 	}
-	return l, nil
+	return f, nil
 }
 
 // MkdirAll creates missing directories 0700. Directories that exist keep

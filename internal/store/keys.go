@@ -1,6 +1,10 @@
 package store
 
-import "context"
+import (
+	"bytes"
+	"context"
+	"fmt"
+)
 
 // The E2E key directory: per device, the public keys other devices need to
 // start a session with it while it is offline (an identity key, a signed
@@ -39,6 +43,36 @@ type KeyUpload struct {
 	PreKeys       []PreKey // one-time Curve25519 prekeys (an id already stored is replaced)
 	KEMPreKeys    []PreKey // one-time ML-KEM prekeys
 	Now           int64
+}
+
+// Apply returns the device's row after the upload, given the row as stored
+// (found false: none yet), and says whether it creates the device or
+// replaces its identity key (the engine then drops the device's stored
+// one-time prekeys). A first upload without an identity key, a signed
+// prekey and a last-resort KEM key fails with ErrNotFound. Every engine's
+// UploadKeys decides the row here; the prekeys are the engine's own.
+func (up KeyUpload) Apply(user, device string, cur DeviceKeys, found bool) (next DeviceKeys, newDevice, identityChanged bool, err error) {
+	if !found {
+		if up.IdentityKey == nil || up.SignedPreKey == nil || up.LastResortKEM == nil {
+			return DeviceKeys{}, false, false, fmt.Errorf("first upload without identity key, signed prekey and last-resort KEM key: %w", ErrNotFound)
+		}
+		cur, newDevice = DeviceKeys{UserID: user, DeviceID: device}, true
+	}
+	if up.IdentityKey != nil {
+		identityChanged = found && !bytes.Equal(up.IdentityKey, cur.IdentityKey)
+		cur.IdentityKey = up.IdentityKey
+	}
+	if up.RegistrationID != 0 {
+		cur.RegistrationID = up.RegistrationID
+	}
+	if up.SignedPreKey != nil {
+		cur.SignedPreKey = *up.SignedPreKey
+	}
+	if up.LastResortKEM != nil {
+		cur.LastResortKEM = *up.LastResortKEM
+	}
+	cur.UpdatedAt = up.Now
+	return cur, newDevice, identityChanged, nil
 }
 
 // UploadResult says what an upload changed.

@@ -1,7 +1,6 @@
 package cassandra
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -57,32 +56,15 @@ func (s *Store) UploadKeys(ctx context.Context, user, device string, up store.Ke
 		if err != nil {
 			return err
 		}
-		if !found {
-			if up.IdentityKey == nil || up.SignedPreKey == nil || up.LastResortKEM == nil {
-				return fmt.Errorf("first upload without identity key, signed prekey and last-resort KEM key: %w", store.ErrNotFound)
-			}
-			cur = store.DeviceKeys{UserID: user, DeviceID: device}
-			res.NewDevice = true
+		cur, res.NewDevice, res.IdentityChanged, err = up.Apply(user, device, cur, found)
+		if err != nil {
+			return err
 		}
-		if up.IdentityKey != nil && found && !bytes.Equal(up.IdentityKey, cur.IdentityKey) {
-			res.IdentityChanged = true
+		if res.IdentityChanged {
 			if err := s.q(ctx, `DELETE FROM e2e_prekeys WHERE user_id = ? AND device_id = ?`, user, device).Exec(); err != nil {
 				return err
 			}
 		}
-		if up.IdentityKey != nil {
-			cur.IdentityKey = up.IdentityKey
-		}
-		if up.RegistrationID != 0 {
-			cur.RegistrationID = up.RegistrationID
-		}
-		if up.SignedPreKey != nil {
-			cur.SignedPreKey = *up.SignedPreKey
-		}
-		if up.LastResortKEM != nil {
-			cur.LastResortKEM = *up.LastResortKEM
-		}
-		cur.UpdatedAt = up.Now
 		err = s.q(ctx, `INSERT INTO e2e_devices (user_id, device_id, reg_id, identity_key, spk_id, spk, spk_sig, lr_id, lr_key, lr_sig, updated_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, user, device, int64(cur.RegistrationID), cur.IdentityKey,
 			int64(cur.SignedPreKey.ID), cur.SignedPreKey.Key, cur.SignedPreKey.Sig,

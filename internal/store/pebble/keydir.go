@@ -1,7 +1,6 @@
 package pebble
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -161,34 +160,17 @@ func (s *Store) UploadKeys(ctx context.Context, user, device string, up store.Ke
 			if row, err = decodeDeviceRow(user, device, raw); err != nil {
 				return err
 			}
-		} else {
-			if up.IdentityKey == nil || up.SignedPreKey == nil || up.LastResortKEM == nil {
-				return fmt.Errorf("first upload without identity key, signed prekey and last-resort KEM key: %w", store.ErrNotFound)
-			}
-			row.DeviceKeys = store.DeviceKeys{UserID: user, DeviceID: device}
-			res.NewDevice = true
 		}
-		cur := &row.DeviceKeys
-		if up.IdentityKey != nil && found && !bytes.Equal(up.IdentityKey, cur.IdentityKey) {
-			res.IdentityChanged = true
+		row.DeviceKeys, res.NewDevice, res.IdentityChanged, err = up.Apply(user, device, row.DeviceKeys, found)
+		if err != nil {
+			return err
+		}
+		if res.IdentityChanged {
 			if err := b.DeleteRange(preKeyPrefix(user, device, 0), prefixEnd(preKeyPrefix(user, device, 0)), nil); err != nil {
 				return err
 			}
 			row.preKeys, row.kemKeys = 0, 0
 		}
-		if up.IdentityKey != nil {
-			cur.IdentityKey = up.IdentityKey
-		}
-		if up.RegistrationID != 0 {
-			cur.RegistrationID = up.RegistrationID
-		}
-		if up.SignedPreKey != nil {
-			cur.SignedPreKey = *up.SignedPreKey
-		}
-		if up.LastResortKEM != nil {
-			cur.LastResortKEM = *up.LastResortKEM
-		}
-		cur.UpdatedAt = up.Now
 		// An id already stored is replaced, not counted again.
 		put := func(kind byte, keys []store.PreKey, n *int) error {
 			seen := map[uint32]bool{}
@@ -224,7 +206,7 @@ func (s *Store) UploadKeys(ctx context.Context, user, device string, up store.Ke
 		if err := s.db.ApplyNoSyncWait(b, syncWrite); err != nil {
 			return err
 		}
-		res.Device, res.PreKeys, res.KEMPreKeys = *cur, row.preKeys, row.kemKeys
+		res.Device, res.PreKeys, res.KEMPreKeys = row.DeviceKeys, row.preKeys, row.kemKeys
 		return nil
 	}()
 	if err == nil {
