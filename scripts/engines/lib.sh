@@ -1,5 +1,19 @@
 # Shared by the engine scripts (sourced, not run). Each script defines
-# log() and running() before calling these.
+# log() and running() before calling these, and start(), stop() and
+# status() before run_action.
+
+# run_action ACTION: runs the script's start, stop or status.
+run_action() {
+	case "${1:-}" in
+	start) start ;;
+	stop) stop ;;
+	status) status ;;
+	*)
+		echo "usage: $0 start|stop|status" >&2
+		exit 2
+		;;
+	esac
+}
 
 # stop_pidfile PIDFILE GRACE_SECONDS: SIGTERM the process in PIDFILE, wait up
 # to GRACE_SECONDS for it to exit, then SIGKILL it; remove the pidfile.

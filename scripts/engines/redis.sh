@@ -88,12 +88,4 @@ status() {
 	fi
 }
 
-case "${1:-}" in
-start) start ;;
-stop) stop ;;
-status) status ;;
-*)
-	echo "usage: $0 start|stop|status" >&2
-	exit 2
-	;;
-esac
+run_action "$@"
