@@ -88,17 +88,12 @@ func write(args []string) error {
 		if err != nil {
 			return err
 		}
-		f, err := c.(*net.TCPConn).File()
+		fd, err := socketFD(c)
 		if err != nil {
 			return err
 		}
-		c.Close()
-		fd := int(f.Fd())
-		if err := syscall.SetNonblock(fd, true); err != nil {
-			return err
-		}
 		fds = append(fds, fd)
-		defer f.Close()
+		defer syscall.Close(fd)
 	}
 	sc := bufio.NewScanner(out)
 	if !sc.Scan() || sc.Text() != "ready" {
@@ -157,19 +152,16 @@ func read(args []string) error {
 		if err != nil {
 			return err
 		}
-		f, err := c.(*net.TCPConn).File()
+		fd, err := socketFD(c)
 		if err != nil {
 			return err
 		}
-		c.Close()
-		fd := int(f.Fd())
-		_ = syscall.SetNonblock(fd, true)
 		ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(fd)}
 		if err := syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, fd, &ev); err != nil {
 			return err
 		}
 		_ = i
-		defer f.Close()
+		defer syscall.Close(fd)
 	}
 	c0 := cpu(syscall.RUSAGE_SELF)
 	fmt.Println("ready")
@@ -192,4 +184,21 @@ func read(args []string) error {
 			_, _ = syscall.Read(int(e.Fd), buf)
 		}
 	}
+}
+
+// socketFD takes c's socket out of the Go runtime: a non-blocking
+// descriptor of it that no os.File owns (the caller closes it), for raw
+// write(2) and epoll; c is closed.
+func socketFD(c net.Conn) (int, error) {
+	f, err := c.(*net.TCPConn).File()
+	c.Close()
+	if err != nil {
+		return -1, err
+	}
+	fd, err := syscall.Dup(int(f.Fd()))
+	f.Close()
+	if err != nil {
+		return -1, err
+	}
+	return fd, syscall.SetNonblock(fd, true)
 }
