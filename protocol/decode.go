@@ -26,21 +26,12 @@ func Errorf(code Code, format string, args ...any) *Error {
 // the returned *Error carries the code to send back; the frame's rid is still
 // returned when it could be read, so the error can be correlated.
 func DecodeClient(data []byte, lim Limits) (*Frame, *Error) {
-	if len(data) > lim.MaxFrameBytes {
-		return nil, Errorf(CodeTooLarge, "frame of %d bytes is over %d", len(data), lim.MaxFrameBytes)
-	}
-	if !utf8.Valid(data) {
-		return nil, Errorf(CodeBadFrame, "frame is not valid UTF-8")
-	}
-	trimmed := bytes.TrimSpace(data)
-	if len(trimmed) == 0 || trimmed[0] != '{' {
-		return nil, Errorf(CodeBadFrame, "frame is not a JSON object")
+	trimmed, e := jsonObject(data, lim)
+	if e != nil {
+		return nil, e
 	}
 	if f, ok := decodeSmall(trimmed); ok {
-		if e := validate(f, lim); e != nil {
-			return f, e
-		}
-		return f, nil
+		return f, validate(f, lim)
 	}
 	return decodeJSON(trimmed, lim)
 }
@@ -50,6 +41,20 @@ func DecodeClient(data []byte, lim Limits) (*Frame, *Error) {
 // a zero Frame, and returned as f == into, so that a caller can reuse it;
 // any other frame is a new Frame and into is left zero.
 func DecodeClientInto(data []byte, lim Limits, into *Frame) (*Frame, *Error) {
+	trimmed, e := jsonObject(data, lim)
+	if e != nil {
+		return nil, e
+	}
+	if decodeSmallInto(trimmed, into) {
+		return into, validate(into, lim)
+	}
+	*into = Frame{}
+	return decodeJSON(trimmed, lim)
+}
+
+// jsonObject returns data without surrounding white space, or the error
+// for a frame that is too large, not UTF-8 or not a JSON object.
+func jsonObject(data []byte, lim Limits) ([]byte, *Error) {
 	if len(data) > lim.MaxFrameBytes {
 		return nil, Errorf(CodeTooLarge, "frame of %d bytes is over %d", len(data), lim.MaxFrameBytes)
 	}
@@ -60,14 +65,7 @@ func DecodeClientInto(data []byte, lim Limits, into *Frame) (*Frame, *Error) {
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return nil, Errorf(CodeBadFrame, "frame is not a JSON object")
 	}
-	if decodeSmallInto(trimmed, into) {
-		if e := validate(into, lim); e != nil {
-			return into, e
-		}
-		return into, nil
-	}
-	*into = Frame{}
-	return decodeJSON(trimmed, lim)
+	return trimmed, nil
 }
 
 func decodeJSON(trimmed []byte, lim Limits) (*Frame, *Error) {

@@ -153,12 +153,7 @@ render_config() {
 		"$here/cassandra/cassandra.yaml" >"$dir/cassandra.yaml"
 }
 
-announce() {
-	mkdir -p "$engines"
-	touch "$engines/env"
-	grep -qxF "$export_line" "$engines/env" || echo "$export_line" >>"$engines/env"
-	echo "$export_line"
-}
+announce() { set_env "$engines/env" PARLEY_TEST_CASSANDRA "$addr"; }
 
 start() {
 	mkdir -p "$dir/logs"

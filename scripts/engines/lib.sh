@@ -2,6 +2,20 @@
 # log() and running() before calling these, and start(), stop() and
 # status() before run_action.
 
+# set_env FILE NAME VALUE: replaces NAME's export line in the env file the
+# engines share (created if missing), leaving the lines of the other engines
+# alone, and prints the line.
+set_env() {
+	local file=$1 line="export $2=$3" tmp
+	mkdir -p "$(dirname "$file")"
+	touch "$file"
+	tmp="$(mktemp "$file.XXXXXX")"
+	grep -v "^export $2=" "$file" >"$tmp" || true
+	echo "$line" >>"$tmp"
+	mv "$tmp" "$file"
+	echo "$line"
+}
+
 # run_action ACTION: runs the script's start, stop or status.
 run_action() {
 	case "${1:-}" in

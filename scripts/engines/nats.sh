@@ -46,16 +46,7 @@ build() {
 	(cd "$root" && go build -o "$bin" ./scripts/engines/natsserver)
 }
 
-setenv() {
-	local line="export PARLEY_TEST_NATS=$url" tmp
-	mkdir -p "$dir"
-	touch "$envfile"
-	tmp="$(mktemp "$dir/env.XXXXXX")"
-	grep -v '^export PARLEY_TEST_NATS=' "$envfile" >"$tmp" || true
-	echo "$line" >>"$tmp"
-	mv "$tmp" "$envfile"
-	echo "$line"
-}
+setenv() { set_env "$envfile" PARLEY_TEST_NATS "$url"; }
 
 start() {
 	mkdir -p "$data/store"

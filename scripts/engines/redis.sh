@@ -37,18 +37,7 @@ install() {
 	fi
 }
 
-# setenv replaces this engine's line in the shared env file, leaving the lines
-# of the other engines alone.
-setenv() {
-	local line="export PARLEY_TEST_REDIS=$addr" tmp
-	mkdir -p "$dir"
-	touch "$envfile"
-	tmp="$(mktemp "$dir/env.XXXXXX")"
-	grep -v '^export PARLEY_TEST_REDIS=' "$envfile" >"$tmp" || true
-	echo "$line" >>"$tmp"
-	mv "$tmp" "$envfile"
-	echo "$line"
-}
+setenv() { set_env "$envfile" PARLEY_TEST_REDIS "$addr"; }
 
 start() {
 	install
