@@ -215,24 +215,26 @@ func (o *Owner) value(epoch uint64) string {
 	return o.cfg.Node + "/" + strconv.FormatUint(epoch, 10)
 }
 
-var (
-	acquireScript = goredis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+// nextEpochLua sets e to the partition's next epoch and records it in
+// KEYS[2]: above every epoch granted before, and at least Redis's clock in
+// milliseconds, so epochs grow across Redis restarts that lose KEYS[2].
+// Acquiring a lease and re-epoching one share it.
+const nextEpochLua = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local e = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now)
-redis.call('SET', KEYS[2], string.format('%d', e))
+redis.call('SET', KEYS[2], string.format('%d', e))`
+
+var (
+	acquireScript = goredis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end` + nextEpochLua + `
 redis.call('SET', KEYS[1], ARGV[1] .. '/' .. string.format('%d', e), 'PX', ARGV[2])
 return string.format('%d', e)`)
 	renewScript = goredis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0`)
 	reepochScript = goredis.NewScript(`
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local e = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now)
-redis.call('SET', KEYS[2], string.format('%d', e))
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end` + nextEpochLua + `
 redis.call('SET', KEYS[1], ARGV[2] .. '/' .. string.format('%d', e), 'PX', ARGV[3])
 return string.format('%d', e)`)
 	releaseScript = goredis.NewScript(`
