@@ -58,14 +58,7 @@ func (s *chatSession) messenger(ctx context.Context) (*e2eechat.Messenger, error
 	if e.dir == "" {
 		return nil, errors.New("e2e: disabled (-keys \"\")")
 	}
-	s.mu.Lock()
-	me := s.me
-	s.mu.Unlock()
-	if me == "" {
-		if h, ok := s.c.Hello(); ok {
-			me = h.UserID
-		}
-	}
+	me := s.user()
 	if me == "" {
 		return nil, errors.New("e2e: not connected yet")
 	}
