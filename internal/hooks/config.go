@@ -65,6 +65,14 @@ func DefaultConfig() Config {
 }
 
 // WithDefaults fills unset fields.
+// RedeliverAfter is how long a queue that hands unacknowledged events out
+// again (JetStream's ack wait) lets one stay held: twice the longest
+// backoff, at least a minute. An event may wait longer, behind its
+// conversation's earlier ones; a copy handed out again joins the one held.
+func (c Config) RedeliverAfter() time.Duration {
+	return max(time.Minute, 2*c.WithDefaults().MaxBackoff)
+}
+
 func (c Config) WithDefaults() Config {
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts

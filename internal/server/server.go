@@ -46,6 +46,8 @@ import (
 	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/gateway"
 	"github.com/parley-im/parley/internal/hooks"
+	hjetstream "github.com/parley-im/parley/internal/hooks/jetstream"
+	hpebble "github.com/parley-im/parley/internal/hooks/pebble"
 	"github.com/parley-im/parley/internal/ledger"
 	"github.com/parley-im/parley/internal/ledger/jetstream"
 	lpebble "github.com/parley-im/parley/internal/ledger/pebble"
@@ -452,15 +454,13 @@ func (s *Server) startChat() error {
 		// The webhook queue: a Pebble database of its own on an embedded
 		// node, the shared JetStream streams in cluster mode
 		// (docs/webhooks.md); the fan-out only writes to it.
-		ho := hooks.Options{
-			Dir: filepath.Join(o.DataDir, "webhooks"), FS: privatefs.Wrap(o.StoreFS), Members: chatStore, Logger: o.Logger,
-		}
-		if s.owner != nil {
-			ho.Cluster = &hooks.Cluster{NATS: s.nc, Namespace: o.Cluster.namespace(), Replicas: o.Cluster.JetStreamReplicas,
-				Owner: s.owner, Node: o.Node}
-		}
-		h, err := hooks.New(o.Webhooks, ho)
+		q, err := s.openHookQueue()
 		if err != nil {
+			return err
+		}
+		h, err := hooks.New(o.Webhooks, hooks.Options{Queue: q, Members: chatStore, Logger: o.Logger})
+		if err != nil {
+			q.Close()
 			return err
 		}
 		s.hooks, hook = h, h
@@ -528,6 +528,20 @@ func (s *Server) startChat() error {
 		s.runLoop(s.owner.Run)
 	}
 	return nil
+}
+
+// openHookQueue opens the webhook queue: a Pebble database of its own on
+// an embedded node, the JetStream streams every chat process shares in
+// cluster mode.
+func (s *Server) openHookQueue() (hooks.Queue, error) {
+	o := s.opts
+	if s.owner == nil {
+		return hpebble.Open(hpebble.Config{Dir: filepath.Join(o.DataDir, "webhooks"), FS: privatefs.Wrap(o.StoreFS), Logger: o.Logger})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return hjetstream.Open(ctx, hjetstream.Config{NATS: s.nc, Namespace: o.Cluster.namespace(), Replicas: o.Cluster.JetStreamReplicas,
+		Owner: s.owner, Node: o.Node, AckWait: o.Webhooks.RedeliverAfter(), Logger: o.Logger})
 }
 
 // registerHookMetrics exports the webhook endpoints' counters.

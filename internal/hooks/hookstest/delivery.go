@@ -1,4 +1,4 @@
-package hooks
+package hookstest
 
 import (
 	"cmp"
@@ -14,10 +14,14 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/internal/fanout"
+	"github.com/parley-im/parley/internal/hooks"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 	"github.com/parley-im/parley/webhook"
 )
+
+// The delivery tests: the webhooks of internal/hooks over a real HTTP
+// receiver, on the engine under test.
 
 const testSecret = "test-secret-0123456789"
 
@@ -37,7 +41,7 @@ type receiver struct {
 	stall    chan struct{}
 }
 
-func newReceiver(t *testing.T, behave func(webhook.Event, int) int) *receiver {
+func newReceiver(t testing.TB, behave func(webhook.Event, int) int) *receiver {
 	r := &receiver{behave: behave, arrivals: map[string][]webhook.Event{}, acked: map[string]webhook.Event{},
 		attempts: map[string]int{}, stall: make(chan struct{})}
 	r.srv = httptest.NewServer(http.HandlerFunc(r.serve))
@@ -87,17 +91,22 @@ func (m memberList) Members(_ context.Context, conv uint64) ([]store.Member, err
 	return m[conv], nil
 }
 
-func testConfig(url string) Config {
-	return Config{
+func testConfig(url string) hooks.Config {
+	return hooks.Config{
 		MaxAttempts: 1000, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
-		Endpoints: []Endpoint{{Name: "ep", URL: url, Secret: testSecret, Timeout: 300 * time.Millisecond, Concurrency: 4}},
+		Endpoints: []hooks.Endpoint{{Name: "ep", URL: url, Secret: testSecret, Timeout: 300 * time.Millisecond, Concurrency: 4}},
 	}
 }
 
-func start(t *testing.T, cfg Config, dir string, members Members) (*Hooks, func()) {
+// start runs one process's webhooks on a queue proc opens, until the test
+// ends or stop is called.
+func start(t *testing.T, cfg hooks.Config, proc func() Instance, members hooks.Members) (*hooks.Hooks, func()) {
 	t.Helper()
-	h, err := New(cfg, Options{Dir: dir, Members: members})
+	in := proc()
+	h, err := hooks.New(cfg, hooks.Options{Queue: in.Queue, Members: members})
 	if err != nil {
+		in.Queue.Close()
+		in.close()
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -111,6 +120,7 @@ func start(t *testing.T, cfg Config, dir string, members Members) (*Hooks, func(
 			if err := h.Close(); err != nil {
 				t.Error(err)
 			}
+			in.close()
 		})
 	}
 	t.Cleanup(stop)
@@ -131,7 +141,7 @@ func systemMsg(conv, seq uint64, ev protocol.SystemEvent) store.Message {
 
 // produce feeds conversations of messages to h as the fan-out would, each
 // conversation in seq order, and returns the ids of the events expected.
-func produce(t *testing.T, h *Hooks, convs, perConv int) []string {
+func produce(t *testing.T, h *hooks.Hooks, convs, perConv int) []string {
 	t.Helper()
 	var want []string
 	var wg sync.WaitGroup
@@ -211,10 +221,10 @@ func (r *receiver) waitAcked(t *testing.T, want []string, within time.Duration) 
 	}
 }
 
-// TestDeliveryFailStallRecover: the receiver is down (503) at first, then
+// testDeliveryFailStallRecover: the receiver is down (503) at first, then
 // stalls some requests past the endpoint's timeout and fails others twice;
 // every event is delivered at least once, signed, in per-conversation order.
-func TestDeliveryFailStallRecover(t *testing.T) {
+func testDeliveryFailStallRecover(t *testing.T, open Open) {
 	var mu sync.Mutex
 	down := true
 	r := newReceiver(t, func(ev webhook.Event, attempt int) int {
@@ -231,7 +241,7 @@ func TestDeliveryFailStallRecover(t *testing.T) {
 		}
 		return http.StatusNoContent
 	})
-	h, _ := start(t, testConfig(r.srv.URL), t.TempDir(), nil)
+	h, _ := start(t, testConfig(r.srv.URL), open(t), nil)
 	want := produce(t, h, 4, 30)
 	time.Sleep(300 * time.Millisecond) // some attempts against the down receiver
 	mu.Lock()
@@ -266,9 +276,9 @@ func TestDeliveryFailStallRecover(t *testing.T) {
 	}
 }
 
-// TestDeadLetter: an event refused MaxAttempts times becomes a dead letter
+// testDeadLetter: an event refused MaxAttempts times becomes a dead letter
 // and the conversation's later events go out.
-func TestDeadLetter(t *testing.T) {
+func testDeadLetter(t *testing.T, open Open) {
 	r := newReceiver(t, func(ev webhook.Event, _ int) int {
 		if ev.Seq == 3 && ev.Type == webhook.MessageCreated {
 			return http.StatusBadRequest
@@ -278,7 +288,7 @@ func TestDeadLetter(t *testing.T) {
 	cfg := testConfig(r.srv.URL)
 	cfg.MaxAttempts = 3
 	cfg.Endpoints[0].Events = []string{webhook.MessageCreated}
-	h, _ := start(t, cfg, t.TempDir(), nil)
+	h, _ := start(t, cfg, open(t), nil)
 	conv := store.Conversation{ID: 9, Kind: store.Direct}
 	var want []string
 	for s := uint64(1); s <= 6; s++ {
@@ -291,7 +301,7 @@ func TestDeadLetter(t *testing.T) {
 	}
 	r.waitAcked(t, want, 30*time.Second)
 	r.checkOrder(t)
-	dead, err := h.Dead("ep")
+	dead, err := h.Dead(context.Background(), "ep")
 	if err != nil || len(dead) != 1 {
 		t.Fatalf("dead letters %s (%v), want one", dead, err)
 	}
@@ -310,9 +320,9 @@ func TestDeadLetter(t *testing.T) {
 	}
 }
 
-// TestQueueSurvivesRestart: events queued while the receiver is down are
+// testQueueSurvivesRestart: events queued while the receiver is down are
 // delivered by the next process on the same queue.
-func TestQueueSurvivesRestart(t *testing.T) {
+func testQueueSurvivesRestart(t *testing.T, open Open) {
 	var mu sync.Mutex
 	up := false
 	r := newReceiver(t, func(webhook.Event, int) int {
@@ -323,15 +333,15 @@ func TestQueueSurvivesRestart(t *testing.T) {
 		}
 		return http.StatusBadGateway
 	})
-	dir := t.TempDir()
-	h, stop := start(t, testConfig(r.srv.URL), dir, nil)
+	proc := open(t)
+	h, stop := start(t, testConfig(r.srv.URL), proc, nil)
 	want := produce(t, h, 3, 12)
 	time.Sleep(100 * time.Millisecond)
 	stop()
 	mu.Lock()
 	up = true
 	mu.Unlock()
-	h2, _ := start(t, testConfig(r.srv.URL), dir, nil)
+	h2, _ := start(t, testConfig(r.srv.URL), proc, nil)
 	if b := h2.Stats()[0].Backlog; b != int64(len(want)) {
 		t.Fatalf("backlog after reopen %d, want %d", b, len(want))
 	}
@@ -339,21 +349,21 @@ func TestQueueSurvivesRestart(t *testing.T) {
 	r.checkOrder(t)
 }
 
-// TestOfflinePreviewAndE2E: recipient.offline lists the members with no
+// testOfflinePreviewAndE2E: recipient.offline lists the members with no
 // device reached (the sender never), per endpoint preview policy; an E2E
 // conversation's events carry no body and no preview.
-func TestOfflinePreviewAndE2E(t *testing.T) {
+func testOfflinePreviewAndE2E(t *testing.T, open Open) {
 	r := newReceiver(t, func(webhook.Event, int) int { return http.StatusOK })
 	cfg := testConfig(r.srv.URL)
 	base := cfg.Endpoints[0]
 	cfg.Endpoints = nil
-	for _, p := range []string{PreviewNone, PreviewSender, PreviewFull} {
+	for _, p := range []string{hooks.PreviewNone, hooks.PreviewSender, hooks.PreviewFull} {
 		e := base
 		e.Name, e.Preview, e.URL = "ep-"+p, p, r.srv.URL+"/"+p
 		cfg.Endpoints = append(cfg.Endpoints, e)
 	}
 	members := memberList{3: {{UserID: "alice", JoinSeq: 1}, {UserID: "bob", JoinSeq: 1}, {UserID: "dan", JoinSeq: 1}, {UserID: "late", JoinSeq: 9}}}
-	h, _ := start(t, cfg, t.TempDir(), members)
+	h, _ := start(t, cfg, open(t), members)
 	ctx := context.Background()
 	direct := store.Conversation{ID: 1, Kind: store.Direct}
 	e2e := store.Conversation{ID: 2, Kind: store.Direct, E2E: true}
@@ -468,9 +478,9 @@ func TestOfflinePreviewAndE2E(t *testing.T) {
 	}
 }
 
-// TestOrderWhileProducing: events produced while earlier ones are being
+// testOrderWhileProducing: events produced while earlier ones are being
 // delivered still go out one at a time per conversation, in order.
-func TestOrderWhileProducing(t *testing.T) {
+func testOrderWhileProducing(t *testing.T, open Open) {
 	var mu sync.Mutex
 	inflight := map[uint64]int{}
 	var overlap []string
@@ -489,7 +499,7 @@ func TestOrderWhileProducing(t *testing.T) {
 	})
 	cfg := testConfig(r.srv.URL)
 	cfg.Endpoints[0].Events = []string{webhook.MessageCreated}
-	h, _ := start(t, cfg, t.TempDir(), nil)
+	h, _ := start(t, cfg, open(t), nil)
 	var want []string
 	var wmu sync.Mutex
 	var wg sync.WaitGroup
@@ -515,4 +525,114 @@ func TestOrderWhileProducing(t *testing.T) {
 	if len(overlap) > 0 {
 		t.Fatalf("deliveries of one conversation overlapped: %v", overlap)
 	}
+}
+
+// testHandOver: a process produces events (one conversation's two
+// fan-outs finishing out of seq order among them) while the receiver is
+// down, attempts each conversation's first event once, and stops; the
+// next process on the same queue delivers every event in per-conversation
+// order, and one the receiver always refuses becomes a dead letter while
+// its conversation goes on.
+func testHandOver(t *testing.T, open Open) {
+	var mu sync.Mutex
+	down := true
+	poisoned := webhook.ID(3, 5, webhook.MessageCreated)
+	rcv := newReceiver(t, func(ev webhook.Event, _ int) int {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case down:
+			return http.StatusServiceUnavailable
+		case ev.ID == poisoned:
+			return http.StatusInternalServerError
+		}
+		return http.StatusOK
+	})
+	proc := open(t)
+	cfg := testConfig(rcv.srv.URL)
+	cfg.MinBackoff, cfg.MaxBackoff = time.Minute, time.Minute
+	h1, stop1 := start(t, cfg, proc, nil)
+	want := produce(t, h1, 6, 12)
+	group := store.Conversation{ID: 7, Kind: store.Group}
+	for _, seq := range []uint64{2, 1} { // fan-outs that finished out of seq order
+		if err := h1.Fanned(context.Background(), fanout.Fanned{Msg: textMsg(7, seq, "alice", "x"), Conv: group,
+			Recipients: []string{"alice"}, AllRecipients: true, Reached: []string{"alice"}}); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, webhook.ID(7, seq, webhook.MessageCreated))
+	}
+	time.Sleep(500 * time.Millisecond)
+	stop1()
+	if st := h1.Stats()[0]; st.Delivered != 0 || st.Failed == 0 {
+		t.Fatalf("first process: stats %+v, want failed attempts and nothing delivered", st)
+	}
+
+	cfg = testConfig(rcv.srv.URL)
+	cfg.MaxAttempts = 4
+	mu.Lock()
+	down = false
+	mu.Unlock()
+	h2, _ := start(t, cfg, proc, nil)
+	rcv.waitAcked(t, slices.DeleteFunc(want, func(id string) bool { return id == poisoned }), 30*time.Second)
+	rcv.checkOrder(t)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		st := h2.Stats()[0]
+		if st.Dead == 1 && st.Backlog == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v, want 1 dead and no backlog", st)
+		}
+	}
+	dead, err := h2.Dead(context.Background(), "ep")
+	if err != nil || len(dead) != 1 {
+		t.Fatalf("dead letters %d (%v), want 1", len(dead), err)
+	}
+	var ev webhook.Event
+	if err := json.Unmarshal(dead[0], &ev); err != nil || ev.ID != poisoned {
+		t.Fatalf("dead letter %s (%v), want %s", dead[0], err, poisoned)
+	}
+}
+
+// BenchmarkProduceDeliver: events of 200 conversations produced by 16
+// goroutines (as the 16 fan-out workers do) and delivered to a receiver
+// that answers at once; reports the time per event to produce and to
+// deliver all.
+func BenchmarkProduceDeliver(b *testing.B, open Open) {
+	r := newReceiver(b, func(webhook.Event, int) int { return http.StatusOK })
+	cfg := testConfig(r.srv.URL)
+	cfg.Endpoints[0].Events = []string{webhook.MessageCreated}
+	in := open(b)()
+	h, err := hooks.New(cfg, hooks.Options{Queue: in.Queue})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done; h.Close(); in.close() }()
+	const convs = 200
+	b.ResetTimer()
+	begin := time.Now()
+	const workers = 16
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < b.N; i += workers {
+				c := uint64(i%convs) + 1
+				s := uint64(i/convs) + 1
+				if err := h.Fanned(ctx, fanout.Fanned{Msg: textMsg(c, s, "alice", "x"), Conv: store.Conversation{ID: c, Kind: store.Group}}); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	produced := time.Since(begin)
+	for h.Stats()[0].Delivered < int64(b.N) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	b.ReportMetric(float64(produced.Nanoseconds())/float64(b.N), "ns-produce/event")
+	b.ReportMetric(float64(time.Since(begin).Nanoseconds())/float64(b.N), "ns-total/event")
 }
