@@ -72,8 +72,9 @@ type Queue interface {
 
 // Lane is a share of one endpoint's events that one delivery loop hands
 // out: every event of a conversation is in the same lane. A head stays
-// the conversation's head until Done or Bury; its caller makes at most one
-// attempt at a time per conversation.
+// the conversation's head until Done or Bury (or until an earlier event of
+// the conversation arrives late); the caller makes at most one attempt at
+// a time per conversation.
 type Lane interface {
 	// Heads returns the head of each conversation, starting at
 	// conversation from and wrapping around, at most limit, passing over
