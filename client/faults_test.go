@@ -213,9 +213,9 @@ func (f *failingAppends) Append(ctx context.Context, a store.Append) (store.Appe
 
 func TestServerErrors(t *testing.T) {
 	faulty := &failingAppends{}
-	srv := servertest.Start(t, func(o *server.Options) {
-		o.WrapStore = func(s store.Store) store.Store { faulty.Store = s; return faulty }
-	})
+	srv := servertest.Start(t, servertest.WithDeps(func(d *server.Deps) {
+		d.WrapStore = func(s store.Store) store.Store { faulty.Store = s; return faulty }
+	}))
 	px := newProxy(t, srv.URL)
 	alice := startE2E(t, px.url(), srv.Token("alice"), "d1", nil)
 	ctx := ctxT(t)

@@ -7,8 +7,7 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/internal/chat"
-	"github.com/parley-im/parley/internal/presence"
-	"github.com/parley-im/parley/internal/server"
+	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/protocol"
 )
@@ -219,9 +218,9 @@ func TestE2EMentionsAndStateMessages(t *testing.T) {
 // again, answered as an EventPresence); Typing reaches the peer as
 // EventTyping. Ping and RemoveKeys answer.
 func TestE2EPresenceAndTyping(t *testing.T) {
-	srv := servertest.Start(t, func(o *server.Options) {
-		o.Presence = presence.Config{Flush: 50 * time.Millisecond, MinGap: 50 * time.Millisecond}
-	}, servertest.WithChat(func(c *chat.Config) { c.TypingInterval = 0 }))
+	srv := servertest.Start(t, servertest.WithConfig(func(c *config.Config) {
+		c.Presence.Flush, c.Presence.MinGap = 50*time.Millisecond, 50*time.Millisecond
+	}), servertest.WithChat(func(c *chat.Config) { c.TypingInterval = 0 }))
 	px := newProxy(t, srv.URL)
 	alice := startE2E(t, px.url(), srv.Token("alice"), "phone", nil)
 	ctx := ctxT(t)

@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/common/model"
 	"gopkg.in/yaml.v3"
 
+	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/hooks"
-	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
 )
 
@@ -109,9 +109,9 @@ func scrape(t *testing.T) map[string]family {
 	// webhook metrics too.
 	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
 	t.Cleanup(recv.Close)
-	srv := servertest.Start(t, func(o *server.Options) {
-		o.Webhooks.Endpoints = []hooks.Endpoint{{Name: "ops", URL: recv.URL, Secret: "ops-test-secret"}}
-	})
+	srv := servertest.Start(t, servertest.WithConfig(func(c *config.Config) {
+		c.Webhooks.Endpoints = []hooks.Endpoint{{Name: "ops", URL: recv.URL, Secret: "ops-test-secret"}}
+	}))
 	resp, err := http.Get(srv.HTTPURL + "/metrics")
 	if err != nil {
 		t.Fatal(err)

@@ -23,7 +23,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/parley-im/parley/internal/server"
+	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/servertest"
 )
 
@@ -69,7 +69,6 @@ type node struct {
 	srv  *servertest.Server
 	addr string
 	dir  string
-	key  []byte
 }
 
 func startNode(t *testing.T) *node {
@@ -79,20 +78,16 @@ func startNode(t *testing.T) *node {
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close()
-	key := make([]byte, 32)
-	for i := range key {
-		key[i] = byte(i * 7)
-	}
-	n := &node{t: t, addr: addr, dir: t.TempDir(), key: key}
+	n := &node{t: t, addr: addr, dir: t.TempDir()}
 	n.start()
 	return n
 }
 
 func (n *node) start() {
-	n.srv = servertest.Start(n.t, servertest.WithDataDir(n.dir), servertest.WithKey(n.key), func(o *server.Options) {
-		o.Listen = n.addr
-		o.Web = server.Web{Page: true, DevKey: n.key}
-	})
+	n.srv = servertest.Start(n.t, servertest.WithDataDir(n.dir), servertest.WithDevKey(), servertest.WithConfig(func(c *config.Config) {
+		c.Listen = n.addr
+		c.Web.Page = true
+	}))
 }
 
 func (n *node) url() string { return "http://" + n.addr + "/" }

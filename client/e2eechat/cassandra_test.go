@@ -53,10 +53,10 @@ func TestE2ENoPlaintextInCassandra(t *testing.T) {
 		admin.Close()
 	})
 	logs := &syncBuf{}
-	srv := servertest.Start(t, func(o *server.Options) {
-		o.WrapStore = func(store.Store) store.Store { return cs }
-		o.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	})
+	srv := servertest.Start(t, servertest.WithDeps(func(d *server.Deps) {
+		d.WrapStore = func(store.Store) store.Store { return cs }
+		d.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}))
 	alice := startDev(t, srv, "alice", "phone", 3)
 	bob := startDev(t, srv, "bob", "phone", 3)
 	conv, err := alice.c.OpenDirectE2E(ctx, "bob")

@@ -16,7 +16,6 @@ import (
 
 	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/client/e2ee"
-	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/protocol"
 )
@@ -138,9 +137,7 @@ const control = "CONTROL-5e1d0b-plaintext-in-a-plaintext-conversation"
 
 func TestE2EDirectConversation(t *testing.T) {
 	logs := &syncBuf{}
-	srv := servertest.Start(t, func(o *server.Options) {
-		o.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	})
+	srv := servertest.Start(t, servertest.WithLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	ctx := ctxT(t)
 	alice := startDev(t, srv, "alice", "phone", 5)
 	aliceLaptop := startDev(t, srv, "alice", "laptop", 5)

@@ -14,8 +14,7 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/client"
-	"github.com/parley-im/parley/internal/presence"
-	"github.com/parley-im/parley/internal/server"
+	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/protocol"
 )
@@ -315,9 +314,9 @@ func TestChatCLIChecks(t *testing.T) {
 // TestChatCLIPresenceAndTyping: /watch shows the peer's presence as it
 // changes, typing notices print both ways (/typing sends one).
 func TestChatCLIPresenceAndTyping(t *testing.T) {
-	srv := servertest.Start(t, func(o *server.Options) {
-		o.Presence = presence.Config{Flush: 50 * time.Millisecond, MinGap: 50 * time.Millisecond}
-	})
+	srv := servertest.Start(t, servertest.WithConfig(func(c *config.Config) {
+		c.Presence.Flush, c.Presence.MinGap = 50*time.Millisecond, 50*time.Millisecond
+	}))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cli := startChatCLI(t, ctx, srv.URL, srv.Token("alice"))
@@ -376,9 +375,9 @@ func TestChatCLIReconnects(t *testing.T) {
 	srv.Close()
 	waitOutput(t, cli.out, "* reconnecting to "+srv.URL)
 	cli.do("/list", "! list: not connected")
-	srv2 := servertest.Start(t, servertest.WithDataDir(srv.DataDir), servertest.WithKey(srv.Key()), func(o *server.Options) {
-		o.Listen = strings.TrimPrefix(srv.URL, "ws://")
-	})
+	srv2 := servertest.Start(t, servertest.WithDataDir(srv.DataDir), servertest.WithKey(srv.Key()), servertest.WithConfig(func(c *config.Config) {
+		c.Listen = strings.TrimPrefix(srv.URL, "ws://")
+	}))
 	_ = srv2
 	waitOutput(t, cli.out, "* connected to")
 	deadline := time.Now().Add(30 * time.Second)

@@ -12,7 +12,6 @@ import (
 
 	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/internal/config"
-	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
 )
 
@@ -73,7 +72,7 @@ func waitLog(t *testing.T, out *syncBuffer, msg string, match func(map[string]an
 func TestConnectionLogs(t *testing.T) {
 	out := &syncBuffer{}
 	log := newLogger(config.Log{Level: "debug", Format: config.LogJSON}, out)
-	srv := servertest.Start(t, func(o *server.Options) { o.Logger = log })
+	srv := servertest.Start(t, servertest.WithLogger(log))
 
 	resp, err := http.Get(srv.HTTPURL + "/v1/ws?device=d1&token=not-a-token")
 	if err != nil {

@@ -131,26 +131,16 @@ func TestJSONLogDurations(t *testing.T) {
 	}
 }
 
-// TestServerOptionsFromConfig: settings reach the server — metrics.enabled
-// off leaves /metrics unserved; node_number, the request timeout and the
-// presence settings are passed through.
-func TestServerOptionsFromConfig(t *testing.T) {
+// TestServeConfigReachesServer: the configuration serve loads is what the
+// server runs with — metrics.enabled off leaves /metrics unserved.
+func TestServeConfigReachesServer(t *testing.T) {
 	dir := t.TempDir()
 	cfg, err := config.Load([]string{"--listen", "127.0.0.1:0", "--data-dir", dir, "--node-id", "n1", "--node-number", "7",
 		"--metrics.enabled=false", "--gateway.request-timeout", "3s", "--presence.flush", "250ms", "--chat.history-default", "20"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	authCfg, err := cfg.ResolveAuth()
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := serverOptions(cfg, authCfg, nil)
-	if o.NodeNumber == nil || *o.NodeNumber != 7 || o.Gateway.RequestTimeout != 3*time.Second || o.Gateway.Node != "n1" ||
-		o.Presence.Flush != 250*time.Millisecond || o.Chat.HistoryDefault != 20 || o.Chat.Limits != cfg.Limits || !o.NoMetrics {
-		t.Fatalf("options %+v", o)
-	}
-	srv, err := server.Start(context.Background(), o)
+	srv, err := server.Start(context.Background(), cfg, server.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,21 +170,5 @@ func TestStartedLine(t *testing.T) {
 	cfg.Roles = config.RoleGateway
 	if got := startedLine(cfg, "127.0.0.1:7482"); !strings.Contains(got, "ws://127.0.0.1:7482/v1/ws") {
 		t.Errorf("gateway only: %q", got)
-	}
-}
-
-// TestClusterOptionsFromConfig: the cluster settings reach the server,
-// the presence resync interval among them.
-func TestClusterOptionsFromConfig(t *testing.T) {
-	cfg, err := config.Load([]string{"--cluster.redis", "127.0.0.1:1", "--cluster.nats", "nats://127.0.0.1:2", "--cluster.cassandra-hosts", "h1, h2",
-		"--cluster.presence-resync", "7s", "--cluster.namespace", "ns1", "--cluster.keyspace", "ks1", "--store.bucket-width", "48h"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := serverOptions(cfg, auth.Config{}, nil)
-	c := o.Cluster
-	if c == nil || c.PresenceResync != 7*time.Second || c.Namespace != "ns1" || c.Redis != "127.0.0.1:1" || c.NATS != "nats://127.0.0.1:2" ||
-		c.Cassandra.Keyspace != "ks1" || len(c.Cassandra.Hosts) != 2 || c.Cassandra.Hosts[1] != "h2" || c.Cassandra.BucketWidth != 48*time.Hour || o.BucketWidth != 48*time.Hour {
-		t.Fatalf("cluster options %+v", c)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/server"
 )
@@ -26,22 +25,10 @@ func runServe(ctx context.Context, args []string) error {
 	if addr := os.Getenv(pprofEnv); addr != "" {
 		servePprof(addr, log)
 	}
-	authCfg, err := cfg.ResolveAuth()
-	if err != nil {
-		return err
-	}
 	if cfg.UsesDevKey() {
 		log.Warn("using the development token key in the data directory; configure auth.hs256_key_file or auth.ed25519_public_key_file for production", "data_dir", cfg.DataDir)
 	}
-	opts := serverOptions(cfg, authCfg, log)
-	adminKey, err := cfg.ResolveAdminKey()
-	if err != nil {
-		return err
-	}
-	if adminKey != nil {
-		opts.Admin = &server.Admin{Listen: cfg.Admin.Listen, Key: adminKey, Actor: cfg.Admin.Actor}
-	}
-	srv, err := server.Start(ctx, opts)
+	srv, err := server.Start(ctx, cfg, server.Deps{Logger: log})
 	if err != nil {
 		return err
 	}
@@ -79,44 +66,6 @@ func loadConfig(fs *flag.FlagSet, usageLine string, args []string) (config.Confi
 		config.Usage(stdout, usageLine, fs)
 	}
 	return cfg, err
-}
-
-func serverOptions(cfg config.Config, authCfg auth.Config, log *slog.Logger) server.Options {
-	roles := cfg.RoleSet()
-	o := server.Options{
-		Listen: cfg.Listen, DataDir: cfg.DataDir, Node: cfg.NodeID, Auth: authCfg,
-		RunGateway: roles[config.RoleGateway], RunChat: roles[config.RoleChat],
-		Gateway: cfg.GatewayConfig(), Chat: cfg.ChatConfig(), Fanout: cfg.Fanout, Webhooks: cfg.Webhooks,
-		BucketWidth: cfg.Store.BucketWidth, Presence: cfg.Presence,
-		ConvStates: cfg.Store.ConversationStates, ConvIdle: cfg.Store.ConversationIdle,
-		Logger:       log,
-		NoMetrics:    !cfg.Metrics.Enabled,
-		ReservedUser: cfg.Admin.Actor,
-		Web: server.Web{
-			Page:        cfg.Web.Page,
-			CORSOrigins: server.ParseOrigins(cfg.Web.CORSOrigins),
-			WSOrigins:   server.ParseOrigins(cfg.Web.WSOrigins),
-		},
-	}
-	if cfg.NodeNumber >= 0 {
-		n := cfg.SnowflakeNode()
-		o.NodeNumber = &n
-	}
-	if cfg.UsesDevKey() {
-		// Only the development key enables POST /v1/dev/token.
-		o.Web.DevKey = authCfg.HS256Key
-	}
-	if cfg.Cluster.Enabled() {
-		o.Cluster = &server.Cluster{
-			Redis: cfg.Cluster.Redis, NATS: cfg.Cluster.NATS, Cassandra: cfg.Cassandra(),
-			Namespace: cfg.Cluster.Namespace, JetStreamReplicas: cfg.Cluster.JetStreamReplicas,
-			PresenceResync: cfg.Cluster.PresenceResync,
-			PresenceShards: cfg.Cluster.PresenceShards,
-			Partitions:     cfg.Cluster.Partitions, PartitionLease: cfg.Cluster.PartitionLease,
-			ChatMaxInflight: cfg.Cluster.ChatMaxInflight,
-		}
-	}
-	return o
 }
 
 // newLogger builds the server's log. Durations are written as Go duration

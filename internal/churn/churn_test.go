@@ -15,6 +15,7 @@ import (
 
 	"github.com/parley-im/parley/internal/bench"
 	"github.com/parley-im/parley/internal/churn"
+	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/internal/store"
@@ -45,6 +46,21 @@ const rssBound = 512 << 20
 
 // ciRSSBound bounds the CI run (a small state bound, fewer conversations).
 const ciRSSBound = 512 << 20
+
+// noIdle is an idle bound no run reaches: with it only the state bound
+// evicts.
+const noIdle = 1000 * time.Hour
+
+// bound sets the store's state bound (0: the default) and, with
+// PARLEY_CHURN_STATES, turns idle eviction off.
+func bound(st *config.Store, states int) {
+	if states > 0 {
+		st.ConversationStates = states
+	}
+	if os.Getenv(envStates) != "" {
+		st.ConversationIdle = noIdle
+	}
+}
 
 type convStates interface {
 	ConvStates() (held int, evicted uint64)
@@ -97,12 +113,7 @@ func (s *sampler) sample(done int) {
 // their bound and its RSS within the documented one.
 func TestChurnEmbedded(t *testing.T) {
 	n, states, full := setup(t, 6_000)
-	srv := servertest.Start(t, func(o *server.Options) {
-		o.ConvStates = states
-		if os.Getenv(envStates) != "" {
-			o.ConvIdle = -1
-		}
-	})
+	srv := servertest.Start(t, servertest.WithConfig(func(c *config.Config) { bound(&c.Store, states) }))
 	st, ok := srv.Store().(convStates)
 	if !ok {
 		t.Fatalf("store %T reports no conversation states", srv.Store())
@@ -185,22 +196,22 @@ func TestChurnCluster(t *testing.T) {
 		states = 100
 	}
 	id := time.Now().UnixNano() % 1_000_000_000
-	cc := cassandra.Config{Hosts: []string{cass}, Keyspace: fmt.Sprintf("churn_%d", id), ConvStates: states}
-	if os.Getenv(envStates) != "" {
-		cc.ConvIdle = -1
-	}
+	ns := fmt.Sprintf("churn%d", id)
+	su := servertest.Defaults(t)
+	c := &su.Config
+	c.Roles = config.RoleChat
+	c.Cluster.Redis, c.Cluster.NATS, c.Cluster.Namespace = redis, nats, ns
+	c.Cluster.CassandraHosts, c.Cluster.Keyspace = cass, fmt.Sprintf("churn_%d", id)
+	bound(&c.Store, states)
+	cc := c.Cassandra()
 	ctx := context.Background()
 	mctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	if err := cassandra.Migrate(mctx, cc); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	ns := fmt.Sprintf("churn%d", id)
 	t.Cleanup(func() { dropKeyspace(t, cc); testbin.DropStreams(t, nats, ns) })
-	o := servertest.Options(t)
-	o.RunChat, o.RunGateway = true, false
-	o.Cluster = &server.Cluster{Redis: redis, NATS: nats, Cassandra: cc, Namespace: ns}
-	srv, err := server.Start(ctx, o)
+	srv, err := server.Start(ctx, su.Config, su.Deps)
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}

@@ -597,3 +597,22 @@ func TestValidateMigrate(t *testing.T) {
 		t.Fatalf("Validate = %v, want the keyspace problem", err)
 	}
 }
+
+// TestClusterFromFlags: the cluster settings reach the Cassandra store's
+// configuration (contact points split, keyspace, bucket width) and the
+// cluster tree the server reads, the presence resync interval among them.
+func TestClusterFromFlags(t *testing.T) {
+	cfg, err := Load([]string{"--cluster.redis", "127.0.0.1:1", "--cluster.nats", "nats://127.0.0.1:2", "--cluster.cassandra-hosts", "h1, h2",
+		"--cluster.presence-resync", "7s", "--cluster.namespace", "ns1", "--cluster.keyspace", "ks1", "--store.bucket-width", "48h"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cfg.Cluster
+	if !c.Enabled() || c.PresenceResync != 7*time.Second || c.Namespace != "ns1" || c.Redis != "127.0.0.1:1" || c.NATS != "nats://127.0.0.1:2" {
+		t.Fatalf("cluster %+v", c)
+	}
+	cc := cfg.Cassandra()
+	if cc.Keyspace != "ks1" || len(cc.Hosts) != 2 || cc.Hosts[1] != "h2" || cc.BucketWidth != 48*time.Hour {
+		t.Fatalf("cassandra %+v", cc)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/parley-im/parley/internal/chat"
+	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/internal/store"
@@ -355,10 +356,11 @@ func (f *flakyStore) UpdateRows(ctx context.Context, conv, seq uint64, users []s
 
 func TestCompensationConvergesAfterFault(t *testing.T) {
 	flaky := &flakyStore{}
-	srv := servertest.Start(t, func(o *server.Options) {
-		o.WrapStore = func(s store.Store) store.Store { flaky.Store = s; return flaky }
-		o.Chat.InlineRows = 0 // rows by fan-out, which the fault hits
-	})
+	srv := servertest.Start(t, servertest.WithDeps(func(d *server.Deps) {
+		d.WrapStore = func(s store.Store) store.Store { flaky.Store = s; return flaky }
+	}), servertest.WithChat(func(c *chat.Config) {
+		c.InlineRows = 0 // rows by fan-out, which the fault hits
+	}))
 	owner := dialRaw(t, srv, "owner", "d")
 	conv := owner.createGroup("g", "a", "b")
 	flaky.fail.Store(true)
@@ -443,10 +445,10 @@ func TestCoalescibleStateKeepsLatest(t *testing.T) {
 }
 
 func TestPresenceAggregatedAndTyping(t *testing.T) {
-	srv := servertest.Start(t, func(o *server.Options) {
-		o.Presence.Flush = 50 * time.Millisecond
-		o.Presence.MinGap = 400 * time.Millisecond
-	})
+	srv := servertest.Start(t, servertest.WithConfig(func(c *config.Config) {
+		c.Presence.Flush = 50 * time.Millisecond
+		c.Presence.MinGap = 400 * time.Millisecond
+	}))
 	watcher := dialRaw(t, srv, "watcher", "d")
 	conv := watcher.openDirect("flapper")
 	r := mustOK(t, watcher.call(protocol.Frame{Type: protocol.TypePresenceSub, Users: []string{"flapper"}}), protocol.TypePresence)

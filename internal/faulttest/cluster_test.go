@@ -10,7 +10,7 @@ import (
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
 	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/chat"
-	"github.com/parley-im/parley/internal/fanout"
+	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
@@ -43,7 +43,9 @@ func TestRandomFaultsCluster(t *testing.T) {
 	t.Cleanup(func() { dropKeyspace(t, cass, ks); testbin.DropStreams(t, nats, "ft"+ks[len("parley_ft_"):]) })
 	n := newInproc(t, sd)
 	n.srv.Close() // the embedded first start; from here on, the cluster engines
-	n.cluster = &server.Cluster{Redis: redis, NATS: nats, Cassandra: cc, Namespace: "ft" + ks[len("parley_ft_"):]}
+	cl := config.Default().Cluster
+	cl.Redis, cl.NATS, cl.CassandraHosts, cl.Keyspace, cl.Namespace = redis, nats, cass, ks, "ft"+ks[len("parley_ft_"):]
+	n.cluster = &cl
 	n.restart()
 	ops := 200
 	if testing.Short() {
@@ -59,13 +61,17 @@ func (n *inproc) options() []servertest.Option {
 		servertest.WithChat(func(c *chat.Config) {
 			c.SmallBelow, c.LargeAbove, c.InlineRows, c.EveryoneInterval = smallBelow, largeAbove, 3, 0
 		}),
-		func(o *server.Options) {
-			o.Cluster = n.cluster
-			o.WrapStore = func(s store.Store) store.Store { return flakyStore{s, n.f} }
-			o.WrapRegistry = func(r registry.Registry) registry.Registry { return flakyRegistry{r, n.f} }
-			o.WrapBus = func(b bus.Bus) bus.Bus { return flakyBus{b, n.f} }
-			o.Fanout = fanout.Config{MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Scan: 200 * time.Millisecond}
-		}}
+		servertest.WithConfig(func(c *config.Config) {
+			if n.cluster != nil {
+				c.Cluster = *n.cluster
+			}
+			c.Fanout.MinBackoff, c.Fanout.MaxBackoff, c.Fanout.Scan = 10*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
+		}),
+		servertest.WithDeps(func(d *server.Deps) {
+			d.WrapStore = func(s store.Store) store.Store { return flakyStore{s, n.f} }
+			d.WrapRegistry = func(r registry.Registry) registry.Registry { return flakyRegistry{r, n.f} }
+			d.WrapBus = func(b bus.Bus) bus.Bus { return flakyBus{b, n.f} }
+		})}
 }
 
 // dropKeyspace removes the test's keyspace once the node is closed: tables

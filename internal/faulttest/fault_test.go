@@ -27,8 +27,8 @@ import (
 
 	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/bus"
+	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/registry"
-	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/internal/testbin"
@@ -163,7 +163,7 @@ type inproc struct {
 	f   *faults
 	srv *servertest.Server
 	// cluster, if set, runs the node on the cluster engines.
-	cluster *server.Cluster
+	cluster *config.Cluster
 }
 
 func newInproc(t *testing.T, sd uint64) *inproc {

@@ -12,8 +12,8 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/hooks"
-	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/protocol"
 	"github.com/parley-im/parley/webhook"
@@ -106,11 +106,11 @@ func TestServerStalledReceiverDoesNotSlowSends(t *testing.T) {
 	unblock := func() { once.Do(func() { close(release) }) }
 	defer unblock()
 
-	s := servertest.Start(t, func(o *server.Options) {
-		o.Webhooks = hooks.Config{MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Endpoints: []hooks.Endpoint{{
+	s := servertest.Start(t, servertest.WithConfig(func(c *config.Config) {
+		c.Webhooks = hooks.Config{MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Endpoints: []hooks.Endpoint{{
 			Name: "bots", URL: recv.URL, Secret: secret, Timeout: time.Minute, Preview: hooks.PreviewFull,
 		}}}
-	})
+	}))
 	alice := dial(t, s, "alice")
 	direct := alice.call(protocol.Frame{Type: protocol.TypeOpenDirect, Peer: "bob"}).Conv.ConvID
 	group := alice.call(protocol.Frame{Type: protocol.TypeCreateGroup, Name: "g", Members: []string{"bob", "carol"}}).Conv.ConvID

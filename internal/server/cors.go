@@ -63,7 +63,7 @@ var corsPaths = map[string]bool{
 // endpoint, and refuses a WebSocket handshake or one of those requests whose
 // Origin is not allowed with 403 forbidden (docs/protocol.md, "Browsers").
 func (s *Server) browserGuard(next http.Handler) http.Handler {
-	cors, ws := s.opts.Web.CORSOrigins, s.opts.Web.WSOrigins
+	cors, ws := s.corsOrigins, s.wsOrigins
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		origin := r.Header.Get("Origin")
 		switch {

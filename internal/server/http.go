@@ -19,7 +19,7 @@ func (s *Server) handleSnapshot(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	convs, all, perr := ParseSnapshotQuery(r.URL.Query(), s.opts.Gateway.Limits)
+	convs, all, perr := ParseSnapshotQuery(r.URL.Query(), s.cfg.Limits)
 	if perr != nil {
 		writeError(w, perr)
 		return

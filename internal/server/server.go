@@ -43,6 +43,7 @@ import (
 	"github.com/parley-im/parley/internal/cluster/limit"
 	"github.com/parley-im/parley/internal/cluster/relay"
 	"github.com/parley-im/parley/internal/cluster/route"
+	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/gateway"
 	"github.com/parley-im/parley/internal/hooks"
@@ -64,39 +65,13 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
-// Options configure a node.
-type Options struct {
-	Listen  string // host:port; port 0 picks a free one
-	DataDir string
-	StoreFS vfs.FS // nil: the disk under DataDir
-	Node    string
-	// NodeNumber is the Snowflake node number of the message ids this
-	// node mints; nil derives it from Node (snowflake.NodeNumber).
-	NodeNumber *uint16
-	Auth       auth.Config
-	Gateway    gateway.Config
-	Chat       chat.Config
-	Fanout     fanout.Config // outbox workers; zero: defaults
-	// Webhooks: endpoints and retry policy; no endpoints, no webhooks.
-	Webhooks    hooks.Config
-	BucketWidth time.Duration
-	// ConvStates and ConvIdle bound the embedded store's in-memory
-	// conversation states (pebble.Config); zero: its defaults. In cluster
-	// mode they come with Cluster.Cassandra.
-	ConvStates int
-	ConvIdle   time.Duration
-	Presence   presence.Config
-	// Gateway and Chat select the roles; both false means both.
-	RunGateway, RunChat bool
-	// Cluster, when set, runs on distributed engines instead of embedded
-	// ones.
-	Cluster *Cluster
-	// Web configures what browsers get: the chat page, CORS and the
-	// WebSocket origin allowlist, development tokens.
-	Web Web
-	// Admin, when set, serves the server API (internal/admin) on a
-	// listener of its own; it needs the chat role.
-	Admin *Admin
+// Deps is what a node takes besides its configuration: the log, and the
+// seams tests inject faults through.
+type Deps struct {
+	Logger *slog.Logger // nil: discard
+	// StoreFS is the filesystem of the embedded engines (store, ledger,
+	// webhook queue); nil: the disk under data_dir.
+	StoreFS vfs.FS
 	// WrapStore, if set, wraps the store the chat service uses (tests
 	// inject faults with it).
 	WrapStore func(store.Store) store.Store
@@ -104,77 +79,21 @@ type Options struct {
 	// chat service pushes through (fault tests).
 	WrapRegistry func(registry.Registry) registry.Registry
 	WrapBus      func(bus.Bus) bus.Bus
-	Logger       *slog.Logger
-	// NoMetrics leaves /metrics unserved (cmd/parley: metrics.enabled).
-	NoMetrics bool
-	// ReservedUser is a user id no token may carry: the server API's
-	// actor (admin.actor), so that no client can send as the operator.
-	// Empty: Admin.Actor, or admin.DefaultActor.
-	ReservedUser string
-}
-
-// Web configures the browser-facing side of a gateway node.
-type Web struct {
-	// Page serves the embedded chat page at / (cmd/parley: web.page).
-	Page bool
-	// CORSOrigins may call /v1/rpc, /v1/poll and the snapshot endpoint
-	// cross-origin; WSOrigins may open the WebSocket. Both always allow the
-	// same origin and requests without an Origin header (not a browser).
-	CORSOrigins, WSOrigins Origins
-	// DevKey, set only while the node runs on the development key, enables
-	// POST /v1/dev/token, which mints a token for any user name.
-	DevKey []byte
-}
-
-// Admin configures the server API.
-type Admin struct {
-	Listen string // host:port; port 0 picks a free one
-	Key    []byte // at least admin.MinKeyBytes
-	Actor  string // actor id of the admin's events (default "admin")
-}
-
-// Cluster names the distributed engines.
-type Cluster struct {
-	Redis     string // host:port
-	NATS      string // nats://host:port
-	Cassandra cassandra.Config
-	// Namespace prefixes every NATS subject, JetStream stream and Redis key
-	// of the deployment, so several can share engines (default "parley").
-	Namespace string
-	// JetStreamReplicas of the task streams (default 1).
-	JetStreamReplicas int
-	// PresenceResync is how often a process checks the leases of the
-	// gateways its followed users are on (relay.Relay; default 15s).
-	PresenceResync time.Duration
-	// PresenceShards is how many NATS subjects presence hints are spread
-	// over (relay.Relay; default 256).
-	PresenceShards int
-	// Partitions and PartitionLease configure conversation ownership
-	// (lease.Owner; defaults 64 and 3s).
-	Partitions     int
-	PartitionLease time.Duration
-	// ChatMaxInflight bounds the requests a chat process serves at once
-	// (route.Serve; default 1024).
-	ChatMaxInflight int
-}
-
-func (c *Cluster) namespace() string {
-	if c.Namespace == "" {
-		return "parley"
-	}
-	return c.Namespace
-}
-
-func (o Options) nodeNumber() uint16 {
-	if o.NodeNumber != nil {
-		return *o.NodeNumber
-	}
-	return snowflake.NodeNumber(o.Node)
 }
 
 // Server is a running node.
 type Server struct {
-	opts     Options
+	cfg  config.Config
+	deps Deps
+	// Read from cfg once at Start: the roles, the token keys (devKey set
+	// only on the development key, which enables POST /v1/dev/token), the
+	// server API's key (nil: off) and the browser origins.
+	gatewayRole, chatRole bool
+	auth                  auth.Config
+	devKey, adminKey      []byte
+	corsOrigins           Origins
+	wsOrigins             Origins
+
 	log      *slog.Logger
 	now      func() time.Time
 	ln       net.Listener
@@ -218,22 +137,18 @@ type Server struct {
 	shutSoFar error
 }
 
-// Start opens the engines, builds the roles and starts listening.
-func Start(ctx context.Context, o Options) (_ *Server, err error) {
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+// Start validates cfg (as config.Load leaves it: every setting of `parley
+// serve`), resolves its keys, opens the engines, builds the roles and
+// starts listening.
+func Start(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error) {
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
 	}
-	if o.Node == "" {
-		return nil, errors.New("server: node is required")
+	s, err := newServer(cfg, d)
+	if err != nil {
+		return nil, err
 	}
-	if !o.RunGateway && !o.RunChat {
-		o.RunGateway, o.RunChat = true, true
-	}
-	if o.Cluster == nil && !(o.RunGateway && o.RunChat) {
-		return nil, errors.New("server: separate roles need the cluster engines (Redis, NATS, Cassandra)")
-	}
-	setNBIOLogger(o.Logger)
-	s := &Server{opts: o, log: o.Logger, now: time.Now}
+	setNBIOLogger(d.Logger)
 	s.bgCtx, s.bgCancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -255,25 +170,52 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 	if err := s.openAccess(ctx); err != nil {
 		return nil, err
 	}
-	if o.RunChat {
+	if s.chatRole {
 		if err := s.startChat(); err != nil {
 			return nil, err
 		}
 	}
-	if o.RunGateway {
+	if s.gatewayRole {
 		if err := s.startGateway(ctx); err != nil {
 			return nil, err
 		}
 	}
-	if err := s.listen(o); err != nil {
+	if err := s.listen(); err != nil {
 		return nil, err
 	}
 	if err := s.startAdmin(); err != nil {
 		return nil, err
 	}
-	s.log.Info("parley node started", "node", o.Node, "addr", s.Addr(), "gateway", o.RunGateway, "chat", o.RunChat, "cluster", o.Cluster != nil)
+	s.log.Info("parley node started", "node", cfg.NodeID, "addr", s.Addr(), "gateway", s.gatewayRole, "chat", s.chatRole, "cluster", s.clustered())
 	return s, nil
 }
+
+// newServer checks cfg and reads what the node needs from it once: the
+// roles, the keys and the origins.
+func newServer(cfg config.Config, d Deps) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err // "config: ..."
+	}
+	roles := cfg.RoleSet()
+	s := &Server{cfg: cfg, deps: d, log: d.Logger, now: time.Now,
+		gatewayRole: roles[config.RoleGateway], chatRole: roles[config.RoleChat],
+		corsOrigins: ParseOrigins(cfg.Web.CORSOrigins), wsOrigins: ParseOrigins(cfg.Web.WSOrigins),
+	}
+	var err error
+	if s.auth, err = cfg.ResolveAuth(); err != nil {
+		return nil, err
+	}
+	if cfg.UsesDevKey() {
+		s.devKey = s.auth.HS256Key
+	}
+	if s.adminKey, err = cfg.ResolveAdminKey(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// clustered reports whether the node runs on the distributed engines.
+func (s *Server) clustered() bool { return s.cfg.Cluster.Enabled() }
 
 func (s *Server) onClose(f func() error) { s.closers = append(s.closers, f) }
 
@@ -289,18 +231,18 @@ func (s *Server) closeEngines() error {
 // openEngines opens the store and ledger (chat role), the registry and the
 // bus, embedded or distributed.
 func (s *Server) openEngines(ctx context.Context) error {
-	o := s.opts
-	if o.Cluster == nil {
+	cfg, log := s.cfg, s.log
+	if !s.clustered() {
 		st, err := pstore.Open(ctx, pstore.Config{
-			Dir: filepath.Join(o.DataDir, "store"), FS: privatefs.Wrap(o.StoreFS), BucketWidth: o.BucketWidth, Logger: o.Logger,
-			ConvStates: o.ConvStates, ConvIdle: o.ConvIdle,
+			Dir: filepath.Join(cfg.DataDir, "store"), FS: privatefs.Wrap(s.deps.StoreFS), BucketWidth: cfg.Store.BucketWidth, Logger: log,
+			ConvStates: cfg.Store.ConversationStates, ConvIdle: cfg.Store.ConversationIdle,
 		})
 		if err != nil {
 			return fmt.Errorf("server: open store: %w", err)
 		}
 		s.store = st
 		s.onClose(st.Close)
-		led, err := lpebble.Open(lpebble.Config{Dir: filepath.Join(o.DataDir, "ledger"), FS: privatefs.Wrap(o.StoreFS), Logger: o.Logger})
+		led, err := lpebble.Open(lpebble.Config{Dir: filepath.Join(cfg.DataDir, "ledger"), FS: privatefs.Wrap(s.deps.StoreFS), Logger: log})
 		if err != nil {
 			return fmt.Errorf("server: open ledger: %w", err)
 		}
@@ -308,41 +250,38 @@ func (s *Server) openEngines(ctx context.Context) error {
 		s.onClose(led.Close)
 		s.registry = memory.New()
 		s.bus = local.New()
-		s.presence = presence.New(o.Presence, nil)
+		s.presence = presence.New(cfg.Presence, nil)
 		s.online = fanout.NewOnline(st)
 		s.runLoop(func(ctx context.Context) { s.presence.Run(ctx) })
 		return nil
 	}
-	c := o.Cluster
-	ns := c.namespace()
+	c := cfg.Cluster
+	ns := c.Namespace
 	s.redis = goredis.NewClient(&goredis.Options{Addr: c.Redis})
 	s.onClose(s.redis.Close)
-	reg, err := rredis.New(s.redis, rredis.Config{Prefix: ns + ":", Logger: o.Logger})
+	reg, err := rredis.New(s.redis, rredis.Config{Prefix: ns + ":", Logger: log})
 	if err != nil {
 		return fmt.Errorf("server: registry: %w", err)
 	}
 	s.registry = reg
-	nc, err := pnats.Connect(ctx, pnats.ConnConfig{URL: c.NATS, Name: "parley-" + o.Node, Logger: o.Logger})
+	nc, err := pnats.Connect(ctx, pnats.ConnConfig{URL: c.NATS, Name: "parley-" + cfg.NodeID, Logger: log})
 	if err != nil {
 		return fmt.Errorf("server: nats: %w", err)
 	}
 	s.nc = nc
 	s.onClose(func() error { nc.Close(); return nil })
-	b, err := pnats.New(nc, pnats.Config{Subject: ns + ".node", Logger: o.Logger})
+	b, err := pnats.New(nc, pnats.Config{Subject: ns + ".node", Logger: log})
 	if err != nil {
 		return fmt.Errorf("server: bus: %w", err)
 	}
 	s.bus = b
-	if o.RunChat {
+	if s.chatRole {
 		s.owner = lease.NewOwner(s.redis, lease.OwnerConfig{
-			Namespace: ns, Node: o.Node, Partitions: c.Partitions, LeaseTTL: c.PartitionLease, Logger: o.Logger,
+			Namespace: ns, Node: cfg.NodeID, Partitions: c.Partitions, LeaseTTL: c.PartitionLease, Logger: log,
 		})
-		cc := c.Cassandra
-		cc.Logger = o.Logger
+		cc := cfg.Cassandra()
+		cc.Logger = log
 		cc.Lease = s.owner
-		if cc.BucketWidth == 0 {
-			cc.BucketWidth = o.BucketWidth
-		}
 		st, err := cassandra.Open(ctx, cc)
 		if err != nil {
 			return fmt.Errorf("server: open store: %w", err)
@@ -352,7 +291,7 @@ func (s *Server) openEngines(ctx context.Context) error {
 
 		led, err := jetstream.Open(ctx, nc, jetstream.Config{
 			Stream: strings.ToUpper(ns) + "_TASKS", Subject: ns + ".tasks", DeadSubject: ns + ".dead",
-			Replicas: c.JetStreamReplicas, Logger: o.Logger,
+			Replicas: c.JetStreamReplicas, Logger: log,
 		})
 		if err != nil {
 			return fmt.Errorf("server: ledger: %w", err)
@@ -364,19 +303,19 @@ func (s *Server) openEngines(ctx context.Context) error {
 	// roster the members of the groups it tracks; neither mirrors the
 	// cluster's online users.
 	var members relay.Members
-	if o.RunChat {
-		s.roster = fanout.NewRoster(nil, o.Logger)
+	if s.chatRole {
+		s.roster = fanout.NewRoster(nil, log)
 		members = s.roster
 	}
 	s.relay = relay.New(nc, s.redis, reg, members, relay.Config{
-		Namespace: ns, Node: o.Node, Shards: c.PresenceShards, LastSeenTTL: o.Presence.LastSeenTTL,
-		Resync: c.PresenceResync, Logger: o.Logger,
+		Namespace: ns, Node: cfg.NodeID, Shards: c.PresenceShards, LastSeenTTL: cfg.Presence.LastSeenTTL,
+		Resync: c.PresenceResync, Logger: log,
 	})
 	if s.roster != nil {
 		s.roster.Attach(s.relay)
 		s.runLoop(s.roster.Run)
 	}
-	s.presence = presence.NewWith(o.Presence, s.relay, nil)
+	s.presence = presence.NewWith(cfg.Presence, s.relay, nil)
 	s.runLoop(func(ctx context.Context) { s.presence.Run(ctx) })
 	// What the process holds of presence follows what it serves.
 	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -405,29 +344,25 @@ func (s *Server) runLoop(f func(ctx context.Context)) {
 }
 
 func (s *Server) startChat() error {
-	o, m := s.opts, s.metrics
+	cfg, d, m := s.cfg, s.deps, s.metrics
 	var online chat.Online = s.online
 	if s.relay != nil {
 		online = onlineIndex{fanout.NewScoped(s.roster, s.owner.Epoch), s.relay}
 	}
 	chatStore := s.store
-	if o.WrapStore != nil {
-		chatStore = o.WrapStore(chatStore)
+	if d.WrapStore != nil {
+		chatStore = d.WrapStore(chatStore)
 	}
 	var lim chat.Limiter
 	if s.redis != nil {
-		lim = limit.New(s.redis, o.Cluster.namespace()+":lim:")
+		lim = limit.New(s.redis, cfg.Cluster.Namespace+":lim:")
 	}
 	// In cluster mode the Snowflake node number is leased in Redis: a
 	// configured one held by another live node refuses the start.
-	nodeNumber := o.nodeNumber()
+	nodeNumber := cfg.SnowflakeNode()
 	if s.redis != nil {
-		want := -1
-		if o.NodeNumber != nil {
-			want = int(*o.NodeNumber)
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		nn, err := lease.TakeNodeNumber(ctx, s.redis, o.Cluster.namespace(), o.Node, want, o.Logger)
+		nn, err := lease.TakeNodeNumber(ctx, s.redis, cfg.Cluster.Namespace, cfg.NodeID, cfg.NodeNumber, s.log)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("server: %w", err)
@@ -439,18 +374,18 @@ func (s *Server) startChat() error {
 	// The outbox runs the fan-out of every stored message after its ACK;
 	// its handler is the service's, set once the service exists.
 	var svc *chat.Service
-	fcfg := o.Fanout
-	fcfg.Logger = o.Logger
+	fcfg := cfg.Fanout
+	fcfg.Logger = s.log
 	outbox := fanout.New(fcfg, chatStore, func(ctx context.Context, j fanout.Job) error { return svc.FanOut(ctx, j) })
 	chatReg, chatBus := s.registry, s.bus
-	if o.WrapRegistry != nil {
-		chatReg = o.WrapRegistry(chatReg)
+	if d.WrapRegistry != nil {
+		chatReg = d.WrapRegistry(chatReg)
 	}
-	if o.WrapBus != nil {
-		chatBus = o.WrapBus(chatBus)
+	if d.WrapBus != nil {
+		chatBus = d.WrapBus(chatBus)
 	}
 	var hook fanout.Hook
-	if len(o.Webhooks.Endpoints) > 0 {
+	if len(cfg.Webhooks.Endpoints) > 0 {
 		// The webhook queue: a Pebble database of its own on an embedded
 		// node, the shared JetStream streams in cluster mode
 		// (docs/webhooks.md); the fan-out only writes to it.
@@ -458,7 +393,7 @@ func (s *Server) startChat() error {
 		if err != nil {
 			return err
 		}
-		h, err := hooks.New(o.Webhooks, hooks.Options{Queue: q, Members: chatStore, Logger: o.Logger})
+		h, err := hooks.New(cfg.Webhooks, hooks.Options{Queue: q, Members: chatStore, Logger: s.log})
 		if err != nil {
 			q.Close()
 			return err
@@ -467,9 +402,9 @@ func (s *Server) startChat() error {
 		s.onClose(h.Close)
 		s.registerHookMetrics(h)
 	}
-	svc, err := chat.New(o.Chat, chat.Deps{
+	svc, err := chat.New(cfg.ChatConfig(), chat.Deps{
 		Store: chatStore, Registry: chatReg, Bus: chatBus, IDs: snowflake.New(nodeNumber, nil),
-		Logger: o.Logger, Online: online, Ledger: s.ledger, Limiter: lim, Outbox: outbox, Hook: hook,
+		Logger: s.log, Online: online, Ledger: s.ledger, Limiter: lim, Outbox: outbox, Hook: hook,
 		Observer: chat.Observer{
 			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },
 			StoreFailed: func(op string) { m.StoreErrors.WithLabelValues(op).Inc() },
@@ -518,8 +453,8 @@ func (s *Server) startChat() error {
 	if s.nc != nil {
 		s.runLoop(func(ctx context.Context) {
 			err := route.Serve(ctx, route.ServeConfig{
-				Conn: s.nc, Namespace: o.Cluster.namespace(), Service: svc, Owner: s.owner,
-				Timeout: o.Gateway.RequestTimeout, MaxInflight: o.Cluster.ChatMaxInflight, Logger: s.log,
+				Conn: s.nc, Namespace: cfg.Cluster.Namespace, Service: svc, Owner: s.owner,
+				Timeout: cfg.Gateway.RequestTimeout, MaxInflight: cfg.Cluster.ChatMaxInflight, Logger: s.log,
 			})
 			if err != nil {
 				s.log.Error("chat service stopped serving", "err", err)
@@ -534,14 +469,14 @@ func (s *Server) startChat() error {
 // an embedded node, the JetStream streams every chat process shares in
 // cluster mode.
 func (s *Server) openHookQueue() (hooks.Queue, error) {
-	o := s.opts
+	cfg := s.cfg
 	if s.owner == nil {
-		return hpebble.Open(hpebble.Config{Dir: filepath.Join(o.DataDir, "webhooks"), FS: privatefs.Wrap(o.StoreFS), Logger: o.Logger})
+		return hpebble.Open(hpebble.Config{Dir: filepath.Join(cfg.DataDir, "webhooks"), FS: privatefs.Wrap(s.deps.StoreFS), Logger: s.log})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return hjetstream.Open(ctx, hjetstream.Config{NATS: s.nc, Namespace: o.Cluster.namespace(), Replicas: o.Cluster.JetStreamReplicas,
-		Owner: s.owner, Node: o.Node, AckWait: o.Webhooks.RedeliverAfter(), Logger: o.Logger})
+	return hjetstream.Open(ctx, hjetstream.Config{NATS: s.nc, Namespace: cfg.Cluster.Namespace, Replicas: cfg.Cluster.JetStreamReplicas,
+		Owner: s.owner, Node: cfg.NodeID, AckWait: cfg.Webhooks.RedeliverAfter(), Logger: s.log})
 }
 
 // registerHookMetrics exports the webhook endpoints' counters.
@@ -618,32 +553,31 @@ func (s *Server) hub() hub {
 }
 
 func (s *Server) startGateway(ctx context.Context) error {
-	o, m := s.opts, s.metrics
-	tv, err := auth.NewVerifier(o.Auth)
+	cfg, m := s.cfg, s.metrics
+	tv, err := auth.NewVerifier(s.auth)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
-	v := reserving{Verifier: tv, user: o.reservedUser()}
+	v := reserving{Verifier: tv, user: s.reservedUser()}
 	s.verifier = v
 	var mayWatch gateway.MayWatch
 	switch {
 	case s.chat != nil && s.owner != nil:
-		r := route.NewRemote(s.nc, o.Cluster.namespace(), o.Gateway.RequestTimeout, o.Cluster.Partitions)
+		r := route.NewRemote(s.nc, cfg.Cluster.Namespace, cfg.Gateway.RequestTimeout, cfg.Cluster.Partitions)
 		s.backend, mayWatch = route.Routed{Local: s.chat, Remote: r, Owner: s.owner}, s.chat.SharesConversation
 	case s.chat != nil:
 		s.backend, mayWatch = s.chat, s.chat.SharesConversation
 	default:
-		r := route.NewRemote(s.nc, o.Cluster.namespace(), o.Gateway.RequestTimeout, o.Cluster.Partitions)
+		r := route.NewRemote(s.nc, cfg.Cluster.Namespace, cfg.Gateway.RequestTimeout, cfg.Cluster.Partitions)
 		s.backend, mayWatch = r, r.MayWatch
 	}
-	gcfg := o.Gateway
-	gcfg.Node = o.Node
-	gcfg.SessionPrefix = o.Node + "-" + nonce()
+	gcfg := cfg.GatewayConfig()
+	gcfg.SessionPrefix = cfg.NodeID + "-" + nonce()
 	if err := s.dropPredecessor(ctx); err != nil {
 		return fmt.Errorf("server: registry: %w", err)
 	}
 	s.gw, err = gateway.New(gcfg, gateway.Deps{
-		Backend: s.backend, Verifier: v, Registry: s.registry, Bus: s.bus, Logger: o.Logger,
+		Backend: s.backend, Verifier: v, Registry: s.registry, Bus: s.bus, Logger: s.log,
 		Presence: s.hub(), MayWatch: mayWatch, Access: s.access.List(),
 		Observer: gateway.Observer{
 			Connections: func(d int) { m.Connections.Add(float64(d)) },
@@ -673,9 +607,9 @@ func (s *Server) startGateway(ctx context.Context) error {
 func (s *Server) dropPredecessor(ctx context.Context) error {
 	rr, ok := s.registry.(*rredis.Registry)
 	if !ok || s.relay == nil {
-		return s.registry.DropNode(ctx, s.opts.Node)
+		return s.registry.DropNode(ctx, s.cfg.NodeID)
 	}
-	users, err := rr.DropNodeUsers(ctx, s.opts.Node)
+	users, err := rr.DropNodeUsers(ctx, s.cfg.NodeID)
 	if err != nil {
 		return err
 	}
@@ -699,7 +633,7 @@ func (s *Server) refreshLease(ctx context.Context, r *rredis.Registry) {
 			return
 		case <-tick.C:
 		}
-		err := r.Refresh(ctx, s.opts.Node)
+		err := r.Refresh(ctx, s.cfg.NodeID)
 		switch {
 		case errors.Is(err, rredis.ErrLeaseLost):
 			s.log.Warn("registry lease lost; closing sessions so they register again")
@@ -716,8 +650,9 @@ func nonce() string {
 	return hex.EncodeToString(b)
 }
 
-func (s *Server) listen(o Options) error {
-	ln, err := net.Listen("tcp", o.Listen)
+func (s *Server) listen() error {
+	gcfg := s.cfg.GatewayConfig()
+	ln, err := net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: listen: %w", err)
 	}
@@ -725,7 +660,7 @@ func (s *Server) listen(o Options) error {
 	s.onClose(func() error { _ = ln.Close(); return nil })
 	if s.gw != nil {
 		// Per-source pacing before anything reads the connection.
-		ln = gateway.PaceSources(ln, o.Gateway, s.log)
+		ln = gateway.PaceSources(ln, gcfg, s.log)
 		s.onClose(func() error { _ = ln.Close(); return nil })
 	}
 	mux := http.NewServeMux()
@@ -737,7 +672,7 @@ func (s *Server) listen(o Options) error {
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", s.handleReady)
-	if !s.opts.NoMetrics {
+	if s.cfg.Metrics.Enabled {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	}
 	if s.gw != nil {
@@ -748,11 +683,11 @@ func (s *Server) listen(o Options) error {
 		handler = s.gw.Track(handler)
 	}
 	if stdServer {
-		s.std = gateway.StdServer(o.Gateway, handler)
+		s.std = gateway.StdServer(gcfg, handler)
 		go func() { _ = s.std.Serve(ln) }()
 		return nil
 	}
-	s.engine = nbhttp.NewEngine(gateway.EngineConfig(o.Gateway, ln, handler))
+	s.engine = nbhttp.NewEngine(gateway.EngineConfig(gcfg, ln, handler))
 	if s.gw != nil {
 		s.gw.Attach(s.engine)
 	}
@@ -769,9 +704,9 @@ func (s *Server) listen(o Options) error {
 func (s *Server) openAccess(ctx context.Context) error {
 	var st access.Store
 	if s.redis != nil {
-		st = access.NewRedis(s.redis, s.opts.Cluster.namespace()+":")
+		st = access.NewRedis(s.redis, s.cfg.Cluster.Namespace+":")
 	} else {
-		fst, err := access.OpenFile(filepath.Join(s.opts.DataDir, "access.json"))
+		fst, err := access.OpenFile(filepath.Join(s.cfg.DataDir, "access.json"))
 		if err != nil {
 			return fmt.Errorf("server: %w", err)
 		}
@@ -790,20 +725,20 @@ func (s *Server) openAccess(ctx context.Context) error {
 
 // startAdmin serves the server API if configured.
 func (s *Server) startAdmin() error {
-	o := s.opts.Admin
-	if o == nil {
+	if s.adminKey == nil {
 		return nil
 	}
+	cfg := s.cfg
 	if s.chat == nil {
 		return errors.New("server: the admin API needs the chat role on this node")
 	}
 	var svc admin.Chat = s.chat
 	if s.owner != nil {
 		// Cluster mode: each conversation write runs on its partition's owner.
-		svc = route.NewAdmin(s.chat, s.owner, s.nc, s.opts.Cluster.namespace(), s.chat.Limits(), s.opts.Gateway.RequestTimeout)
+		svc = route.NewAdmin(s.chat, s.owner, s.nc, cfg.Cluster.Namespace, s.chat.Limits(), cfg.Gateway.RequestTimeout)
 	}
-	a, err := admin.New(admin.Config{Listen: o.Listen, Key: o.Key, Actor: o.Actor, RequestTimeout: s.opts.Gateway.RequestTimeout}, admin.Deps{
-		Chat: svc, Access: s.access, Disconnect: s.disconnect, Limits: s.opts.Chat.Limits, Logger: s.log, Now: s.now,
+	a, err := admin.New(admin.Config{Listen: cfg.Admin.Listen, Key: s.adminKey, Actor: cfg.Admin.Actor, RequestTimeout: cfg.Gateway.RequestTimeout}, admin.Deps{
+		Chat: svc, Access: s.access, Disconnect: s.disconnect, Limits: cfg.Limits, Logger: s.log, Now: s.now,
 	})
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -934,7 +869,7 @@ func (s *Server) stop(ctx context.Context) {
 			s.noteShutdown(err)
 		}
 		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		if err := s.registry.DropNode(dctx, s.opts.Node); err != nil {
+		if err := s.registry.DropNode(dctx, s.cfg.NodeID); err != nil {
 			s.log.Warn("registry: drop node", "err", err)
 		}
 		cancel()
@@ -959,16 +894,10 @@ func (s *Server) noteShutdown(err error) {
 	s.shutSoFar = errors.Join(s.shutSoFar, err)
 }
 
-// reservedUser is the user id no token may carry.
-func (o Options) reservedUser() string {
-	switch {
-	case o.ReservedUser != "":
-		return o.ReservedUser
-	case o.Admin != nil && o.Admin.Actor != "":
-		return o.Admin.Actor
-	}
-	return admin.DefaultActor
-}
+// reservedUser is the user id no token may carry: the server API's actor
+// (admin.actor), so that no client can send as the operator, whether or
+// not the API is served.
+func (s *Server) reservedUser() string { return s.cfg.Admin.Actor }
 
 // reserving refuses tokens of the reserved user id (the server API's
 // actor) as invalid, on every path a gateway authenticates.

@@ -19,10 +19,10 @@ const DevTokenTTL = 24 * time.Hour
 // routeWeb adds the browser-facing routes of a gateway node: the chat page
 // (when enabled) and, on the development key only, the token endpoint.
 func (s *Server) routeWeb(mux *http.ServeMux) {
-	if s.opts.Web.DevKey != nil {
+	if s.devKey != nil {
 		mux.HandleFunc("POST /v1/dev/token", s.handleDevToken)
 	}
-	if s.opts.Web.Page {
+	if s.cfg.Web.Page {
 		s.routePage(mux)
 	}
 }
@@ -56,13 +56,13 @@ func (s *Server) handleDevToken(w http.ResponseWriter, r *http.Request) {
 		writeError(w, protocol.Errorf(protocol.CodeInvalidArgument, "user must be 1-64 bytes of [A-Za-z0-9._@-]"))
 		return
 	}
-	if req.User == s.opts.reservedUser() {
+	if req.User == s.reservedUser() {
 		writeError(w, protocol.Errorf(protocol.CodeInvalidArgument, "user %q is reserved for the server API", req.User))
 		return
 	}
 	now := s.now()
 	exp := now.Add(DevTokenTTL)
-	tok, err := auth.MintHS256(s.opts.Web.DevKey, auth.Claims{User: req.User, IssuedAt: now, Expires: exp})
+	tok, err := auth.MintHS256(s.devKey, auth.Claims{User: req.User, IssuedAt: now, Expires: exp})
 	if err != nil {
 		writeError(w, protocol.Errorf(protocol.CodeInternal, "mint: %v", err))
 		return

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/internal/auth"
+	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -43,7 +44,7 @@ func FuzzDevTokenBody(f *testing.F) {
 		f.Add(s)
 	}
 	key := []byte(strings.Repeat("k", 32))
-	s := &Server{opts: Options{Web: Web{DevKey: key}}, now: time.Now}
+	s := &Server{cfg: config.Default(), devKey: key, now: time.Now}
 	v, err := auth.NewVerifier(auth.Config{HS256Key: key})
 	if err != nil {
 		f.Fatal(err)

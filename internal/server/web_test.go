@@ -12,12 +12,13 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/parley-im/parley/internal/auth"
+	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
 )
 
-func withWeb(w server.Web) servertest.Option {
-	return func(o *server.Options) { o.Web = w }
+func withWeb(w config.Web) servertest.Option {
+	return servertest.WithConfig(func(c *config.Config) { c.Web = w })
 }
 
 func do(t *testing.T, method, url string, hdr map[string]string, body string) (*http.Response, string) {
@@ -42,7 +43,7 @@ func do(t *testing.T, method, url string, hdr map[string]string, body string) (*
 // CORS headers for allowed origins only; the same origin and non-browser
 // requests need no configuration; others get 403 forbidden.
 func TestCORS(t *testing.T) {
-	srv := servertest.Start(t, withWeb(server.Web{CORSOrigins: server.ParseOrigins("https://app.example.com, http://localhost:3000/")}))
+	srv := servertest.Start(t, withWeb(config.Web{CORSOrigins: "https://app.example.com, http://localhost:3000/"}))
 	tok := srv.Token("alice")
 	auth := map[string]string{"Authorization": "Bearer " + tok}
 	for _, path := range []string{"/v1/rpc?device=d1", "/v1/poll?device=d1", "/v1/conversations/snapshot?all=true"} {
@@ -135,7 +136,7 @@ func TestWebSocketOrigin(t *testing.T) {
 		{"any", "*", "https://anything.example", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := servertest.Start(t, withWeb(server.Web{WSOrigins: server.ParseOrigins(tc.allow)}))
+			srv := servertest.Start(t, withWeb(config.Web{WSOrigins: tc.allow}))
 			origin := tc.origin
 			if origin == "SELF" {
 				origin = srv.HTTPURL
@@ -171,11 +172,8 @@ func TestDevToken(t *testing.T) {
 	if resp, _ := do(t, http.MethodPost, srv.HTTPURL+"/v1/dev/token", nil, `{"user":"alice"}`); resp.StatusCode != http.StatusNotFound && resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Fatalf("without the dev key: %d, want 404", resp.StatusCode)
 	}
-	key := make([]byte, 32)
-	for i := range key {
-		key[i] = byte(i)
-	}
-	dev := servertest.Start(t, servertest.WithKey(key), withWeb(server.Web{DevKey: key}))
+	dev := servertest.Start(t, servertest.WithDevKey())
+	key := dev.Key()
 	resp, body := do(t, http.MethodPost, dev.HTTPURL+"/v1/dev/token", nil, `{"user":"carol"}`)
 	if resp.StatusCode != 200 {
 		t.Fatalf("dev token: %d %s", resp.StatusCode, body)
@@ -214,7 +212,7 @@ func TestDevToken(t *testing.T) {
 // TestPage: the page and its assets are served with their security headers
 // when web.page is on, and not at all when it is off.
 func TestPage(t *testing.T) {
-	on := servertest.Start(t, withWeb(server.Web{Page: true}))
+	on := servertest.Start(t, withWeb(config.Web{Page: true}))
 	resp, body := do(t, http.MethodGet, on.HTTPURL+"/", nil, "")
 	if resp.StatusCode != 200 || !strings.Contains(body, `<script type="module"`) || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
 		t.Fatalf("GET /: %d %s", resp.StatusCode, resp.Header)

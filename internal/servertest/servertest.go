@@ -14,6 +14,7 @@ import (
 
 	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/chat"
+	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/gateway"
 	"github.com/parley-im/parley/internal/server"
 )
@@ -32,91 +33,119 @@ type Server struct {
 	t        testing.TB
 }
 
-// Option adjusts the node's options before it starts.
-type Option func(*server.Options)
+// Setup is what a node starts from: its configuration, as `parley serve`
+// would load it, and what is not configuration (the log, fault seams).
+type Setup struct {
+	Config config.Config
+	Deps   server.Deps
+}
+
+// Option adjusts the node's setup before it starts.
+type Option func(*Setup)
+
+// WithConfig changes the node's configuration.
+func WithConfig(f func(*config.Config)) Option {
+	return func(s *Setup) { f(&s.Config) }
+}
+
+// WithDeps changes what the node takes besides its configuration (the
+// log, the store and bus wrappers of fault tests).
+func WithDeps(f func(*server.Deps)) Option {
+	return func(s *Setup) { f(&s.Deps) }
+}
 
 // WithGateway changes the gateway configuration.
 func WithGateway(f func(*gateway.Config)) Option {
-	return func(o *server.Options) { f(&o.Gateway) }
+	return func(s *Setup) { f(&s.Config.Gateway) }
 }
 
 // WithChat changes the chat configuration.
 func WithChat(f func(*chat.Config)) Option {
-	return func(o *server.Options) { f(&o.Chat) }
+	return func(s *Setup) { f(&s.Config.Chat) }
 }
 
 // WithNode names the node: the hello's node field and the snowflake node
 // number derive from it. Two nodes of one test need different names.
 func WithNode(name string) Option {
-	return func(o *server.Options) { o.Node = name }
+	return func(s *Setup) { s.Config.NodeID = name }
 }
 
 // WithDataDir runs the node on an existing data directory (restart tests).
 func WithDataDir(dir string) Option {
-	return func(o *server.Options) { o.DataDir = dir }
+	return func(s *Setup) { s.Config.DataDir = dir }
 }
 
 // WithKey signs and verifies tokens with key instead of a random one.
 func WithKey(key []byte) Option {
-	return func(o *server.Options) { o.Auth.HS256Key = key }
+	return func(s *Setup) { s.Config.Auth.HS256Key = hex.EncodeToString(key) }
+}
+
+// WithDevKey runs the node on the development key in its data directory,
+// as `parley serve` does with no auth key configured: POST /v1/dev/token
+// is served, and Key returns that key.
+func WithDevKey() Option {
+	return func(s *Setup) { s.Config.Auth.HS256Key = "" }
+}
+
+// WithLogger sends the node's log to log.
+func WithLogger(log *slog.Logger) Option {
+	return func(s *Setup) { s.Deps.Logger = log }
 }
 
 // WithAdmin serves the server API on a free port with a random key.
 func WithAdmin() Option {
-	return func(o *server.Options) {
+	return func(s *Setup) {
 		key := make([]byte, 32)
 		_, _ = rand.Read(key)
-		o.Admin = &server.Admin{Listen: "127.0.0.1:0", Key: key}
+		s.Config.Admin.Listen, s.Config.Admin.Key = "127.0.0.1:0", hex.EncodeToString(key)
 	}
 }
 
-// Options returns the options Start uses before applying opts.
-func Options(t testing.TB) server.Options {
-	return options(t.TempDir())
+// Defaults returns the setup Start uses before applying opts: the
+// defaults of `parley serve` on a free port of 127.0.0.1, in a temporary
+// data directory, with a random token key, no web page and the per-user
+// limits lifted.
+func Defaults(t testing.TB) Setup {
+	return defaults(t.TempDir())
 }
 
-func options(dataDir string) server.Options {
+func defaults(dataDir string) Setup {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	level := slog.LevelWarn
 	if os.Getenv("PARLEY_TEST_LOG") != "" {
 		level = slog.LevelDebug
 	}
-	gw := gateway.DefaultConfig()
+	c := config.Default()
+	c.Listen, c.DataDir, c.NodeID = "127.0.0.1:0", dataDir, "test1"
+	c.Auth.HS256Key, c.Auth.Leeway = hex.EncodeToString(key), 30*time.Second
+	c.Web.Page = false
 	// Tests drive single users far harder than people do; the fair-sharing
 	// limits have their own tests, which set them (internal/e2e).
+	gw := &c.Gateway
 	gw.UserSendRate, gw.UserSendBurst = 1e9, 1e9
 	gw.ConnRequestRate, gw.ConnRequestBurst = 1e9, 1e9
 	gw.MaxSessionsPerUser, gw.MaxPollSessionsPerUser = 1e6, 1e6
 	gw.UserHandshakeRate, gw.UserHandshakeBurst = 1e9, 1e9
 	gw.SourceAcceptRate = 0 // every test client is 127.0.0.1
-	return server.Options{
-		Listen:      "127.0.0.1:0",
-		DataDir:     dataDir,
-		Node:        "test1",
-		Auth:        auth.Config{HS256Key: key, Leeway: 30 * time.Second},
-		Gateway:     gw,
-		Chat:        chat.DefaultConfig(),
-		BucketWidth: 240 * time.Hour,
-		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+	return Setup{
+		Config: c,
+		Deps:   server.Deps{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))},
 	}
 }
 
 // Start starts a node and stops it when the test ends.
 func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
-	o := Options(t)
+	su := Defaults(t)
 	for _, f := range opts {
-		f(&o)
+		f(&su)
 	}
-	srv, err := server.Start(context.Background(), o)
+	s, err := start(su)
 	if err != nil {
 		t.Fatalf("servertest: start: %v", err)
 	}
-	s := &Server{Server: srv, URL: "ws://" + srv.Addr(), HTTPURL: "http://" + srv.Addr(), DataDir: o.DataDir, key: o.Auth.HS256Key, t: t}
-	if o.Admin != nil {
-		s.AdminURL, s.AdminKey = "http://"+srv.AdminAddr(), hex.EncodeToString(o.Admin.Key)
-	}
+	s.t = t
 	t.Cleanup(s.Close)
 	return s
 }
@@ -124,16 +153,43 @@ func Start(t testing.TB, opts ...Option) *Server {
 // Launch starts a node outside a test (runnable examples): its store lives
 // in dataDir, and the caller stops it with Close.
 func Launch(dataDir string, opts ...Option) (*Server, error) {
-	o := options(dataDir)
-	o.Logger = slog.New(slog.DiscardHandler)
+	su := defaults(dataDir)
+	su.Deps.Logger = slog.New(slog.DiscardHandler)
 	for _, f := range opts {
-		f(&o)
+		f(&su)
 	}
-	srv, err := server.Start(context.Background(), o)
+	return start(su)
+}
+
+func start(su Setup) (*Server, error) {
+	c := su.Config
+	srv, err := server.Start(context.Background(), c, su.Deps)
 	if err != nil {
 		return nil, err
 	}
-	return &Server{Server: srv, URL: "ws://" + srv.Addr(), HTTPURL: "http://" + srv.Addr(), DataDir: o.DataDir, key: o.Auth.HS256Key}, nil
+	s := &Server{Server: srv, URL: "ws://" + srv.Addr(), HTTPURL: "http://" + srv.Addr(), DataDir: c.DataDir}
+	// The key the node verifies with, as it resolved it.
+	if s.key, err = tokenKey(c); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if a := srv.AdminAddr(); a != "" {
+		s.AdminURL, s.AdminKey = "http://"+a, c.Admin.Key
+	}
+	return s, nil
+}
+
+// tokenKey is the HS256 key c configures: its hex key or, with none, the
+// development key in the data directory (which Start created).
+func tokenKey(c config.Config) ([]byte, error) {
+	if c.UsesDevKey() {
+		return auth.LoadOrCreateDevKey(c.DataDir)
+	}
+	a, err := c.ResolveAuth()
+	if err != nil {
+		return nil, err
+	}
+	return a.HS256Key, nil
 }
 
 // Key is the node's HS256 token key.
