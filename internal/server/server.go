@@ -5,9 +5,11 @@
 // in-memory registry and bus); with them, roles run as separate processes on
 // Redis, NATS (JetStream) and Cassandra.
 //
-// Start returns a running Server; Shutdown stops it (idempotent, bounded by
-// its context). Every goroutine Start launches is owned by the Server and
-// waited for by Shutdown.
+// Start takes the configuration of `parley serve` as internal/config loads
+// it (the one tree, read in place) and Deps, what is not configuration (the
+// log, the seams fault tests wrap); it returns a running Server, and
+// Shutdown stops it (idempotent, bounded by its context). Every goroutine
+// Start launches is owned by the Server and waited for by Shutdown.
 package server
 
 import (
