@@ -100,33 +100,27 @@ func (st *convState) raiseDurable(seq uint64) {
 	d := st.durable.Load()
 	st.ov.mu.Lock()
 	defer st.ov.mu.Unlock()
-	for target, rs := range st.ov.m {
-		keep := rs[:0]
-		for _, r := range rs {
-			if r.event > d {
-				keep = append(keep, r)
-			}
-		}
-		if len(keep) == 0 {
-			delete(st.ov.m, target)
-		} else {
-			st.ov.m[target] = keep
-		}
-	}
-	for k, ims := range st.ov.keys {
+	keepAbove(st.ov.m, d, func(r rewrite) uint64 { return r.event })
+	keepAbove(st.ov.keys, d, func(im keyImage) uint64 { return im.event })
+	st.countImages()
+}
+
+// keepAbove keeps in m the images of events above seq d (not yet durable)
+// and drops the keys left with none.
+func keepAbove[K comparable, T any](m map[K][]T, d uint64, event func(T) uint64) {
+	for k, ims := range m {
 		keep := ims[:0]
 		for _, im := range ims {
-			if im.event > d {
+			if event(im) > d {
 				keep = append(keep, im)
 			}
 		}
 		if len(keep) == 0 {
-			delete(st.ov.keys, k)
+			delete(m, k)
 		} else {
-			st.ov.keys[k] = keep
+			m[k] = keep
 		}
 	}
-	st.countImages()
 }
 
 // countImages publishes the number of pending images; ov.mu held.
