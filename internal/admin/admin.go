@@ -236,6 +236,17 @@ func pathUser(r *http.Request) (string, *protocol.Error) {
 	return v, nil
 }
 
+// pathMember reads the {conv_id} and {user_id} path values of a member's
+// endpoint.
+func pathMember(r *http.Request) (uint64, string, *protocol.Error) {
+	conv, perr := pathConv(r)
+	if perr != nil {
+		return 0, "", perr
+	}
+	user, perr := pathUser(r)
+	return conv, user, perr
+}
+
 // pathSeq reads the {seq} path value: a positive integer.
 func pathSeq(r *http.Request) (uint64, *protocol.Error) {
 	v := r.PathValue("seq")

@@ -162,11 +162,7 @@ func (s *Server) addMembers(ctx context.Context, r *http.Request, body []byte) (
 }
 
 func (s *Server) removeMember(ctx context.Context, r *http.Request, _ []byte) (any, *protocol.Error) {
-	conv, perr := pathConv(r)
-	if perr != nil {
-		return nil, perr
-	}
-	user, perr := pathUser(r)
+	conv, user, perr := pathMember(r)
 	if perr != nil {
 		return nil, perr
 	}
@@ -174,11 +170,7 @@ func (s *Server) removeMember(ctx context.Context, r *http.Request, _ []byte) (a
 }
 
 func (s *Server) setRole(ctx context.Context, r *http.Request, body []byte) (any, *protocol.Error) {
-	conv, perr := pathConv(r)
-	if perr != nil {
-		return nil, perr
-	}
-	user, perr := pathUser(r)
+	conv, user, perr := pathMember(r)
 	if perr != nil {
 		return nil, perr
 	}
@@ -190,11 +182,7 @@ func (s *Server) setRole(ctx context.Context, r *http.Request, body []byte) (any
 }
 
 func (s *Server) mute(ctx context.Context, r *http.Request, body []byte) (any, *protocol.Error) {
-	conv, perr := pathConv(r)
-	if perr != nil {
-		return nil, perr
-	}
-	user, perr := pathUser(r)
+	conv, user, perr := pathMember(r)
 	if perr != nil {
 		return nil, perr
 	}
