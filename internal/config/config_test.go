@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/internal/auth"
+	"github.com/parley-im/parley/internal/snowflake"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -614,5 +615,30 @@ func TestClusterFromFlags(t *testing.T) {
 	cc := cfg.Cassandra()
 	if cc.Keyspace != "ks1" || len(cc.Hosts) != 2 || cc.Hosts[1] != "h2" || cc.BucketWidth != 48*time.Hour {
 		t.Fatalf("cassandra %+v", cc)
+	}
+}
+
+// TestDerivedConfigs: what the server reads through the tree's methods —
+// the gateway's and chat service's Configs carry the node id and the
+// limits, and the Snowflake node number is the configured one or a hash of
+// the node id.
+func TestDerivedConfigs(t *testing.T) {
+	cfg, err := Load([]string{"--node-id", "n1", "--node-number", "7", "--gateway.request-timeout", "3s",
+		"--presence.flush", "250ms", "--chat.history-default", "20", "--limits.max-body-bytes", "1000"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := cfg.GatewayConfig(); g.Node != "n1" || g.Limits != cfg.Limits || g.Limits.MaxBodyBytes != 1000 || g.RequestTimeout != 3*time.Second {
+		t.Fatalf("gateway config: node %q, limits %+v, request timeout %v", g.Node, g.Limits, g.RequestTimeout)
+	}
+	if c := cfg.ChatConfig(); c.Limits != cfg.Limits || c.HistoryDefault != 20 {
+		t.Fatalf("chat config: limits %+v, history default %d", c.Limits, c.HistoryDefault)
+	}
+	if cfg.Presence.Flush != 250*time.Millisecond || cfg.SnowflakeNode() != 7 {
+		t.Fatalf("presence flush %v, node number %d; want 250ms, 7", cfg.Presence.Flush, cfg.SnowflakeNode())
+	}
+	cfg.NodeNumber = -1
+	if got, want := cfg.SnowflakeNode(), snowflake.NodeNumber("n1"); got != want {
+		t.Fatalf("derived node number %d, want %d", got, want)
 	}
 }
