@@ -185,7 +185,7 @@ func TestE2EDirectConversation(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Code != protocol.CodeE2EUnsupported {
 		t.Fatalf("mention: %v", err)
 	}
-	// A plaintext conversation takes plaintext as before.
+	// A plaintext conversation of the same pair still takes plaintext.
 	if _, err := alice.c.Send(ctx, plainConv.ConvID, control); err != nil {
 		t.Fatal(err)
 	}

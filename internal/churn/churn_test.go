@@ -31,7 +31,7 @@ import (
 //
 // PARLEY_CHURN_STATES=N sets the state bound instead (with no idle
 // eviction), e.g. above the number of conversations to see what the
-// process holds without eviction, as before it existed.
+// process holds when nothing is evicted.
 
 const (
 	envChurn  = "PARLEY_CHURN"

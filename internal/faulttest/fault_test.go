@@ -1,14 +1,14 @@
-// Package faulttest is the randomized fault test of the delivery path
-// (issue 7): many users and devices in direct conversations and groups of
-// every fan-out tier send, edit, recall, join, leave and read while faults
-// are injected — store errors on row writes and member reads, registry and
-// bus failures, disconnects, restarts and kill -9 of the server, also right
-// after an ACK — and a checker then proves every acknowledged message is
-// visible exactly once at its seq to every member device through sync,
-// history and the HTTP snapshot (and was pushed to devices online), nothing
-// outside a member's [join_seq, leave_seq], and unread counts and mention
-// flags right. Runs are seeded; the seed is printed and set with
-// PARLEY_FAULT_SEED or -fault.seed.
+// Package faulttest is the randomized fault test of the delivery path: many
+// users and devices in direct conversations and groups of every fan-out
+// tier send, edit, recall, join, leave and read while faults are injected —
+// store errors on row writes and member reads, registry and bus failures,
+// disconnects, restarts and kill -9 of the server, also right after an ACK
+// — and a checker then proves every acknowledged message is visible exactly
+// once at its seq to every member device through sync, history and the HTTP
+// snapshot (and was pushed to devices online), nothing outside a member's
+// [join_seq, leave_seq], and unread counts and mention flags right. Runs
+// are seeded; the seed is printed and set with PARLEY_FAULT_SEED or
+// -fault.seed.
 package faulttest
 
 import (

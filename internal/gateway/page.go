@@ -8,10 +8,10 @@ import (
 
 // HTTP answers are paged, not cut: the event loop buffers at most
 // OutboundQueueBytes for a connection and drops it beyond, so an answer
-// larger than that (70 messages of 16 KiB) used to end mid-body. An
-// answer now carries at most MaxHTTPAnswer bytes of messages; what is left
-// out is announced the way the protocol already pages (history: has_more;
-// sync: more_unread) and the client fetches it with history.
+// larger than that (70 messages of 16 KiB) would end mid-body. An answer
+// carries at most MaxHTTPAnswer bytes of messages; what is left out is
+// announced the way the protocol pages anyway (history: has_more; sync:
+// more_unread) and the client fetches it with history.
 
 // MaxHTTPAnswer bounds one HTTP answer's size: half the outbound bound, so
 // the write buffer always holds it whole.

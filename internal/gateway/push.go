@@ -10,8 +10,9 @@ import (
 // goroutine. deliver frames the message once and queues it (blocking when
 // pushQueueLen deliveries wait: backpressure on the bus, bounded memory);
 // the dispatcher takes every delivery queued at that moment, up to
-// maxBatch deliveries or a quarter of OutboundQueueBytes, and writes them. With no backlog that is one delivery and one
-// write per connection, as before. When deliveries arrive faster than the
+// maxBatch deliveries or a quarter of OutboundQueueBytes, and writes them.
+// With no backlog that is one delivery and one write per connection, the
+// lowest latency. When deliveries arrive faster than the
 // node writes them, each connection gets all of its queued frames in one
 // write: the cost per delivery falls as the load rises, instead of the
 // backlog growing (what Centrifugo's writer does per connection; here it

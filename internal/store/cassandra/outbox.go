@@ -22,7 +22,8 @@ import (
 // there any more). Every fanned-out entry leaves a tombstone in its bucket
 // only, so a scan reads the tombstones of the buckets younger than the
 // grace (about outboxGrace+1 minutes of the shard's messages), not those
-// of every message since gc_grace_seconds as fanout_pending did.
+// of every message fanned out within gc_grace_seconds, as a scan of one
+// table of all entries (fanout_pending, below) does.
 //
 // FanoutDone is given (conv, seq) only: the bucket of an entry is known
 // to the process that wrote it or listed it in Pending (by far the usual

@@ -19,8 +19,9 @@ import (
 // batch of a message whose id exceeds it (raised by idMarkMargin, so about
 // once a second with snowflake ids), and read at Open. An id above the
 // watermark cannot be taken and needs no lookup; one at or below it (ids
-// from a clock set back) is looked up as before. A store written before
-// the watermark existed gets it from one scan of its message keys at Open.
+// from a clock set back) is looked up. A store without an N key (written
+// by a release that kept none) gets the watermark from one scan of its
+// message keys at Open.
 type idMark struct {
 	// v is the watermark: at least the id of every message in the store.
 	// MaxUint64 turns the shortcut off.
