@@ -104,17 +104,11 @@ func uvarintLen(v uint64) int {
 	return len(binary.AppendUvarint(buf[:0], v))
 }
 
+// varint reads a signed varint: binary.AppendVarint's zig-zag form of a
+// uvarint, so the uvarint's checks (minimal encoding) hold for it too.
 func (d *decoder) varint() int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.b)
-	if n <= 0 || n != varintLen(v) {
-		d.fail()
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
+	u := d.uvarint()
+	return int64(u>>1) ^ -int64(u&1)
 }
 
 func (d *decoder) string() string {
@@ -129,11 +123,6 @@ func (d *decoder) string() string {
 	s := string(d.b[:n])
 	d.b = d.b[n:]
 	return s
-}
-
-func varintLen(v int64) int {
-	var buf [binary.MaxVarintLen64]byte
-	return len(binary.AppendVarint(buf[:0], v))
 }
 
 // finish reports the first error, or an error if bytes are left over.

@@ -2,6 +2,9 @@ package pebble
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
@@ -253,6 +256,28 @@ func TestKeyOrder(t *testing.T) {
 	}{{-1, 0}, {0, 0}, {999, 0}, {1000, 1}, {1 << 62, 1<<32 - 1}} {
 		if got := bucketOf(tc.at, 1000); got != tc.want {
 			t.Errorf("bucketOf(%d, 1000) = %d, want %d", tc.at, got, tc.want)
+		}
+	}
+}
+
+// TestVarint: the decoder reads what binary.AppendVarint writes, for the
+// whole int64 range, and refuses an encoding longer than the minimal one.
+func TestVarint(t *testing.T) {
+	vals := []int64{0, 1, -1, 63, -64, 64, -65, math.MaxInt64, math.MinInt64, 1704067200000, -1704067200000}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 10000 {
+		vals = append(vals, int64(r.Uint64()))
+	}
+	for _, v := range vals {
+		d := decoder{b: binary.AppendVarint(nil, v)}
+		if got := d.varint(); got != v || d.err != nil || len(d.b) != 0 {
+			t.Fatalf("varint of %d read back as %d (%v, %d bytes left)", v, got, d.err, len(d.b))
+		}
+	}
+	for _, b := range [][]byte{{0x80, 0x00}, {0x81, 0x00}} { // 0 and -1 in two bytes
+		d := decoder{b: b}
+		if d.varint(); d.err == nil {
+			t.Errorf("non-minimal varint %x accepted", b)
 		}
 	}
 }
