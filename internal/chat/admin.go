@@ -212,7 +212,7 @@ func (s *Service) AdminNotice(ctx context.Context, actor string, convID uint64, 
 	if err != nil {
 		return nil, s.storeErr("append", err)
 	}
-	s.outbox.Enqueue(fanout.Job{Msg: res.Msg, RowsWritten: res.RowsWritten, Conv: &cv})
+	s.fan.Enqueue(fanout.Job{Msg: res.Msg, RowsWritten: res.RowsWritten, Conv: &cv})
 	m := res.Msg
 	return &protocol.Frame{Type: protocol.TypeAck, ConvID: m.ConvID, ClientMsgID: m.ClientMsgID, Seq: m.Seq,
 		MsgID: m.MsgID, ServerTime: m.ServerTime, Duplicate: res.Duplicate}, nil

@@ -1,11 +1,17 @@
-// Package chat is the stateless chat service: it validates a request,
-// allocates seq and persists through the store, acknowledges the
-// sender only after the durable write, and routes pushes through the session
-// registry and the bus to the gateways that hold the recipients.
+// Package chat is the stateless chat service: it validates a request
+// (membership, roles, end-to-end checks, limits), allocates seq and
+// persists through the store, acknowledges the sender only after the
+// durable write, keeps read and delivered positions, and hands every
+// stored message to the fan-out (internal/fanout), which owns what
+// follows: recipients, pushes, rows, compensation and the consumers of a
+// stored message. Its own frames (receipts, typing, notices) go out
+// through the fan-out's Push.
 // It keeps no per-user state between requests, so any number of chat
 // processes can serve the same users.
 //
-// Service methods are safe for concurrent use.
+// Service methods are safe for concurrent use. A request's independent
+// store reads may overlap on goroutines the request waits for; the
+// service starts no other goroutine (RunPositions runs on its caller's).
 package chat
 
 import (
@@ -14,10 +20,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/fanout"
-	"github.com/parley-im/parley/internal/ledger"
-	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/settings"
 	"github.com/parley-im/parley/internal/snowflake"
 	"github.com/parley-im/parley/internal/store"
@@ -41,11 +44,12 @@ type Config struct {
 	HistoryDefault     int           `yaml:"history_default" help:"messages in a history answer when the request gives no limit"`
 	RecallWindow       time.Duration `yaml:"recall_window" help:"how long after sending a message may be recalled or edited"`
 	ReadScope          string        `yaml:"read_scope" help:"read position per user (all devices) or per device: user or device"`
-	// Fan-out tiers: groups with fewer than SmallBelow members get write
-	// fan-out to every member's row; up to LargeAbove, rows only for
-	// members online; beyond, no rows at all. Hysteresis (a fraction) keeps
-	// a group near a threshold from flapping: it moves down a tier only
-	// once it is that fraction below the threshold.
+	// Fan-out tiers (fanout.Tiers, given to the fan-out by Tiers): groups
+	// with fewer than SmallBelow members get write fan-out to every
+	// member's row; up to LargeAbove, rows only for members online;
+	// beyond, no rows at all. Hysteresis (a fraction) keeps a group near a
+	// threshold from flapping: it moves down a tier only once it is that
+	// fraction below the threshold.
 	SmallBelow int     `yaml:"small_below" help:"groups with fewer members get write fan-out to every member"`
 	LargeAbove int     `yaml:"large_above" help:"groups with more members get no per-member rows (read fan-out)"`
 	Hysteresis float64 `yaml:"hysteresis" help:"fraction below a threshold a group must fall to move down a tier"`
@@ -103,54 +107,48 @@ func (c Config) Validate() error {
 	return p.Err("chat")
 }
 
-// Observer receives the service's measurements; nil fields are skipped.
+// Tiers are the fan-out tiers the configuration sets, for fanout.Deps.
+func (c Config) Tiers() fanout.Tiers {
+	return fanout.Tiers{SmallBelow: c.SmallBelow, LargeAbove: c.LargeAbove, Hysteresis: c.Hysteresis}
+}
+
+// Observer receives the service's measurements; nil fields are skipped
+// (the fan-out's are fanout.Observer).
 type Observer struct {
 	Stored      func(d time.Duration) // request received → durable
 	StoreFailed func(op string)
-	Pushed      func(n int)
-	PushFailed  func()
 	Snapshot    func(convs int)
-	// Fanout reports one stored message's fan-out: its tier, the
-	// conversation rows written and the devices' users pushed to.
-	Fanout      func(tier string, rows, pushes int)
-	Compensated func(kind string)
 }
 
-// Online indexes the online members of medium and large groups
-// (fanout.Online on the embedded node, fanout.Scoped in cluster mode), so
-// their fan-out never walks the whole group.
-type Online = fanout.Index
-
-// Ledger records fan-out work that failed, for retry.
-type Ledger interface {
-	Record(ctx context.Context, t ledger.Task) error
+// Fanout is what the service needs of the fan-out (fanout.Fanout).
+type Fanout interface {
+	// Enqueue takes a stored message for fan-out after its ACK.
+	Enqueue(j fanout.Job)
+	// Wait returns once the fan-out of conv up to seq has run (or ctx
+	// ends).
+	Wait(ctx context.Context, conv, seq uint64)
+	// Push sends a frame without a seq to users' devices, best effort.
+	Push(ctx context.Context, users []string, f *protocol.Frame) int
+	// Tier returns a conversation's tier, keeping the online index in
+	// step; TierFor decides a tier without recording it.
+	Tier(ctx context.Context, cv store.Conversation) uint8
+	TierFor(cur uint8, n int) uint8
+	// Joined and Left keep the online index in step with memberships.
+	Joined(conv uint64, members []store.Member)
+	Left(conv uint64, users []string)
 }
 
 // Service is the chat logic.
 type Service struct {
 	cfg    Config
 	store  store.Store
-	reg    registry.Registry
-	bus    bus.Bus
 	ids    *snowflake.Generator
 	now    func() time.Time
 	log    *slog.Logger
 	obs    Observer
-	online Online
-	ledger Ledger
 	limits Limiter
-	outbox Outbox
-	pos    *positions  // delivered positions (positions.go)
-	hook   fanout.Hook // webhooks; nil: none (hooks.go)
-}
-
-// Outbox takes stored messages for fan-out after the ACK (fanout.Outbox,
-// whose handler is Service.FanOut).
-type Outbox interface {
-	Enqueue(j fanout.Job)
-	// Wait returns once the fan-out of conv up to seq has run (or ctx
-	// ends).
-	Wait(ctx context.Context, conv, seq uint64)
+	fan    Fanout
+	pos    *positions // delivered positions (positions.go)
 }
 
 // Limiter allows one event per key per interval (@everyone per group,
@@ -163,20 +161,14 @@ type Limiter interface {
 // Deps are the engines the service runs on.
 type Deps struct {
 	Store    store.Store
-	Registry registry.Registry
-	Bus      bus.Bus
 	IDs      *snowflake.Generator
 	Now      func() time.Time
 	Logger   *slog.Logger
 	Observer Observer
-	Online   Online
-	Ledger   Ledger
 	Limiter  Limiter // nil: in-process
-	// Outbox runs the fan-out; nil runs it inline after the ACK (tests
-	// that build a bare service).
-	Outbox Outbox
-	// Hook receives every fanned-out message (webhooks); nil: none.
-	Hook fanout.Hook
+	// Fanout takes every stored message after its ACK and pushes the
+	// service's frames.
+	Fanout Fanout
 }
 
 // New returns a service. It starts no goroutines.
@@ -184,8 +176,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if d.Store == nil || d.Registry == nil || d.Bus == nil || d.IDs == nil || d.Online == nil || d.Ledger == nil {
-		return nil, errors.New("chat: store, registry, bus, ids, online index and ledger are required")
+	if d.Store == nil || d.IDs == nil || d.Fanout == nil {
+		return nil, errors.New("chat: store, ids and fan-out are required")
 	}
 	if d.Now == nil {
 		d.Now = time.Now
@@ -196,29 +188,9 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if d.Limiter == nil {
 		d.Limiter = newLimiter(d.Now)
 	}
-	s := &Service{cfg: cfg, store: d.Store, reg: d.Registry, bus: d.Bus, ids: d.IDs, now: d.Now, log: d.Logger,
-		obs: d.Observer, online: d.Online, ledger: d.Ledger, limits: d.Limiter, outbox: d.Outbox, pos: newPositions(), hook: d.Hook}
-	if s.outbox == nil {
-		s.outbox = inline{s}
-	}
-	return s, nil
+	return &Service{cfg: cfg, store: d.Store, ids: d.IDs, now: d.Now, log: d.Logger,
+		obs: d.Observer, limits: d.Limiter, fan: d.Fanout, pos: newPositions()}, nil
 }
-
-// inline fans out in the caller, after the ACK; errors are logged (the
-// store's outbox entry stays for an outbox to pick up).
-type inline struct{ s *Service }
-
-func (i inline) Enqueue(j fanout.Job) {
-	if err := i.s.FanOut(context.Background(), j); err != nil {
-		i.s.log.Warn("fan-out failed", "conv", j.Msg.ConvID, "seq", j.Msg.Seq, "err", err)
-		return
-	}
-	if err := i.s.store.FanoutDone(context.Background(), j.Msg.ConvID, []uint64{j.Msg.Seq}); err != nil {
-		i.s.log.Warn("fan-out: clearing the outbox entry failed", "err", err)
-	}
-}
-
-func (inline) Wait(context.Context, uint64, uint64) {}
 
 // storeErr turns a store failure into the client-facing error. Conditions
 // the client can act on keep their meaning; anything else means the engine

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 
+	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 )
@@ -137,7 +138,7 @@ func (s *Service) history(ctx context.Context, c Caller, f *protocol.Frame) (*pr
 	if err != nil {
 		return nil, s.storeErr("history", err)
 	}
-	return &protocol.Frame{Type: protocol.TypeHistory, ConvID: f.ConvID, Messages: wireMessages(msgs), HasMore: more}, nil
+	return &protocol.Frame{Type: protocol.TypeHistory, ConvID: f.ConvID, Messages: fanout.WireAll(msgs), HasMore: more}, nil
 }
 
 func (s *Service) openDirect(ctx context.Context, c Caller, peer string, e2e bool) (*protocol.Frame, *protocol.Error) {
@@ -161,7 +162,7 @@ func (s *Service) createGroup(ctx context.Context, c Caller, name string, users 
 		return nil, protocol.Errorf(protocol.CodeTooLarge, "a group has at most %d members", s.cfg.Limits.MaxGroupMembers)
 	}
 	conv := store.Conversation{ID: s.ids.Next(), Kind: store.Group, Name: name, CreatedAt: s.now().UnixMilli(), E2E: e2e}
-	conv.Tier = s.cfg.tierFor(0, len(users)+1)
+	conv.Tier = s.fan.TierFor(0, len(users)+1)
 	members := make([]store.Member, 0, len(users)+1)
 	members = append(members, store.Member{ConvID: conv.ID, UserID: c.User, Role: store.RoleOwner, JoinSeq: 1})
 	for _, u := range users {
@@ -181,7 +182,7 @@ func (s *Service) convFrame(ctx context.Context, conv store.Conversation, user s
 	}
 	info := &protocol.ConvInfo{ConvID: conv.ID, Kind: conv.Kind.String(), Name: conv.Name, LastSeq: conv.LastSeq, MemberCount: len(members), E2E: conv.E2E}
 	if conv.Kind == store.Group {
-		info.Tier = TierName(s.cfg.tierFor(conv.Tier, len(members)))
+		info.Tier = fanout.TierName(s.fan.TierFor(conv.Tier, len(members)))
 	}
 	for _, m := range members {
 		info.Members = append(info.Members, m.UserID)
@@ -220,21 +221,4 @@ func (s *Service) asOfLeave(ctx context.Context, conv, leave uint64, msgs []stor
 		return nil
 	}
 	return s.store.AsOf(ctx, conv, leave, msgs)
-}
-
-func wireMessage(m store.Message) protocol.Message {
-	return protocol.Message{
-		ConvID: m.ConvID, Seq: m.Seq, MsgID: m.MsgID, Sender: m.Sender, SenderDevice: m.SenderDevice,
-		ClientMsgID: m.ClientMsgID, Kind: m.Kind, Body: m.Body, TargetSeq: m.TargetSeq,
-		ServerTime: m.ServerTime, Edited: m.Edited, Recalled: m.Recalled,
-		Mentions: m.Mentions, MentionAll: m.MentionAll, CoalesceKey: clientKey(m.CoalesceKey), Superseded: m.Superseded,
-	}
-}
-
-func wireMessages(ms []store.Message) []protocol.Message {
-	out := make([]protocol.Message, len(ms))
-	for i, m := range ms {
-		out[i] = wireMessage(m)
-	}
-	return out
 }

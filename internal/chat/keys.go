@@ -192,8 +192,8 @@ func (s *Service) keysBundle(ctx context.Context, c Caller, user, device string)
 			IdentityKey: kb.Device.IdentityKey, SignedPreKey: *fromStore(&kb.Device.SignedPreKey),
 			PreKey: fromStore(kb.PreKey), KEMPreKey: fromStore(kb.KEMPreKey), KEMLastResort: kb.KEMLastResort})
 		if kb.PreKeys < protocol.KeysLowThreshold || kb.KEMPreKeys < protocol.KeysLowThreshold {
-			s.push(ctx, []string{user}, &protocol.Frame{Type: protocol.TypeKeysLow, UserID: user, DeviceID: d,
-				KeyCounts: &protocol.KeyCounts{PreKeys: kb.PreKeys, KEMPreKeys: kb.KEMPreKeys}}, 0, 0)
+			s.fan.Push(ctx, []string{user}, &protocol.Frame{Type: protocol.TypeKeysLow, UserID: user, DeviceID: d,
+				KeyCounts: &protocol.KeyCounts{PreKeys: kb.PreKeys, KEMPreKeys: kb.KEMPreKeys}})
 		}
 	}
 	return &protocol.Frame{Type: protocol.TypeBundles, UserID: user, Bundles: out}, nil

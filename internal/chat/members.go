@@ -70,7 +70,7 @@ func (s *Service) systemEvent(ctx context.Context, c Caller, cv store.Conversati
 		return 0, s.storeErr("append", err)
 	}
 	s.readOwnEvent(ctx, c, cv.ID, res.Msg.Seq)
-	s.outbox.Enqueue(fanout.Job{Msg: res.Msg, RowsWritten: res.RowsWritten})
+	s.fan.Enqueue(fanout.Job{Msg: res.Msg, RowsWritten: res.RowsWritten})
 	return res.Msg.Seq, nil
 }
 
@@ -96,7 +96,7 @@ func (s *Service) addMembers(ctx context.Context, c Caller, convID uint64, users
 	for i, a := range added {
 		ids[i] = a.UserID
 	}
-	s.online.Joined(convID, added)
+	s.fan.Joined(convID, added)
 	if _, perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: "member_added", Users: ids}); perr != nil {
 		return nil, perr
 	}
@@ -139,11 +139,11 @@ func (s *Service) removeMembers(ctx context.Context, c Caller, convID uint64, us
 		return nil, perr
 	}
 	wctx, cancel := context.WithTimeout(ctx, leaveFanoutWait)
-	s.outbox.Wait(wctx, convID, seq)
+	s.fan.Wait(wctx, convID, seq)
 	cancel()
 	// The online index forgets them first: from here on no push reaches
 	// them, and what is stored until their leave_seq they get by sync.
-	s.online.Left(convID, users)
+	s.fan.Left(convID, users)
 	if _, err := s.store.RemoveMembers(ctx, convID, users); err != nil {
 		return nil, s.storeErr("remove members", err)
 	}
@@ -262,7 +262,7 @@ func (s *Service) typing(ctx context.Context, c Caller, convID uint64) *protocol
 	if err != nil {
 		return s.storeErr("conversation", err)
 	}
-	if s.tier(ctx, cv) != TierSmall {
+	if s.fan.Tier(ctx, cv) != fanout.TierSmall {
 		return nil
 	}
 	members, err := s.store.Members(ctx, convID)
@@ -275,7 +275,7 @@ func (s *Service) typing(ctx context.Context, c Caller, convID uint64) *protocol
 			to = append(to, mb.UserID)
 		}
 	}
-	s.push(ctx, to, &protocol.Frame{Type: protocol.TypeTyping, ConvID: convID, UserID: c.User}, 0, 0)
+	s.fan.Push(ctx, to, &protocol.Frame{Type: protocol.TypeTyping, ConvID: convID, UserID: c.User})
 	return nil
 }
 

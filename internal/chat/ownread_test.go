@@ -7,8 +7,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/parley-im/parley/internal/fanout"
-	"github.com/parley-im/parley/internal/snowflake"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 )
@@ -121,11 +119,7 @@ func TestOwnMessagesNeverUnreadEveryTier(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.SmallBelow, cfg.LargeAbove = 3, 4 // 2 members small, 3–4 medium, 5+ large
 	r.node++
-	svc, err := New(cfg, Deps{Store: r.st, Registry: r.reg, Bus: r.b, IDs: snowflake.New(r.node, nil),
-		Online: fanout.NewOnline(r.st), Ledger: r.led})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := newService(t, cfg, r.st, r.reg, r.b, r.led, r.node)
 	for _, tc := range []struct {
 		tier    string
 		members []string
@@ -185,11 +179,7 @@ func TestOwnMessagesPerDeviceReadScope(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.ReadScope = ReadPerDevice
 	r.node++
-	svc, err := New(cfg, Deps{Store: r.st, Registry: r.reg, Bus: r.b, IDs: snowflake.New(r.node, nil),
-		Online: fanout.NewOnline(r.st), Ledger: r.led})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := newService(t, cfg, r.st, r.reg, r.b, r.led, r.node)
 	conv := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeOpenDirect, Peer: "b"}).Conv.ConvID
 	if ack := r.call(svc, "a", &protocol.Frame{Type: protocol.TypeSend, ConvID: conv, ClientMsgID: "m", Kind: protocol.KindText, Body: "x"}); ack == nil || ack.Seq != 1 {
 		t.Fatalf("send answered %+v", ack)

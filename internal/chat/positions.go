@@ -86,7 +86,7 @@ func (s *Service) directConv(conv uint64, user string) (store.Conversation, bool
 }
 
 // rememberDirect keeps cv, a direct conversation a send just read, for
-// directConv once its members are known (the fan-out reads them).
+// directConv once its members are known (directMembers).
 func (s *Service) rememberDirect(cv store.Conversation) {
 	if cv.Kind != store.Direct {
 		return

@@ -111,7 +111,7 @@ func (s *Service) receiptTo(ctx context.Context, c Caller, conv, seq uint64, sta
 			users = append(users, m)
 		}
 	}
-	s.push(ctx, users, &protocol.Frame{
+	s.fan.Push(ctx, users, &protocol.Frame{
 		Type: protocol.TypeReceipt, ConvID: conv, UserID: c.User, DeviceID: c.Device, Seq: seq, State: state,
-	}, 0, 0)
+	})
 }

@@ -10,12 +10,10 @@ import (
 
 	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/bus/local"
-	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/ledger"
 	lpebble "github.com/parley-im/parley/internal/ledger/pebble"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/registry/memory"
-	"github.com/parley-im/parley/internal/snowflake"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/internal/store/pebble"
 	"github.com/parley-im/parley/protocol"
@@ -79,12 +77,7 @@ func (r *receiptRig) service() *Service {
 	// a restarted process reusing the node within the same millisecond
 	// could mint an id the first one already used.
 	r.node++
-	svc, err := New(DefaultConfig(), Deps{Store: r.st, Registry: r.reg, Bus: r.b, IDs: snowflake.New(r.node, nil),
-		Online: fanout.NewOnline(r.st), Ledger: r.led})
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	return svc
+	return newService(r.t, DefaultConfig(), r.st, r.reg, r.b, r.led, r.node)
 }
 
 func (r *receiptRig) call(svc *Service, user string, f *protocol.Frame) *protocol.Frame {

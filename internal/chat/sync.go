@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 )
@@ -144,7 +145,7 @@ func (s *Service) snapshotOne(ctx context.Context, r store.ConvRow, from, read u
 	if err != nil {
 		return nil, s.storeErr("sync", err)
 	}
-	snap.Messages = wireMessages(msgs)
+	snap.Messages = fanout.WireAll(msgs)
 	return snap, nil
 }
 
@@ -186,7 +187,7 @@ func (s *Service) summaries(ctx context.Context, c Caller, rows []store.ConvRow)
 				return nil, s.storeErr("conversations", err)
 			}
 			if len(last) == 1 {
-				wm := wireMessage(last[0])
+				wm := fanout.Wire(last[0])
 				sum.LastMessage = &wm
 			}
 		}

@@ -1,17 +1,3 @@
-// Package fanout makes stored messages visible after the sender's ACK: the
-// outbox workers drain the store's outbox entries (written with each
-// message, store.Store.Append) and run the fan-out of each message —
-// conversation rows by tier and pushes — off the request path.
-//
-// Per conversation, messages are fanned out one at a time in seq order (as
-// they reach the outbox); conversations run in parallel on a bounded set of
-// workers. An entry is cleared (store.Store.FanoutDone) only once its
-// handler has done the work or handed it to the compensation ledger; a
-// handler error keeps it and retries the conversation with backoff. The
-// in-memory queue is bounded: beyond it, messages wait in the store's
-// outbox, which a periodic scan reads back, as it reads the entries left
-// by a crashed process (at start, and those no worker takes for a scan
-// interval).
 package fanout
 
 import (
@@ -26,8 +12,8 @@ import (
 	"github.com/parley-im/parley/internal/store"
 )
 
-// Store is what the outbox needs of the store.
-type Store interface {
+// outboxStore is what the outbox needs of the store.
+type outboxStore interface {
 	Pending(ctx context.Context, limit int) ([]store.Pending, error)
 	FanoutDone(ctx context.Context, convID uint64, seqs []uint64) error
 	Messages(ctx context.Context, convID, from, to uint64, limit int) ([]store.Message, error)
@@ -41,14 +27,17 @@ type Job struct {
 	RowsWritten bool
 	// Conv is the conversation as the request read it just before the
 	// append (kind, members, tier), so the fan-out need not read it
-	// again; nil: the handler reads it.
+	// again; nil: the fan-out reads it.
 	Conv *store.Conversation
+	// Members are a direct conversation's two members when the sender
+	// knows them (they never change); nil: the fan-out reads them.
+	Members []string
 }
 
-// Handler fans out one message. An error means the work was neither done
-// nor handed to the compensation ledger: the entry stays and the
-// conversation is retried after a backoff.
-type Handler func(ctx context.Context, j Job) error
+// handler fans out one message (Fanout.FanOut). An error means the work
+// was neither done nor handed to the compensation ledger: the entry stays
+// and the conversation is retried after a backoff.
+type handler func(ctx context.Context, j Job) error
 
 // Config tunes the outbox. Each field with a yaml tag is a server setting
 // under fanout. (package settings). Zero fields take the defaults of
@@ -61,7 +50,6 @@ type Config struct {
 	ScanLimit  int           `yaml:"scan_limit" help:"outbox entries read per scan"`
 	MinBackoff time.Duration `yaml:"min_backoff" help:"first retry delay of a conversation whose fan-out failed"`
 	MaxBackoff time.Duration `yaml:"max_backoff" help:"longest retry delay of a conversation whose fan-out failed"`
-	Logger     *slog.Logger  `yaml:"-"`
 }
 
 // DefaultConfig returns the defaults.
@@ -108,9 +96,6 @@ func (c Config) withDefaults() Config {
 	if c.MaxBackoff < c.MinBackoff {
 		c.MaxBackoff = max(d.MaxBackoff, c.MinBackoff)
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
 	return c
 }
 
@@ -129,12 +114,13 @@ type convQ struct {
 	waiting bool // a retry timer will make it ready
 }
 
-// Outbox is the fan-out worker pool. Its methods are safe for concurrent
-// use.
-type Outbox struct {
+// outbox is the fan-out worker pool: per conversation, one message at a
+// time in seq order. Its methods are safe for concurrent use.
+type outbox struct {
 	cfg Config
-	st  Store
-	h   Handler
+	st  outboxStore
+	h   handler
+	log *slog.Logger
 
 	mu     sync.Mutex
 	convs  map[uint64]*convQ
@@ -151,17 +137,21 @@ type Outbox struct {
 	failed   atomic.Int64 // handler failures
 }
 
-// New returns an outbox that runs h; Run starts it.
-func New(cfg Config, st Store, h Handler) *Outbox {
+// newOutbox returns an outbox that runs h; run starts it. A nil log
+// discards.
+func newOutbox(cfg Config, st outboxStore, h handler, log *slog.Logger) *outbox {
 	cfg = cfg.withDefaults()
-	return &Outbox{cfg: cfg, st: st, h: h, convs: make(map[uint64]*convQ),
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &outbox{cfg: cfg, st: st, h: h, log: log, convs: make(map[uint64]*convQ),
 		held: make(map[store.Pending]struct{}), wake: make(chan struct{}, 1)}
 }
 
-// Enqueue hands a stored (acknowledged) message to the workers. It never
+// enqueue hands a stored (acknowledged) message to the workers. It never
 // blocks: with the queue full, the message waits in the store's outbox for
 // the next scan.
-func (o *Outbox) Enqueue(j Job) {
+func (o *outbox) enqueue(j Job) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.queued >= o.cfg.MaxQueued {
@@ -172,7 +162,7 @@ func (o *Outbox) Enqueue(j Job) {
 }
 
 // addLocked queues it unless its entry is held already.
-func (o *Outbox) addLocked(it item) {
+func (o *outbox) addLocked(it item) {
 	conv := it.job.Msg.ConvID
 	key := store.Pending{ConvID: conv, Seq: it.seq}
 	if _, ok := o.held[key]; ok {
@@ -200,7 +190,7 @@ func cmpU(a, b uint64) int {
 	return 0
 }
 
-func (o *Outbox) readyLocked(conv uint64, q *convQ) {
+func (o *outbox) readyLocked(conv uint64, q *convQ) {
 	if q.busy || q.ready || q.waiting || len(q.items) == 0 {
 		return
 	}
@@ -212,10 +202,10 @@ func (o *Outbox) readyLocked(conv uint64, q *convQ) {
 	}
 }
 
-// Wait returns once no message of conv with seq ≤ seq is queued or being
+// wait returns once no message of conv with seq ≤ seq is queued or being
 // fanned out in this process, or when ctx ends. Membership changes use it
 // so that members who leave still get the pushes of what was sent before.
-func (o *Outbox) Wait(ctx context.Context, conv, seq uint64) {
+func (o *outbox) wait(ctx context.Context, conv, seq uint64) {
 	for {
 		o.mu.Lock()
 		busy := false
@@ -234,8 +224,8 @@ func (o *Outbox) Wait(ctx context.Context, conv, seq uint64) {
 	}
 }
 
-// Backlog is the number of messages queued in memory or being fanned out.
-func (o *Outbox) Backlog() int {
+// backlog is the number of messages queued in memory or being fanned out.
+func (o *outbox) backlog() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return len(o.held)
@@ -246,18 +236,18 @@ type Stats struct {
 	Done, Failed, Deferred int64
 }
 
-// Stats returns the counters.
-func (o *Outbox) Stats() Stats {
+// stats returns the counters.
+func (o *outbox) stats() Stats {
 	return Stats{Done: o.done.Load(), Failed: o.failed.Load(), Deferred: o.deferred.Load()}
 }
 
-// Run recovers the store's outbox, then fans out until ctx ends. What is
+// run recovers the store's outbox, then fans out until ctx ends. What is
 // queued then stays in the store's outbox for the next start. The workers
 // start once the first scan has queued what a previous process left, so a
 // message sent right after a restart is not fanned out before the older
 // ones of its conversation (the webhooks' per-conversation order relies on
 // it).
-func (o *Outbox) Run(ctx context.Context) {
+func (o *outbox) run(ctx context.Context) {
 	seen := o.scan(ctx, nil)
 	var wg sync.WaitGroup
 	for range o.cfg.Workers {
@@ -267,7 +257,7 @@ func (o *Outbox) Run(ctx context.Context) {
 	wg.Wait()
 }
 
-func (o *Outbox) work(ctx context.Context) {
+func (o *outbox) work(ctx context.Context) {
 	for {
 		conv, q, batch, ok := o.take(ctx)
 		if !ok {
@@ -278,7 +268,7 @@ func (o *Outbox) work(ctx context.Context) {
 }
 
 // take waits for a ready conversation and takes up to Batch of its items.
-func (o *Outbox) take(ctx context.Context) (uint64, *convQ, []item, bool) {
+func (o *outbox) take(ctx context.Context) (uint64, *convQ, []item, bool) {
 	for {
 		o.mu.Lock()
 		if ctx.Err() != nil {
@@ -317,7 +307,7 @@ func (o *Outbox) take(ctx context.Context) (uint64, *convQ, []item, bool) {
 
 // turn fans out batch in order, clears the entries done and puts back what
 // is left after a failure.
-func (o *Outbox) turn(ctx context.Context, conv uint64, q *convQ, batch []item) {
+func (o *outbox) turn(ctx context.Context, conv uint64, q *convQ, batch []item) {
 	rest, err := o.fill(ctx, conv, batch)
 	var done []uint64
 	if err == nil {
@@ -325,7 +315,7 @@ func (o *Outbox) turn(ctx context.Context, conv uint64, q *convQ, batch []item) 
 			if batch[i].read {
 				// Not in the store: nothing to fan out (cannot happen
 				// for a durable entry; cleared so it cannot stick).
-				o.cfg.Logger.Warn("fan-out: outbox entry without its message; cleared", "conv", conv, "seq", batch[i].seq)
+				o.log.Warn("fan-out: outbox entry without its message; cleared", "conv", conv, "seq", batch[i].seq)
 				done = append(done, batch[i].seq)
 				continue
 			}
@@ -343,7 +333,7 @@ func (o *Outbox) turn(ctx context.Context, conv uint64, q *convQ, batch []item) 
 		// A failure here leaves the entries for a later scan, which
 		// repeats their (idempotent) fan-out.
 		if derr := o.st.FanoutDone(context.WithoutCancel(ctx), conv, done); derr != nil {
-			o.cfg.Logger.Warn("fan-out: clearing outbox entries failed; they will be fanned out again", "conv", conv, "err", derr)
+			o.log.Warn("fan-out: clearing outbox entries failed; they will be fanned out again", "conv", conv, "err", derr)
 		}
 	}
 	o.mu.Lock()
@@ -360,7 +350,7 @@ func (o *Outbox) turn(ctx context.Context, conv uint64, q *convQ, batch []item) 
 		o.failed.Add(1)
 		q.fails++
 		back := min(o.cfg.MinBackoff<<min(q.fails-1, 16), o.cfg.MaxBackoff)
-		o.cfg.Logger.Warn("fan-out failed; retrying", "conv", conv, "seq", rest[0].seq, "attempt", q.fails, "in", back, "err", err)
+		o.log.Warn("fan-out failed; retrying", "conv", conv, "seq", rest[0].seq, "attempt", q.fails, "in", back, "err", err)
 		q.items = append(slices.Clone(rest), q.items...)
 		o.queued += len(rest)
 		q.waiting = true
@@ -385,7 +375,7 @@ func (o *Outbox) turn(ctx context.Context, conv uint64, q *convQ, batch []item) 
 }
 
 // fill reads the messages of items that have none, in one range read.
-func (o *Outbox) fill(ctx context.Context, conv uint64, batch []item) ([]item, error) {
+func (o *outbox) fill(ctx context.Context, conv uint64, batch []item) ([]item, error) {
 	lo, hi := uint64(0), uint64(0)
 	for _, it := range batch {
 		if it.read {
@@ -418,11 +408,11 @@ func (o *Outbox) fill(ctx context.Context, conv uint64, batch []item) ([]item, e
 	return nil, nil
 }
 
-// scanLoop reads the store's outbox every Scan interval (Run has read it
+// scanLoop reads the store's outbox every Scan interval (run has read it
 // once at the start: what a previous process left), taking the entries no worker held in
 // two scans running (a live entry is cleared in milliseconds; one that
 // stays is left by a crashed process or by a full queue).
-func (o *Outbox) scanLoop(ctx context.Context, seen map[store.Pending]bool) {
+func (o *outbox) scanLoop(ctx context.Context, seen map[store.Pending]bool) {
 	t := time.NewTicker(o.cfg.Scan)
 	defer t.Stop()
 	for {
@@ -437,7 +427,7 @@ func (o *Outbox) scanLoop(ctx context.Context, seen map[store.Pending]bool) {
 
 // scan queues the entries not held now that were in prev (all of them when
 // prev is nil) and returns the entries it saw not held.
-func (o *Outbox) scan(ctx context.Context, prev map[store.Pending]bool) map[store.Pending]bool {
+func (o *outbox) scan(ctx context.Context, prev map[store.Pending]bool) map[store.Pending]bool {
 	o.mu.Lock()
 	o.cleared = make(map[store.Pending]struct{})
 	o.mu.Unlock()
@@ -448,7 +438,7 @@ func (o *Outbox) scan(ctx context.Context, prev map[store.Pending]bool) map[stor
 	o.cleared = nil
 	if err != nil {
 		if ctx.Err() == nil {
-			o.cfg.Logger.Warn("fan-out: reading the outbox failed; retrying at the next scan", "err", err)
+			o.log.Warn("fan-out: reading the outbox failed; retrying at the next scan", "err", err)
 		}
 		return prev
 	}

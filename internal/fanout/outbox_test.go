@@ -75,16 +75,16 @@ func (r *rig) handled(conv uint64) []uint64 {
 	return slices.Clone(r.got[conv])
 }
 
-func run(t *testing.T, o *Outbox) {
+func run(t *testing.T, o *outbox) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { o.Run(ctx); close(done) }()
+	go func() { o.run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 }
 
 // waitEmpty waits until the store's outbox is empty and nothing is held.
-func waitEmpty(t *testing.T, r *rig, o *Outbox) {
+func waitEmpty(t *testing.T, r *rig, o *outbox) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -92,11 +92,11 @@ func waitEmpty(t *testing.T, r *rig, o *Outbox) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(ps) == 0 && o.Backlog() == 0 {
+		if len(ps) == 0 && o.backlog() == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("outbox not drained: %d entries in the store, %d held", len(ps), o.Backlog())
+			t.Fatalf("outbox not drained: %d entries in the store, %d held", len(ps), o.backlog())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -114,15 +114,15 @@ func span(lo, hi uint64) []uint64 {
 // seq order, each once, and their entries cleared.
 func TestOrderPerConversation(t *testing.T) {
 	r := newRig(t, 1, 2)
-	o := New(Config{}, r.st, r.handle)
+	o := newOutbox(Config{}, r.st, r.handle, nil)
 	var msgs []store.Message
 	for range 20 {
 		msgs = append(msgs, r.append(t, 1), r.append(t, 2))
 	}
 	slices.Reverse(msgs)
 	for _, m := range msgs {
-		o.Enqueue(Job{Msg: m})
-		o.Enqueue(Job{Msg: m}) // held already: once only
+		o.enqueue(Job{Msg: m})
+		o.enqueue(Job{Msg: m}) // held already: once only
 	}
 	run(t, o)
 	waitEmpty(t, r, o)
@@ -144,7 +144,7 @@ func TestRecoveryFromTheStore(t *testing.T) {
 	if err := r.st.FanoutDone(context.Background(), 1, []uint64{1, 2, 3}); err != nil {
 		t.Fatal(err)
 	}
-	o := New(Config{}, r.st, r.handle)
+	o := newOutbox(Config{}, r.st, r.handle, nil)
 	run(t, o)
 	waitEmpty(t, r, o)
 	if got := r.handled(1); !slices.Equal(got, span(4, 10)) {
@@ -171,11 +171,11 @@ func TestFailureKeepsOrderAndRetries(t *testing.T) {
 		}
 		return nil
 	}
-	o := New(Config{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}, r.st, r.handle)
+	o := newOutbox(Config{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}, r.st, r.handle, nil)
 	run(t, o)
 	for range 5 {
-		o.Enqueue(Job{Msg: r.append(t, 1)})
-		o.Enqueue(Job{Msg: r.append(t, 2)})
+		o.enqueue(Job{Msg: r.append(t, 1)})
+		o.enqueue(Job{Msg: r.append(t, 2)})
 	}
 	waitEmpty(t, r, o)
 	if got := r.handled(1); !slices.Equal(got, span(1, 5)) {
@@ -184,7 +184,7 @@ func TestFailureKeepsOrderAndRetries(t *testing.T) {
 	if got := r.handled(2); !slices.Equal(got, span(1, 5)) {
 		t.Errorf("conversation 2 fanned out %v, want 1..5", got)
 	}
-	if s := o.Stats(); s.Failed != 3 || s.Done != 10 {
+	if s := o.stats(); s.Failed != 3 || s.Done != 10 {
 		t.Errorf("stats %+v, want 3 failures and 10 done", s)
 	}
 }
@@ -198,11 +198,11 @@ func TestBoundedQueueDefersToTheStore(t *testing.T) {
 		<-block
 		return nil
 	}
-	o := New(Config{MaxQueued: 2, Scan: 10 * time.Millisecond}, r.st, r.handle)
+	o := newOutbox(Config{MaxQueued: 2, Scan: 10 * time.Millisecond}, r.st, r.handle, nil)
 	for range 10 {
-		o.Enqueue(Job{Msg: r.append(t, 1)})
+		o.enqueue(Job{Msg: r.append(t, 1)})
 	}
-	if d := o.Stats().Deferred; d != 8 {
+	if d := o.stats().Deferred; d != 8 {
 		t.Fatalf("deferred %d, want 8", d)
 	}
 	run(t, o)
@@ -227,11 +227,11 @@ func TestConversationsRunInParallel(t *testing.T) {
 		}
 		return nil
 	}
-	o := New(Config{Workers: 2}, r.st, r.handle)
+	o := newOutbox(Config{Workers: 2}, r.st, r.handle, nil)
 	run(t, o)
-	o.Enqueue(Job{Msg: r.append(t, 1)})
+	o.enqueue(Job{Msg: r.append(t, 1)})
 	for range 5 {
-		o.Enqueue(Job{Msg: r.append(t, 2)})
+		o.enqueue(Job{Msg: r.append(t, 2)})
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for len(r.handled(2)) < 5 {

@@ -34,7 +34,7 @@ type Index interface {
 // partition (an outbox entry another process left) sees none. So Tracked
 // answers true only for an entry built under the epoch the process holds
 // now; otherwise it drops the entry and the caller builds it again from
-// the store's memberships (chat's tier: Members, then Track). Membership
+// the store's memberships (Fanout.Tier: Members, then Track). Membership
 // changes are thereby never lost with a relay event: the relay (best
 // effort) only narrows the window of a change made by a stale owner
 // during a takeover.

@@ -1,5 +1,11 @@
 package fanout
 
+import (
+	"context"
+
+	"github.com/parley-im/parley/internal/store"
+)
+
 // Fan-out tiers. Direct conversations are always small.
 const (
 	TierSmall  uint8 = 1 // write fan-out to every member's row
@@ -59,3 +65,44 @@ func (c Tiers) For(cur uint8, n int) uint8 {
 	}
 	return cur
 }
+
+// TierFor decides the tier of a group of n members that is in tier cur
+// (0: undecided), by the Fanout's tiers.
+func (f *Fanout) TierFor(cur uint8, n int) uint8 { return f.tiers.For(cur, n) }
+
+// Tier returns cv's tier, recording a change and keeping the online index
+// in step: medium and large groups are tracked, small ones are not.
+// Direct conversations are always small.
+func (f *Fanout) Tier(ctx context.Context, cv store.Conversation) uint8 {
+	if cv.Kind == store.Direct {
+		return TierSmall
+	}
+	t := f.tiers.For(cv.Tier, cv.Members)
+	if t != cv.Tier {
+		if err := f.st.SetTier(ctx, cv.ID, t); err != nil {
+			f.log.Warn("set tier failed; decided again on the next message", "conv", cv.ID, "err", err)
+		} else {
+			f.log.Info("group changed fan-out tier", "conv", cv.ID, "members", cv.Members, "from", TierName(cv.Tier), "to", TierName(t))
+		}
+	}
+	switch {
+	case t == TierSmall && f.online.Tracked(cv.ID):
+		f.online.Untrack(cv.ID)
+	case t != TierSmall && !f.online.Tracked(cv.ID):
+		members, err := f.st.Members(ctx, cv.ID)
+		if err != nil {
+			f.log.Warn("track group: members", "conv", cv.ID, "err", err)
+			return t
+		}
+		f.online.Track(cv.ID, members)
+	}
+	return t
+}
+
+// Joined tells the online index that members joined conv, before their
+// event is stored, so the event and what follows reach them.
+func (f *Fanout) Joined(conv uint64, members []store.Member) { f.online.Joined(conv, members) }
+
+// Left tells the online index that users left conv: from here on no push
+// reaches them.
+func (f *Fanout) Left(conv uint64, users []string) { f.online.Left(conv, users) }

@@ -2,7 +2,7 @@
 // is the public package webhook).
 //
 // The fan-out workers call Fanned once per message after its pushes were
-// handed off (fanout.Hook): the message's events (message.created,
+// handed off (a fanout.Consumer): the message's events (message.created,
 // recipient.offline, member.*) are written, for every endpoint that wants
 // them, to a durable queue in one fsync, before the fan-out's outbox entry
 // is cleared, so a crash in between produces them again (same idempotency
@@ -107,7 +107,7 @@ type endpoint struct {
 	failed    atomic.Int64
 }
 
-var _ fanout.Hook = (*Hooks)(nil)
+var _ fanout.Consumer = (*Hooks)(nil)
 
 // New prepares the endpoints on o.Queue; Run delivers.
 func New(cfg Config, o Options) (*Hooks, error) {
@@ -189,7 +189,7 @@ func convKind(k store.ConvKind) string {
 }
 
 // Fanned queues the events of a fanned-out message for every endpoint that
-// wants them (fanout.Hook). An error means nothing durable was written; the
+// wants them (fanout.Consumer). An error means nothing durable was written; the
 // fan-out is then retried.
 func (h *Hooks) Fanned(ctx context.Context, f fanout.Fanned) error {
 	m := f.Msg

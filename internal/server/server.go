@@ -120,7 +120,7 @@ type Server struct {
 	chat     *chat.Service
 	access   *access.Manager // banned users and revoked tokens
 	admin    *admin.Server
-	outbox   *fanout.Outbox
+	fanout   *fanout.Fanout
 	hooks    *hooks.Hooks // nil without webhook endpoints
 	backend  gateway.Backend
 	verifier gateway.Verifier
@@ -347,7 +347,7 @@ func (s *Server) runLoop(f func(ctx context.Context)) {
 
 func (s *Server) startChat() error {
 	cfg, d, m := s.cfg, s.deps, s.metrics
-	var online chat.Online = s.online
+	var online fanout.Index = s.online
 	if s.relay != nil {
 		online = onlineIndex{fanout.NewScoped(s.roster, s.owner.Epoch), s.relay}
 	}
@@ -373,12 +373,6 @@ func (s *Server) startChat() error {
 		s.log.Info("snowflake node number leased", "node_number", nodeNumber)
 		s.runLoop(nn.Run)
 	}
-	// The outbox runs the fan-out of every stored message after its ACK;
-	// its handler is the service's, set once the service exists.
-	var svc *chat.Service
-	fcfg := cfg.Fanout
-	fcfg.Logger = s.log
-	outbox := fanout.New(fcfg, chatStore, func(ctx context.Context, j fanout.Job) error { return svc.FanOut(ctx, j) })
 	chatReg, chatBus := s.registry, s.bus
 	if d.WrapRegistry != nil {
 		chatReg = d.WrapRegistry(chatReg)
@@ -386,32 +380,17 @@ func (s *Server) startChat() error {
 	if d.WrapBus != nil {
 		chatBus = d.WrapBus(chatBus)
 	}
-	var hook fanout.Hook
-	if len(cfg.Webhooks.Endpoints) > 0 {
-		// The webhook queue: a Pebble database of its own on an embedded
-		// node, the shared JetStream streams in cluster mode
-		// (docs/webhooks.md); the fan-out only writes to it.
-		q, err := s.openHookQueue()
-		if err != nil {
-			return err
-		}
-		h, err := hooks.New(cfg.Webhooks, hooks.Options{Queue: q, Members: chatStore, Logger: s.log})
-		if err != nil {
-			q.Close()
-			return err
-		}
-		s.hooks, hook = h, h
-		s.onClose(h.Close)
-		s.registerHookMetrics(h)
+	consumers, err := s.consumers(chatStore)
+	if err != nil {
+		return err
 	}
-	svc, err := chat.New(cfg.ChatConfig(), chat.Deps{
-		Store: chatStore, Registry: chatReg, Bus: chatBus, IDs: snowflake.New(nodeNumber, nil),
-		Logger: s.log, Online: online, Ledger: s.ledger, Limiter: lim, Outbox: outbox, Hook: hook,
-		Observer: chat.Observer{
-			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },
-			StoreFailed: func(op string) { m.StoreErrors.WithLabelValues(op).Inc() },
-			Pushed:      func(n int) { m.Pushes.Add(float64(n)) },
-			Snapshot:    func(n int) { m.SnapshotConv.Observe(float64(n)) },
+	// The fan-out of every stored message after its ACK, and the
+	// consumers that hang off it.
+	fan, err := fanout.New(cfg.Fanout, fanout.Deps{
+		Store: chatStore, Registry: chatReg, Bus: chatBus, Ledger: s.ledger, Online: online,
+		Tiers: cfg.Chat.Tiers(), Logger: s.log, Consumers: consumers,
+		Observer: fanout.Observer{
+			Pushed: func(n int) { m.Pushes.Add(float64(n)) },
 			Fanout: func(tier string, rows, pushes int) {
 				m.FanoutMessages.WithLabelValues(tier).Inc()
 				m.FanoutRows.WithLabelValues(tier).Add(float64(rows))
@@ -423,9 +402,20 @@ func (s *Server) startChat() error {
 	if err != nil {
 		return err
 	}
+	svc, err := chat.New(cfg.ChatConfig(), chat.Deps{
+		Store: chatStore, IDs: snowflake.New(nodeNumber, nil), Logger: s.log, Limiter: lim, Fanout: fan,
+		Observer: chat.Observer{
+			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },
+			StoreFailed: func(op string) { m.StoreErrors.WithLabelValues(op).Inc() },
+			Snapshot:    func(n int) { m.SnapshotConv.Observe(float64(n)) },
+		},
+	})
+	if err != nil {
+		return err
+	}
 	s.chat = svc
-	s.outbox = outbox
-	s.runLoop(outbox.Run)
+	s.fanout = fan
+	s.runLoop(fan.Run)
 	if s.hooks != nil {
 		s.runLoop(s.hooks.Run)
 	}
@@ -434,7 +424,7 @@ func (s *Server) startChat() error {
 	s.runLoop(svc.RunPositions)
 	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "parley_fanout_backlog", Help: "Stored messages whose fan-out is queued or running in this process.",
-	}, func() float64 { return float64(outbox.Backlog()) }))
+	}, func() float64 { return float64(fan.Backlog()) }))
 	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "parley_compensation_backlog", Help: "Compensation tasks waiting for a successful retry.",
 	}, func() float64 { return float64(s.ledger.Backlog()) }))
@@ -448,7 +438,7 @@ func (s *Server) startChat() error {
 		}, func() float64 { _, n := cs.ConvStates(); return float64(n) }))
 	}
 	s.runLoop(func(ctx context.Context) {
-		if err := s.ledger.Run(ctx, svc.Compensate); err != nil && ctx.Err() == nil {
+		if err := s.ledger.Run(ctx, fan.Compensate); err != nil && ctx.Err() == nil {
 			s.log.Error("compensation ledger stopped", "err", err)
 		}
 	})
@@ -465,6 +455,30 @@ func (s *Server) startChat() error {
 		s.runLoop(s.owner.Run)
 	}
 	return nil
+}
+
+// consumers are what hangs off every stored message after its fan-out:
+// the webhooks, with endpoints configured. A new consumer is wired here.
+func (s *Server) consumers(chatStore store.Store) ([]fanout.Consumer, error) {
+	if len(s.cfg.Webhooks.Endpoints) == 0 {
+		return nil, nil
+	}
+	// The webhook queue: a Pebble database of its own on an embedded
+	// node, the shared JetStream streams in cluster mode
+	// (docs/webhooks.md); the fan-out only writes to it.
+	q, err := s.openHookQueue()
+	if err != nil {
+		return nil, err
+	}
+	h, err := hooks.New(s.cfg.Webhooks, hooks.Options{Queue: q, Members: chatStore, Logger: s.log})
+	if err != nil {
+		q.Close()
+		return nil, err
+	}
+	s.hooks = h
+	s.onClose(h.Close)
+	s.registerHookMetrics(h)
+	return []fanout.Consumer{h}, nil
 }
 
 // openHookQueue opens the webhook queue: a Pebble database of its own on
@@ -504,7 +518,7 @@ func (s *Server) registerHookMetrics(h *hooks.Hooks) {
 // Hooks exposes the node's webhooks (nil without endpoints).
 func (s *Server) Hooks() *hooks.Hooks { return s.hooks }
 
-// onlineIndex is the chat service's online index in cluster mode: the
+// onlineIndex is the fan-out's online index in cluster mode: the
 // process's roster, its groups trusted only under the ownership epoch they
 // were built in (fanout.Scoped), with joins and leaves also relayed to the
 // other chat processes' rosters (best effort).

@@ -4,54 +4,7 @@ import (
 	"context"
 	"sync"
 	"time"
-
-	"github.com/parley-im/parley/internal/fanout"
-	"github.com/parley-im/parley/internal/store"
 )
-
-// Fan-out tiers, decided by the fanout package. Direct
-// conversations are always small.
-const (
-	TierSmall  = fanout.TierSmall
-	TierMedium = fanout.TierMedium
-	TierLarge  = fanout.TierLarge
-)
-
-// TierName names a tier for metrics and the conv frame.
-func TierName(t uint8) string { return fanout.TierName(t) }
-
-// tierFor decides the tier of a group of n members that is in tier cur.
-func (c Config) tierFor(cur uint8, n int) uint8 {
-	return fanout.Tiers{SmallBelow: c.SmallBelow, LargeAbove: c.LargeAbove, Hysteresis: c.Hysteresis}.For(cur, n)
-}
-
-// tier returns cv's tier, recording a change and keeping the online index
-// in step: medium and large groups are tracked, small ones are not.
-func (s *Service) tier(ctx context.Context, cv store.Conversation) uint8 {
-	if cv.Kind == store.Direct {
-		return TierSmall
-	}
-	t := s.cfg.tierFor(cv.Tier, cv.Members)
-	if t != cv.Tier {
-		if err := s.store.SetTier(ctx, cv.ID, t); err != nil {
-			s.log.Warn("set tier failed; decided again on the next message", "conv", cv.ID, "err", err)
-		} else {
-			s.log.Info("group changed fan-out tier", "conv", cv.ID, "members", cv.Members, "from", TierName(cv.Tier), "to", TierName(t))
-		}
-	}
-	switch {
-	case t == TierSmall && s.online.Tracked(cv.ID):
-		s.online.Untrack(cv.ID)
-	case t != TierSmall && !s.online.Tracked(cv.ID):
-		members, err := s.store.Members(ctx, cv.ID)
-		if err != nil {
-			s.log.Warn("track group: members", "conv", cv.ID, "err", err)
-			return t
-		}
-		s.online.Track(cv.ID, members)
-	}
-	return t
-}
 
 // limiter allows one event per key per interval (@everyone per group,
 // typing per user and conversation). In-process: each chat process limits

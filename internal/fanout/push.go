@@ -1,0 +1,138 @@
+package fanout
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/parley-im/parley/internal/bus"
+	"github.com/parley-im/parley/internal/ledger"
+	"github.com/parley-im/parley/internal/registry"
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/protocol"
+)
+
+// Push sends frame to every online device of users, one bus delivery per
+// gateway node, and returns the number of users handed off. It is for
+// frames without a seq (receipts, typing, notices): those are best effort,
+// and a failure is only logged.
+func (f *Fanout) Push(ctx context.Context, users []string, frame *protocol.Frame) int {
+	n, err := f.push(ctx, users, frame, delivery{conv: frame.ConvID})
+	if err != nil {
+		f.log.Warn("push failed", "type", frame.Type, "conv", frame.ConvID, "err", err)
+	}
+	return n
+}
+
+// pushMessage pushes stored message m to recipients; rc, if not nil,
+// collects the users whose node took it.
+func (f *Fanout) pushMessage(ctx context.Context, recipients []string, m store.Message, rc *reached) (int, error) {
+	wm := Wire(m)
+	return f.push(ctx, recipients, &protocol.Frame{Type: protocol.TypeMsg, Message: &wm},
+		delivery{conv: m.ConvID, seq: m.Seq, key: m.CoalesceKey, rc: rc})
+}
+
+// delivery is what a push carries besides its frame: a message's
+// conversation, seq and coalesce key (seq 0: no message), and the
+// collector of the users reached.
+type delivery struct {
+	conv, seq uint64
+	key       string
+	rc        *reached
+}
+
+// push encodes frame once and hands it to every gateway node that holds a
+// device of users, the nodes concurrently. For a message (seq ≠ 0), a
+// node that cannot be reached right now gets a compensation task, and an
+// error is returned when the registry cannot be read or a task cannot be
+// recorded, so the outbox retries; a node with no subscriber has gone, and
+// its users resync on whichever node they reconnect to.
+func (f *Fanout) push(ctx context.Context, users []string, frame *protocol.Frame, d delivery) (int, error) {
+	if len(users) == 0 {
+		return 0, nil
+	}
+	online, err := f.reg.Lookup(ctx, users)
+	if err != nil {
+		f.pushFailed()
+		return 0, fmt.Errorf("registry lookup: %w", err)
+	}
+	if len(online) == 0 {
+		return 0, nil
+	}
+	byNode := byNode(users, online)
+	data, err := json.Marshal(frame)
+	if err != nil {
+		return 0, fmt.Errorf("encode push: %w", err)
+	}
+	var (
+		n    int
+		errs []error
+	)
+	if len(byNode) == 1 {
+		for node, us := range byNode {
+			n, err = f.publish(ctx, node, us, data, d)
+			errs = append(errs, err)
+		}
+	} else {
+		var (
+			mu sync.Mutex
+			wg sync.WaitGroup
+		)
+		for node, us := range byNode {
+			wg.Go(func() {
+				k, err := f.publish(ctx, node, us, data, d)
+				mu.Lock()
+				n += k
+				errs = append(errs, err)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+	}
+	if f.obs.Pushed != nil {
+		f.obs.Pushed(n)
+	}
+	return n, errors.Join(errs...)
+}
+
+// byNode groups users by the nodes of their devices, in the order of
+// users, not of the map: a group's consecutive messages then reach a
+// gateway with the same recipient list, which lets it write a backlog of
+// them to each connection at once (gateway.writeBatch).
+func byNode(users []string, online map[string][]registry.Entry) map[string][]string {
+	out := make(map[string][]string, 1)
+	for _, u := range users {
+		for _, e := range online[u] {
+			if l := out[e.Node]; len(l) == 0 || l[len(l)-1] != u {
+				out[e.Node] = append(l, u)
+			}
+		}
+	}
+	return out
+}
+
+// publish hands data to node for us and returns how many users it took.
+func (f *Fanout) publish(ctx context.Context, node string, us []string, data []byte, d delivery) (int, error) {
+	err := f.bus.Publish(ctx, node, bus.Delivery{Users: us, Frame: data, ConvID: d.conv, Seq: d.seq, CoalesceKey: d.key})
+	if err == nil {
+		d.rc.add(us)
+		return len(us), nil
+	}
+	f.pushFailed()
+	if d.seq == 0 || errors.Is(err, bus.ErrNoSubscriber) {
+		return 0, nil
+	}
+	f.log.Warn("push hand-off failed; recorded for retry", "node", node, "err", err)
+	if rerr := f.record(ctx, ledger.Task{Kind: ledger.KindPush, Conv: d.conv, Seq: d.seq, Users: us, Node: node}); rerr != nil {
+		return 0, fmt.Errorf("push to %s: %w; and the ledger: %w", node, err, rerr)
+	}
+	return 0, nil
+}
+
+func (f *Fanout) pushFailed() {
+	if f.obs.PushFailed != nil {
+		f.obs.PushFailed()
+	}
+}
