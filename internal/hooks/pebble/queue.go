@@ -31,6 +31,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/parley-im/parley/internal/hooks"
+	"github.com/parley-im/parley/internal/pebblelog"
 )
 
 // Config of a Pebble queue.
@@ -62,7 +63,7 @@ func Open(cfg Config) (*Queue, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	db, err := cpebble.Open(cfg.Dir, &cpebble.Options{FS: cfg.FS, Logger: pebbleLog{cfg.Logger}})
+	db, err := cpebble.Open(cfg.Dir, &cpebble.Options{FS: cfg.FS, Logger: pebblelog.New(cfg.Logger, "webhooks")})
 	if err != nil {
 		return nil, fmt.Errorf("webhooks: pebble: open: %w", err)
 	}
@@ -358,19 +359,3 @@ func (l *lane) Changed() <-chan struct{} { return l.wake }
 
 // Err is always nil: an embedded node delivers every endpoint itself.
 func (l *lane) Err() error { return nil }
-
-// pebbleLog routes pebble's printf-style log into slog.
-type pebbleLog struct{ l *slog.Logger }
-
-func (p pebbleLog) Infof(format string, args ...any) {
-	p.l.Debug(fmt.Sprintf(format, args...), "component", "webhooks")
-}
-
-func (p pebbleLog) Errorf(format string, args ...any) {
-	p.l.Error(fmt.Sprintf(format, args...), "component", "webhooks")
-}
-
-func (p pebbleLog) Fatalf(format string, args ...any) {
-	p.l.Error(fmt.Sprintf(format, args...), "component", "webhooks")
-	panic(fmt.Sprintf(format, args...))
-}

@@ -22,6 +22,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/parley-im/parley/internal/ledger"
+	"github.com/parley-im/parley/internal/pebblelog"
 )
 
 // Config of a Pebble ledger.
@@ -71,7 +72,7 @@ func Open(cfg Config) (*Ledger, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	opts := &cpebble.Options{FS: cfg.FS, Logger: pebbleLog{cfg.Logger}}
+	opts := &cpebble.Options{FS: cfg.FS, Logger: pebblelog.New(cfg.Logger, "ledger")}
 	if opts.FS == nil {
 		opts.FS = vfs.Default
 	}
@@ -274,20 +275,4 @@ func (l *Ledger) Close() error {
 	var err error
 	l.closeMu.Do(func() { err = l.db.Close() })
 	return err
-}
-
-// pebbleLog routes pebble's printf-style log into slog.
-type pebbleLog struct{ l *slog.Logger }
-
-func (p pebbleLog) Infof(format string, args ...any) {
-	p.l.Debug(fmt.Sprintf(format, args...), "component", "ledger")
-}
-
-func (p pebbleLog) Errorf(format string, args ...any) {
-	p.l.Error(fmt.Sprintf(format, args...), "component", "ledger")
-}
-
-func (p pebbleLog) Fatalf(format string, args ...any) {
-	p.l.Error(fmt.Sprintf(format, args...), "component", "ledger")
-	panic(fmt.Sprintf(format, args...))
 }

@@ -100,6 +100,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
+	"github.com/parley-im/parley/internal/pebblelog"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/internal/store/statecache"
 )
@@ -159,11 +160,8 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Log attribute keys.
-const (
-	logKeyComponent = "component"
-	logKeyErr       = "err"
-)
+// logKeyErr is the log attribute key of an error.
+const logKeyErr = "err"
 
 var (
 	syncWrite   = cpebble.Sync
@@ -233,7 +231,7 @@ func open(ctx context.Context, cfg Config) (*Store, error) {
 	opts := &cpebble.Options{
 		FS:                 cfg.FS,
 		Cache:              cache,
-		Logger:             pebbleLogger{cfg.Logger.With(logKeyComponent, "pebble")},
+		Logger:             pebblelog.New(cfg.Logger, "pebble"),
 		FormatMajorVersion: cpebble.FormatNewest,
 	}
 	// Bloom filters on every level: most point lookups an append makes
@@ -332,24 +330,4 @@ func (s *Store) scan(prefix []byte, fn func(k, v []byte) error) error {
 		}
 	}
 	return it.Close()
-}
-
-// pebbleLogger routes pebble's logs to slog. Pebble's routine messages
-// (flushes, compactions) go to Debug.
-type pebbleLogger struct{ l *slog.Logger }
-
-func (p pebbleLogger) Infof(format string, args ...any) {
-	p.l.Debug(fmt.Sprintf(format, args...))
-}
-
-func (p pebbleLogger) Errorf(format string, args ...any) {
-	p.l.Error(fmt.Sprintf(format, args...))
-}
-
-// Fatalf must not return (pebble's contract): pebble calls it when its own
-// state can no longer be trusted, so the process stops.
-func (p pebbleLogger) Fatalf(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	p.l.Error(msg)
-	panic("pebble: fatal: " + msg)
 }
