@@ -242,7 +242,7 @@ func (c *countingStore) counts() (convs, member, positions int) {
 
 // TestDirectSendRemembersConversation: once a direct conversation and its
 // members are known, its members' sends read neither the conversation nor
-// the membership again; anyone else is still refused as before.
+// the membership again; anyone else is still refused, as a non-member.
 func TestDirectSendRemembersConversation(t *testing.T) {
 	r := newReceiptRig(t)
 	cs := &countingStore{Store: r.st}
@@ -307,7 +307,7 @@ func TestSendRemembersOwnReadPosition(t *testing.T) {
 		return out
 	}
 	// Warm-up: each member's first send reads its position (alongside
-	// the append, as before), then remembers it.
+	// the append), then remembers it.
 	send("a", "w1")
 	send("b", "w2")
 	send("b", "w3")
