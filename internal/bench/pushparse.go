@@ -238,20 +238,29 @@ func (s *jsonScan) object(field func(key []byte) bool) bool {
 		if !field(key) {
 			return false
 		}
-		s.ws()
-		if s.i >= len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-		case '}':
-			s.i++
-			return true
-		default:
-			return false
+		if more, ok := s.sep('}'); !more {
+			return ok
 		}
 	}
+}
+
+// sep reads what follows an item of an object or array closed by end:
+// a comma (more true) or end (more false, ok true); anything else is not
+// JSON (both false).
+func (s *jsonScan) sep(end byte) (more, ok bool) {
+	s.ws()
+	if s.i >= len(s.b) {
+		return false, false
+	}
+	switch s.b[s.i] {
+	case ',':
+		s.i++
+		return true, true
+	case end:
+		s.i++
+		return false, true
+	}
+	return false, false
 }
 
 // plainString reads a string without escapes and returns its bytes.
@@ -345,18 +354,8 @@ func (s *jsonScan) value() bool {
 			if !s.value() {
 				return false
 			}
-			s.ws()
-			if s.i >= len(s.b) {
-				return false
-			}
-			switch s.b[s.i] {
-			case ',':
-				s.i++
-			case ']':
-				s.i++
-				return true
-			default:
-				return false
+			if more, ok := s.sep(']'); !more {
+				return ok
 			}
 		}
 	case c == '-' || c >= '0' && c <= '9':
