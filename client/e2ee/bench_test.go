@@ -15,12 +15,14 @@ func BenchmarkSessionSetup(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			bob := newTestDev(b, "bob", "b")
+			bob.SetAllowX3DH(!pq)
 			bundle := bob.bundle(false, false) // no one-time keys: reusable
 			if pq {
 				bundle.KEMPreKey = bob.keys.LastResortKEM
 			}
 			for i := 0; i < b.N; i++ {
 				alice := newTestDevLight(b, "alice", fmt.Sprint("a", i))
+				alice.SetAllowX3DH(!pq)
 				if err := alice.ProcessBundle(bundle); err != nil {
 					b.Fatal(err)
 				}

@@ -3,6 +3,7 @@ package e2ee
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -111,6 +112,7 @@ type Device struct {
 	self  Address
 	id    identityRecord
 	trust TrustPolicy
+	x3dh  bool // classic X3DH allowed (SetAllowX3DH)
 }
 
 // TrustPolicy decides what happens when a peer device's identity key is not
@@ -147,6 +149,13 @@ func OpenDevice(st Store, self Address) (*Device, error) {
 
 // SetTrustPolicy sets how identity changes of peers are handled.
 func (d *Device) SetTrustPolicy(p TrustPolicy) { d.mu.Lock(); d.trust = p; d.mu.Unlock() }
+
+// SetAllowX3DH lets the device start sessions from bundles without a KEM
+// prekey and accept version 3 (classic X3DH) first messages, for peers that
+// speak only X3DH (libsignal's older ports). Off by default: a server that
+// strips the KEM prekey, or forges a version 3 first message, then gets a
+// session without post-quantum protection instead of ErrDowngrade.
+func (d *Device) SetAllowX3DH(allow bool) { d.mu.Lock(); d.x3dh = allow; d.mu.Unlock() }
 
 // Address is the device's own address.
 func (d *Device) Address() Address { return d.self }
@@ -276,6 +285,34 @@ func (d *Device) PruneSignedPreKeys(keep int) error {
 			if err := d.st.Delete(k); err != nil {
 				return err
 			}
+			if err := d.forgetBaseKeys(uint32(id)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// usedBaseKeyPrefix names the base keys of the sessions started without a
+// one-time key: "basekey/<signed prekey id>/<KEM prekey id>/<base key>"
+// (KEM id 0: classic X3DH).
+const usedBaseKeyPrefix = "basekey/"
+
+func usedBaseKey(spk, kem uint32, base PublicKey) string {
+	return usedBaseKeyPrefix + strconv.FormatUint(uint64(spk), 10) + "/" +
+		strconv.FormatUint(uint64(kem), 10) + "/" + hex.EncodeToString(base.Bytes())
+}
+
+// forgetBaseKeys drops the remembered base keys of a deleted signed prekey:
+// a replay on it fails for want of the key.
+func (d *Device) forgetBaseKeys(spk uint32) error {
+	keys, err := d.st.List(usedBaseKeyPrefix + strconv.FormatUint(uint64(spk), 10) + "/")
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := d.st.Delete(k); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -315,15 +352,19 @@ func (d *Device) PeerIdentity(peer Address) (PublicKey, bool, error) {
 	return k, ok, err
 }
 
-// ProcessBundle starts a session with the bundle's device (X3DH, or PQXDH
-// when the bundle has a KEM prekey). A bad signature is refused. The
-// session's first messages are PreKeySignalMessages until the peer answers.
+// ProcessBundle starts a session with the bundle's device (PQXDH). A bad
+// signature is refused, and so is a bundle without a KEM prekey
+// (ErrDowngrade) unless SetAllowX3DH allows classic X3DH. The session's
+// first messages are PreKeySignalMessages until the peer answers.
 func (d *Device) ProcessBundle(b Bundle) error {
 	if err := VerifyBundle(b); err != nil {
 		return err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if b.KEMPreKey == nil && !d.x3dh {
+		return fmt.Errorf("%w: the bundle of %s has no KEM prekey", ErrDowngrade, b.Address)
+	}
 	if _, err := d.checkTrust(b.Address, b.IdentityKey); err != nil {
 		return err
 	}
@@ -480,6 +521,11 @@ func (d *Device) decryptPreKey(peer Address, p PreKeySignalMessage) ([]byte, err
 			return plain, d.save(key, rec)
 		}
 	}
+	// A new session: post-quantum only, and a base key never seen on keys
+	// that are not consumed.
+	if p.Version < VersionPQXDH && !d.x3dh {
+		return nil, fmt.Errorf("%w: version %d first message from %s", ErrDowngrade, p.Version, peer)
+	}
 	var spk signedRecord
 	ok, err := d.load(idKey("signed/", p.SignedPreKeyID), &spk)
 	if err != nil {
@@ -512,6 +558,22 @@ func (d *Device) decryptPreKey(peer Address, p PreKeySignalMessage) ([]byte, err
 		}
 		bp.kem, bp.kemCiphertext = &kem.Key, p.KyberCiphertext
 	}
+	// Without a one-time key consumed, only the remembered base key tells
+	// a replay from a new session (the session may be reset or archived
+	// out of reach).
+	used := ""
+	if !p.HasPreKey && (p.Version < VersionPQXDH || kem.LastResort) {
+		var kemID uint32
+		if p.Version >= VersionPQXDH {
+			kemID = p.KyberPreKeyID
+		}
+		used = usedBaseKey(p.SignedPreKeyID, kemID, p.BaseKey)
+		if b, err := d.st.Load(used); err != nil {
+			return nil, err
+		} else if b != nil {
+			return nil, fmt.Errorf("%w: from %s on signed prekey %d", ErrReusedBaseKey, peer, p.SignedPreKeyID)
+		}
+	}
 	st, err := bobSession(bp)
 	if err != nil {
 		return nil, err
@@ -524,6 +586,13 @@ func (d *Device) decryptPreKey(peer Address, p PreKeySignalMessage) ([]byte, err
 	// The message opened: only now trust, store and consume the keys.
 	if _, err := d.checkTrust(peer, p.IdentityKey); err != nil {
 		return nil, err
+	}
+	// Remembered before the session is stored: a crash in between loses
+	// the message rather than letting it be replayed.
+	if used != "" {
+		if err := d.st.Save(used, []byte{1}); err != nil {
+			return nil, err
+		}
 	}
 	rec.promote(st)
 	if err := d.save(key, rec); err != nil {

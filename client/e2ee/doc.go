@@ -4,8 +4,21 @@
 // filippo.io/edwards25519 (XEdDSA).
 //
 //   - PQXDH (X3DH plus a signed ML-KEM-1024 prekey) starts a session with a
-//     device that may be offline, from a prekey bundle the server hands out;
-//     bundles without a KEM prekey give classic X3DH (message version 3).
+//     device that may be offline, from a prekey bundle the server hands out.
+//     A bundle without a KEM prekey, and a version 3 (classic X3DH) first
+//     message for a new session, are refused with ErrDowngrade: the server
+//     cannot strip the post-quantum part. Device.SetAllowX3DH opts in to
+//     X3DH for peers without PQXDH; messages of an existing version 3
+//     session are read either way.
+//   - A first message that consumed no one-time prekey (signed prekey and
+//     last-resort KEM key only, which are not deleted) could be replayed
+//     once its session is reset or archived away; the device remembers its
+//     (signed prekey id, KEM prekey id, base key) in its Store and refuses
+//     it again with ErrReusedBaseKey, as libsignal refuses a reused base
+//     key. The memory is one Store entry (about 100 bytes) per such session,
+//     kept as long as its signed prekey: PruneSignedPreKeys drops the
+//     entries with the key, so it is bounded by the sessions started
+//     without one-time keys during a signed prekey's life.
 //   - The Double Ratchet then protects every message, with libsignal's
 //     limits: MaxSkippedKeys (2,000) kept per receiving chain,
 //     MaxForwardJump (25,000), errors beyond them (ErrTooFarAhead,

@@ -48,6 +48,13 @@ var (
 	ErrNoSenderKey    = errors.New("e2ee: no sender key for this group and sender")
 	ErrBadBundle      = errors.New("e2ee: bad prekey bundle")
 	ErrDecryptFailure = errors.New("e2ee: decryption failed")
+	// ErrDowngrade: a bundle without a KEM prekey, or a version 3 (classic
+	// X3DH) first message for a new session; a server that strips the
+	// post-quantum prekey must not get a weaker session.
+	ErrDowngrade = errors.New("e2ee: downgrade to classic X3DH refused")
+	// ErrReusedBaseKey: a first message whose base key already started a
+	// session on the same keys (a replay).
+	ErrReusedBaseKey = errors.New("e2ee: reused base key (replayed first message)")
 )
 
 func malformed(format string, a ...any) error {

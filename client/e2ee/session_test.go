@@ -80,6 +80,10 @@ func TestSessionConversation(t *testing.T) {
 	}{{"pqxdh", true, true, VersionPQXDH}, {"x3dh", true, false, VersionX3DH}, {"pqxdh-no-one-time", false, true, VersionPQXDH}, {"x3dh-no-one-time", false, false, VersionX3DH}} {
 		t.Run(c.name, func(t *testing.T) {
 			alice, bob := newTestDev(t, "alice", "phone"), newTestDev(t, "bob", "laptop")
+			if !c.pq { // classic X3DH only where both sides allow it
+				alice.SetAllowX3DH(true)
+				bob.SetAllowX3DH(true)
+			}
 			start(t, alice, bob, c.otp, c.pq)
 			// Alice's messages are PreKey messages until Bob answers.
 			for i := 0; i < 3; i++ {
@@ -188,7 +192,7 @@ func TestOutOfOrderWithinLimits(t *testing.T) {
 
 func TestBeyondLimitsFailCleanly(t *testing.T) {
 	alice, bob := newTestDev(t, "alice", "a"), newTestDev(t, "bob", "b")
-	start(t, alice, bob, true, false)
+	start(t, alice, bob, true, true)
 	typ, ct := mustEncrypt(t, alice, bob, "start")
 	mustDecrypt(t, bob, alice, typ, ct, "start")
 	typ, ct = mustEncrypt(t, bob, alice, "ack")
@@ -245,7 +249,7 @@ func TestFailedDecryptLeavesSessionUnchanged(t *testing.T) {
 	// A forged message on a new ratchet key (a DH step that would move the
 	// state) must not move it either.
 	forger := newTestDev(t, "mallory", "m")
-	start(t, forger, bob, true, false)
+	start(t, forger, bob, true, true)
 	before := bob.st.Snapshot()
 	_, forged := mustEncrypt(t, alice, bob, "x")
 	m, _ := ParseSignalMessage(forged)
@@ -318,7 +322,7 @@ func TestMissingOneTimePreKeyStillWorks(t *testing.T) {
 
 func TestLowOrderBaseKeyRefused(t *testing.T) {
 	alice, bob := newTestDev(t, "alice", "a"), newTestDev(t, "bob", "b")
-	start(t, alice, bob, true, false)
+	start(t, alice, bob, true, true)
 	_, ct := mustEncrypt(t, alice, bob, "x")
 	p, _ := ParsePreKeySignalMessage(ct)
 	p.BaseKey = PublicKey{} // the zero point: order 4
@@ -452,8 +456,8 @@ func TestTrustStrictRefusesChangedIdentity(t *testing.T) {
 	mustDecrypt(t, bob2, alice, typ, ct, "hello again")
 	// The default (trust on first use) accepts the change and reports the new key.
 	carol := newTestDev(t, "carol", "c")
-	start(t, carol, bob, true, false)
-	start(t, carol, bob2, true, false)
+	start(t, carol, bob, true, true)
+	start(t, carol, bob2, true, true)
 	if k, ok, _ := carol.PeerIdentity(bob.Address()); !ok || k != bob2.IdentityKey() {
 		t.Fatal("TOFU did not record the new identity")
 	}

@@ -115,6 +115,7 @@ func newOurs(t *testing.T) *ours {
 	if err != nil {
 		t.Fatal(err)
 	}
+	d.SetAllowX3DH(true) // go.mau.fi/libsignal has no PQXDH
 	up, err := d.GenerateKeys(3)
 	if err != nil {
 		t.Fatal(err)
