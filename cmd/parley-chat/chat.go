@@ -103,7 +103,7 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	url := fs.String("url", "ws://127.0.0.1:7480", "server WebSocket URL")
 	token := fs.String("token", "", "bearer token (default $PARLEY_TOKEN)")
 	device := fs.String("device", "cli", "device id of this client")
-	keys := fs.String("keys", defaultKeysDir(), `directory of this device's end-to-end encryption keys ("" disables E2E)`)
+	keys := fs.String("keys", defaultKeysDir(), `directory of this device's end-to-end encryption keys, one per server ("" disables E2E)`)
 	fs.Usage = func() {
 		fmt.Fprintln(stdout, "usage: parley-chat [-url URL] [-token TOKEN] [-device ID] [-keys DIR]")
 		fs.PrintDefaults()
@@ -118,6 +118,10 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	if *token == "" {
 		return errors.New("-token or PARLEY_TOKEN is required (mint one with 'parley token -user NAME')")
 	}
+	server, err := serverDir(*url)
+	if err != nil {
+		return err
+	}
 	c, err := client.New(client.Config{URL: *url, Token: *token, Device: *device, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
@@ -125,7 +129,7 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := &chatSession{c: c, out: stdout, url: *url, printed: make(map[[2]uint64]bool), kinds: make(map[uint64]string),
-		e2e: &e2eState{dir: *keys, device: *device, convs: map[uint64]e2eConv{}, ctx: ctx}}
+		e2e: &e2eState{dir: *keys, server: server, device: *device, convs: map[uint64]e2eConv{}, ctx: ctx}}
 	s.conn.changed = make(chan struct{})
 	s.printf("* connecting to %s as device %s ...", *url, *device)
 
@@ -385,6 +389,9 @@ func (s *chatSession) printOnce(m *protocol.Message) {
 func (s *chatSession) event(ev client.Event) {
 	switch ev.Kind {
 	case client.EventMessage:
+		if ev.Message.Kind == protocol.KindSystem {
+			s.systemE2E(ev.Message)
+		}
 		m, _ := s.openE2E(ev.Message)
 		if m != nil {
 			s.printOnce(m)
@@ -771,6 +778,17 @@ func (s *chatSession) chatRemove(ctx context.Context, args []string) error {
 	info, err := s.c.RemoveMembers(ctx, s.current, args)
 	if err != nil {
 		return fmt.Errorf("remove: %w", err)
+	}
+	if info.E2E && s.e2e.dir != "" {
+		// Without waiting for the member_removed push: the next line
+		// typed must not go out under a key the removed members hold.
+		m, err := s.messenger(ctx)
+		if err == nil {
+			err = m.RotateGroup(info.ConvID)
+		}
+		if err != nil {
+			return fmt.Errorf("remove: e2e: %w", err)
+		}
 	}
 	s.groupChanged(info)
 	return nil

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -16,11 +18,14 @@ import (
 
 // End-to-end encrypted conversations in `parley-chat`: /sdm and /sgroup
 // open them, messages in them are encrypted with this device's keys (kept
-// in -keys DIR/<user>/<device>, files 0600), /safety prints safety numbers.
+// in -keys DIR/<server>/<user>/<device>, files 0600), /safety prints
+// safety numbers. Keys are kept per server: an identity one server knows
+// is never offered to another, and a fresh server gets a fresh device.
 
 // e2eState is the E2E side of a chat session.
 type e2eState struct {
 	dir    string // -keys
+	server string // the directory of -url's server under dir
 	device string
 
 	// ctx is runChat's; bg tracks the key uploads started from events.
@@ -37,6 +42,23 @@ type e2eState struct {
 // its members from the server (conv_info) each time.
 type e2eConv struct {
 	group bool
+}
+
+// serverDir names a server's directory of keys after its URL's host and
+// path, with every byte outside [A-Za-z0-9.-] written as '_' (so
+// "ws://127.0.0.1:7480" is "127.0.0.1_7480"); ws and wss share it.
+func serverDir(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return "", fmt.Errorf("e2e: -url %q has no host", raw)
+	}
+	b := []byte(strings.ToLower(u.Host) + strings.TrimRight(u.Path, "/"))
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-') {
+			b[i] = '_'
+		}
+	}
+	return string(b), nil
 }
 
 func defaultKeysDir() string {
@@ -62,7 +84,8 @@ func (s *chatSession) messenger(ctx context.Context) (*e2eechat.Messenger, error
 	if me == "" {
 		return nil, errors.New("e2e: not connected yet")
 	}
-	st, err := e2ee.OpenFileStore(filepath.Join(e.dir, me, e.device))
+	dir := filepath.Join(e.dir, e.server, me, e.device)
+	st, err := e2ee.OpenFileStore(dir)
 	if err != nil {
 		return nil, fmt.Errorf("e2e: key store: %w", err)
 	}
@@ -80,8 +103,19 @@ func (s *chatSession) messenger(ctx context.Context) (*e2eechat.Messenger, error
 		if err := st.Save("published", []byte{1}); err != nil {
 			return nil, err
 		}
-	} else if _, err := m.Refill(ctx, 20); err != nil { // keys_low may have come while offline
-		return nil, fmt.Errorf("e2e: refill keys: %w", err)
+	} else {
+		// A server whose data was reset no longer knows the device; its
+		// identity stays where it is rather than being replaced unasked.
+		devs, err := m.Devices(ctx, me, true)
+		if err != nil {
+			return nil, fmt.Errorf("e2e: key devices: %w", err)
+		}
+		if !slices.Contains(devs, e.device) {
+			return nil, fmt.Errorf("e2e: %s does not know the keys of device %s (its data was reset?); to start the device afresh there, move %s away", s.url, e.device, dir)
+		}
+		if _, err := m.Refill(ctx, 20); err != nil { // keys_low may have come while offline
+			return nil, fmt.Errorf("e2e: refill keys: %w", err)
+		}
 	}
 	e.m = m
 	return m, nil
@@ -100,10 +134,22 @@ func (s *chatSession) e2eConv(id uint64) (e2eConv, bool) {
 	return c, ok
 }
 
-func (s *chatSession) chatSDM(ctx context.Context, args []string) error {
+// leaveOnFailure is deferred by /sdm and /sgroup: when they fail, the
+// conversation that was current is no longer, so a line meant for the
+// encrypted conversation is not sent in plaintext somewhere else.
+func (s *chatSession) leaveOnFailure(err *error) {
+	if *err == nil || s.current == 0 {
+		return
+	}
+	*err = fmt.Errorf("%w\n* no current conversation (conv %d is not the encrypted one you asked for)", *err, s.current)
+	s.current = 0
+}
+
+func (s *chatSession) chatSDM(ctx context.Context, args []string) (err error) {
 	if len(args) != 1 {
 		return errors.New("usage: /sdm USER")
 	}
+	defer s.leaveOnFailure(&err)
 	if _, err := s.messenger(ctx); err != nil {
 		return err
 	}
@@ -117,10 +163,11 @@ func (s *chatSession) chatSDM(ctx context.Context, args []string) error {
 	return nil
 }
 
-func (s *chatSession) chatSGroup(ctx context.Context, args []string) error {
+func (s *chatSession) chatSGroup(ctx context.Context, args []string) (err error) {
 	if len(args) < 2 {
 		return errors.New("usage: /sgroup NAME USER...")
 	}
+	defer s.leaveOnFailure(&err)
 	if _, err := s.messenger(ctx); err != nil {
 		return err
 	}
@@ -206,6 +253,26 @@ func (s *chatSession) openE2E(msg *protocol.Message) (*protocol.Message, bool) {
 		out.Body = o.Text
 	}
 	return &out, true
+}
+
+// systemE2E hands a system event that arrived (a push or a sync, not
+// /history: an event is acted on once) to the E2E layer, which rotates
+// this device's sender key of a group a member left or was removed from
+// and forgets device lists and sessions that changed. It is done before
+// the event prints, so a line typed after seeing it uses the new state.
+func (s *chatSession) systemE2E(msg *protocol.Message) {
+	if s.e2e.dir == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.e2e.ctx, chatCommandTimeout)
+	defer cancel()
+	m, err := s.messenger(ctx)
+	if err != nil {
+		return // the next E2E send or open reports it
+	}
+	if _, err := m.Open(*msg); err != nil {
+		s.printf("! e2e: conv %d seq %d: %v", msg.ConvID, msg.Seq, err)
+	}
 }
 
 // publishKeys opens the device's E2E state after connecting: the first

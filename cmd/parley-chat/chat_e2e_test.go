@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,7 +101,7 @@ func TestChatCLIE2E(t *testing.T) {
 	if !regexp.MustCompile(`safety number with bob/phone: (\d{5} ){11}\d{5}`).MatchString(out.String()) {
 		t.Fatalf("safety number not printed as 12 groups of 5 digits:\n%s", out.String())
 	}
-	files, _ := filepath.Glob(filepath.Join(keys, "alice", "cli", "*"))
+	files, _ := filepath.Glob(filepath.Join(keys, "*", "alice", "cli", "*"))
 	if len(files) == 0 {
 		t.Fatal("no key files")
 	}
@@ -202,4 +204,243 @@ func TestChatCLIE2EGroup(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("chat ended with %v\n%s", err, out.String())
 	}
+}
+
+// e2ePeer is an SDK user with E2E keys on srv, for the CLI to talk to.
+type e2ePeer struct {
+	c *client.Client
+	m *e2eechat.Messenger
+}
+
+func startE2EPeer(t *testing.T, ctx context.Context, srv *servertest.Server, user string) *e2ePeer {
+	t.Helper()
+	c, err := client.New(client.Config{URL: srv.URL, Token: srv.Token(user), Device: "phone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Run(ctx) }()
+	t.Cleanup(func() { _ = c.Close() })
+	go func() {
+		for range c.Events() {
+		}
+	}()
+	st := e2ee.NewMemoryStore()
+	d, err := e2ee.OpenDevice(st, e2ee.Address{User: user, Device: "phone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := e2eechat.New(c, d, st)
+	if _, err := m.PublishKeys(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	return &e2ePeer{c: c, m: m}
+}
+
+// runE2ECLI runs `parley-chat` as user on srv with key directory keys.
+func runE2ECLI(t *testing.T, ctx context.Context, srv *servertest.Server, user, keys string) (write func(string), out *syncBuffer, done chan error) {
+	t.Helper()
+	in, feed := io.Pipe()
+	out = &syncBuffer{}
+	done = make(chan error, 1)
+	go func() {
+		done <- runChat(ctx, []string{"-url", srv.URL, "-token", srv.Token(user), "-device", "cli", "-keys", keys}, in, out)
+	}()
+	write = func(line string) {
+		if _, err := io.WriteString(feed, line+"\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return write, out, done
+}
+
+// plainFrom reports whether conv's history on the server holds text from
+// sender in plaintext.
+func plainFrom(t *testing.T, ctx context.Context, c *client.Client, conv uint64, sender, text string) bool {
+	t.Helper()
+	msgs, _, err := c.History(ctx, conv, client.HistoryQuery{Forward: true, Limit: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		if m.Sender == sender && strings.Contains(m.Body, text) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestChatCLIE2EKeysPerServer: a device that used E2E against one server
+// starts afresh against another (its keys are kept per server) instead of
+// failing /sdm, and the line typed after /sdm goes out encrypted.
+func TestChatCLIE2EKeysPerServer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	keys := t.TempDir()
+	first := servertest.Start(t)
+	write, out, done := runE2ECLI(t, ctx, first, "alice", keys)
+	waitOutput(t, out, "connected")
+	for {
+		if published(keys) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("keys never published on the first server")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	write("/quit")
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	second := servertest.Start(t)
+	erin := startE2EPeer(t, ctx, second, "erin")
+	write, out, done = runE2ECLI(t, ctx, second, "alice", keys)
+	waitOutput(t, out, "connected")
+	write("/dm erin")
+	waitOutput(t, out, "direct with erin")
+	write("/sdm erin")
+	write("for erin only")
+	write("/quit")
+	if err := <-done; err != nil {
+		t.Fatalf("chat ended with %v\n%s", err, out.String())
+	}
+	if strings.Contains(out.String(), "! ") {
+		t.Fatalf("an error against the second server:\n%s", out.String())
+	}
+	list, err := erin.c.Conversations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cv := range list {
+		if plainFrom(t, ctx, erin.c, cv.ConvID, "alice", "for erin only") {
+			t.Fatalf("conv %d carried the line in plaintext\n%s", cv.ConvID, out.String())
+		}
+	}
+	if files, _ := filepath.Glob(filepath.Join(keys, "*", "alice", "cli")); len(files) != 2 {
+		t.Fatalf("key directories %v, want one per server", files)
+	}
+}
+
+// TestChatCLIE2EFailedSDMClearsCurrent: when /sdm or /sgroup fails, the
+// conversation that was current (a plain one) is current no more, so the
+// next line typed is not sent unencrypted.
+func TestChatCLIE2EFailedSDMClearsCurrent(t *testing.T) {
+	for _, cmd := range []string{"/sdm erin", "/sgroup crew erin"} {
+		t.Run(strings.Fields(cmd)[0][1:], func(t *testing.T) {
+			srv := servertest.Start(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			erin := startE2EPeer(t, ctx, srv, "erin")
+			// A key directory that cannot be created makes E2E fail.
+			blocker := filepath.Join(t.TempDir(), "file")
+			if err := os.WriteFile(blocker, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			write, out, done := runE2ECLI(t, ctx, srv, "alice", blocker)
+			waitOutput(t, out, "connected")
+			write("/dm erin")
+			waitOutput(t, out, "direct with erin")
+			write(cmd)
+			waitOutput(t, out, "no current conversation (conv")
+			write("meant to be encrypted")
+			waitOutput(t, out, "! no current conversation")
+			write("/quit")
+			if err := <-done; err != nil {
+				t.Fatalf("chat ended with %v\n%s", err, out.String())
+			}
+			dm, err := erin.c.OpenDirect(ctx, "alice")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if plainFrom(t, ctx, erin.c, dm.ConvID, "alice", "meant to be encrypted") {
+				t.Fatalf("the line went out in the plain DM\n%s", out.String())
+			}
+		})
+	}
+}
+
+// TestChatCLIE2EGroupRemovalRotates: when the owner removes a member from
+// an E2E group, the CLI member's next message is under a new sender key
+// the removed member does not have.
+func TestChatCLIE2EGroupRemovalRotates(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	alice := startE2EPeer(t, ctx, srv, "alice")
+	carol := startE2EPeer(t, ctx, srv, "carol")
+	write, out, done := runE2ECLI(t, ctx, srv, "bob", t.TempDir())
+	waitOutput(t, out, "connected")
+	g, err := alice.c.CreateGroupE2E(ctx, "crew", []string{"bob", "carol"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		devs, err := alice.m.Devices(ctx, "bob", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(devs) == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("bob's CLI never published keys")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	write("/use " + strconv.FormatUint(g.ConvID, 10))
+	write("before the removal")
+	waitOutput(t, out, "bob: before the removal")
+	// carol reads it: she holds bob's sender key.
+	history := func(c *client.Client) []protocol.Message {
+		msgs, _, err := c.History(ctx, g.ConvID, client.HistoryQuery{Forward: true, Limit: 50})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return msgs
+	}
+	read := false
+	for _, m := range history(carol.c) {
+		if o, err := carol.m.Open(m); err == nil && o.Text == "before the removal" {
+			read = true
+		}
+	}
+	if !read {
+		t.Fatal("carol could not read bob's message while a member")
+	}
+	if _, err := alice.c.RemoveMembers(ctx, g.ConvID, []string{"carol"}); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, out, "alice removed carol")
+	write("after the removal")
+	waitOutput(t, out, "bob: after the removal")
+	write("/quit")
+	if err := <-done; err != nil {
+		t.Fatalf("chat ended with %v\n%s", err, out.String())
+	}
+	// The server (or anyone with the ciphertext) hands carol the message
+	// she is no longer sent: she must not be able to read it.
+	var after *protocol.Message
+	msgs := history(alice.c)
+	for i := range msgs {
+		if o, err := alice.m.Open(msgs[i]); err == nil && o.Text == "after the removal" {
+			after = &msgs[i]
+		}
+	}
+	if after == nil {
+		t.Fatalf("alice cannot read bob's message after the removal\n%s", out.String())
+	}
+	if o, err := carol.m.Open(*after); err == nil {
+		t.Fatalf("removed carol read %q: the sender key was not rotated", o.Text)
+	}
+}
+
+// published reports whether a key store under dir holds "published".
+func published(dir string) bool {
+	found := false
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, _ error) error {
+		found = found || (d != nil && d.Name() == "published")
+		return nil
+	})
+	return found
 }
