@@ -437,6 +437,10 @@ func (m *Messenger) RotateGroup(convID uint64) error {
 
 // Open decrypts a message of an E2E conversation (a push, a sync or a
 // history entry). Opening the same message again returns the kept copy.
+// The errors of e2ee pass through for errors.Is: a replayed first message
+// is e2ee.ErrReusedBaseKey, a classic X3DH one for a new session
+// e2ee.ErrDowngrade (sending to a device whose bundle lacks a KEM prekey
+// fails with it too).
 func (m *Messenger) Open(msg protocol.Message) (Opened, error) {
 	m.openMu.Lock()
 	defer m.openMu.Unlock()
