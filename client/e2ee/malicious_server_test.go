@@ -198,3 +198,25 @@ func TestMaliciousServerReplaysX3DHFirstMessage(t *testing.T) {
 	}
 	replayRefused(t, bob, alice, typ, first)
 }
+
+// A first message that consumed a one-time key cannot be replayed after a
+// reset either: the key is gone.
+func TestMaliciousServerReplaysOneTimeKeyFirstMessage(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		otp  bool
+	}{{"one-time KEM prekey", false}, {"both one-time prekeys", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			alice, bob := newTestDev(t, "alice", "a"), newTestDev(t, "bob", "b")
+			start(t, alice, bob, c.otp, true)
+			typ, first := mustEncrypt(t, alice, bob, "first")
+			mustDecrypt(t, bob, alice, typ, first, "first")
+			if err := bob.Reset(alice.Address()); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := bob.Decrypt(alice.Address(), typ, first); !errors.Is(err, ErrInvalidPreKey) {
+				t.Fatalf("replay after a reset: %v, want ErrInvalidPreKey", err)
+			}
+		})
+	}
+}
