@@ -220,3 +220,17 @@ func TestMaliciousServerReplaysOneTimeKeyFirstMessage(t *testing.T) {
 		})
 	}
 }
+
+// The server relabels a captured first message as another sender's: the
+// base key is remembered whatever the claimed sender.
+func TestMaliciousServerReplaysFirstMessageAsAnotherSender(t *testing.T) {
+	alice, bob := newTestDev(t, "alice", "a"), newTestDev(t, "bob", "b")
+	if err := alice.ProcessBundle(lastResortBundle(bob)); err != nil {
+		t.Fatal(err)
+	}
+	typ, first := mustEncrypt(t, alice, bob, "first")
+	mustDecrypt(t, bob, alice, typ, first, "first")
+	if _, err := bob.Decrypt(Address{User: "carol", Device: "c"}, typ, first); !errors.Is(err, ErrReusedBaseKey) {
+		t.Fatalf("first message relabelled as carol's: %v, want ErrReusedBaseKey", err)
+	}
+}
