@@ -80,6 +80,10 @@ type KeyBundle struct {
 	PreKey         *PreKey `json:"prekey,omitempty"`
 	KEMPreKey      *PreKey `json:"kem_prekey,omitempty"`
 	KEMLastResort  bool    `json:"kem_last_resort,omitempty"`
+	// Limited: the server withheld the one-time prekeys because the
+	// requester or the device is past its hand-out bound (prekey is
+	// absent, kem_prekey is the last-resort key); the session still starts.
+	Limited bool `json:"limited,omitempty"`
 }
 
 // DeviceKeyInfo is one device in a devices answer.

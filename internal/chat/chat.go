@@ -67,6 +67,15 @@ type Config struct {
 	// written to the store (RunPositions); a crash loses at most this much
 	// of them (never a message).
 	PositionFlush time.Duration `yaml:"position_flush" help:"how often delivered positions are written to the store (a crash loses at most this much of them)"`
+	// One-time prekeys handed out per PrekeyPeriod, in bursts of up to
+	// the bound: PrekeysPerRequester to one user (whichever devices they
+	// fetch), PrekeysPerDevice from one device (whoever fetches). Past
+	// either, keys_bundle answers the device's bundle without one-time
+	// keys (signed prekey and last-resort KEM key, limited: true), so a
+	// stranger, or many, cannot drain a device's one-time keys.
+	PrekeysPerRequester int           `yaml:"prekeys_per_requester" help:"one-time prekeys handed out to one user per prekey_period"`
+	PrekeysPerDevice    int           `yaml:"prekeys_per_device" help:"one-time prekeys handed out from one device per prekey_period"`
+	PrekeyPeriod        time.Duration `yaml:"prekey_period" help:"the period of prekeys_per_requester and prekeys_per_device"`
 }
 
 // DefaultConfig returns the defaults: a sync sends whole ranges up to 200
@@ -86,6 +95,14 @@ func DefaultConfig() Config {
 		EveryoneInterval:   time.Minute,
 		TypingInterval:     2 * time.Second,
 		PositionFlush:      5 * time.Second,
+		// A device keeps up to 1,000 one-time keys of each kind and
+		// uploads more below 10: 20 an hour per device is far more than
+		// new sessions need and what its uploads easily replace; 100 an
+		// hour per user covers a new member's first message to a large
+		// group's devices mostly with one-time keys.
+		PrekeysPerRequester: 100,
+		PrekeysPerDevice:    20,
+		PrekeyPeriod:        time.Hour,
 	}
 }
 
@@ -104,6 +121,9 @@ func (c Config) Validate() error {
 	p.Check(c.EveryoneInterval >= 0, "everyone_interval", "must not be negative, got %v", c.EveryoneInterval)
 	p.Check(c.TypingInterval >= 0, "typing_interval", "must not be negative, got %v", c.TypingInterval)
 	p.Check(c.PositionFlush > 0, "position_flush", "must be positive, got %v", c.PositionFlush)
+	p.Check(c.PrekeysPerRequester > 0, "prekeys_per_requester", "must be positive, got %d", c.PrekeysPerRequester)
+	p.Check(c.PrekeysPerDevice > 0, "prekeys_per_device", "must be positive, got %d", c.PrekeysPerDevice)
+	p.Check(c.PrekeyPeriod > 0, "prekey_period", "must be positive, got %v", c.PrekeyPeriod)
 	return p.Err("chat")
 }
 
@@ -152,10 +172,14 @@ type Service struct {
 }
 
 // Limiter allows one event per key per interval (@everyone per group,
-// typing per user and conversation). The default is in-process; cluster
-// mode shares one in Redis so the limit holds across chat processes.
+// typing per user and conversation), and n events per period in bursts of
+// up to n (one-time prekeys per requester and per target device). The
+// default is in-process; cluster mode shares one in Redis so the limit
+// holds across chat processes.
 type Limiter interface {
 	Allow(ctx context.Context, key string, every time.Duration) (ok bool, retryAfter time.Duration, err error)
+	// Take takes one of key's n tokens, refilled at n per period.
+	Take(ctx context.Context, key string, n int, per time.Duration) (ok bool, retryAfter time.Duration, err error)
 }
 
 // Deps are the engines the service runs on.

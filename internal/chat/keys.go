@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
@@ -162,15 +163,27 @@ func (s *Service) keysBundle(ctx context.Context, c Caller, user, device string)
 	if perr := s.mayFetchKeys(ctx, c, user); perr != nil {
 		return nil, perr
 	}
+	var devs []store.DeviceKeys // read once, when needed
+	keyDevices := func() ([]store.DeviceKeys, *protocol.Error) {
+		if devs != nil {
+			return devs, nil
+		}
+		d, err := s.store.KeyDevices(ctx, user)
+		if err != nil {
+			return nil, s.storeErr("key devices", err)
+		}
+		devs = d
+		return devs, nil
+	}
 	var devices []string
 	if device != "" {
 		devices = []string{device}
 	} else {
-		devs, err := s.store.KeyDevices(ctx, user)
-		if err != nil {
-			return nil, s.storeErr("key devices", err)
+		all, perr := keyDevices()
+		if perr != nil {
+			return nil, perr
 		}
-		for _, d := range devs {
+		for _, d := range all {
 			if user != c.User || d.DeviceID != c.Device {
 				devices = append(devices, d.DeviceID)
 			}
@@ -178,6 +191,28 @@ func (s *Service) keysBundle(ctx context.Context, c Caller, user, device string)
 	}
 	out := make([]protocol.KeyBundle, 0, len(devices))
 	for _, d := range devices {
+		ok, perr := s.mayTakePrekeys(ctx, c, user, d)
+		if perr != nil {
+			return nil, perr
+		}
+		if !ok {
+			all, perr := keyDevices()
+			if perr != nil {
+				return nil, perr
+			}
+			i := slices.IndexFunc(all, func(k store.DeviceKeys) bool { return k.DeviceID == d })
+			if i < 0 {
+				if device != "" {
+					return nil, protocol.Errorf(protocol.CodeNotFound, "%s/%s has no keys", user, d)
+				}
+				continue // removed meanwhile
+			}
+			k := all[i]
+			out = append(out, protocol.KeyBundle{UserID: user, DeviceID: d, RegistrationID: k.RegistrationID,
+				IdentityKey: k.IdentityKey, SignedPreKey: *fromStore(&k.SignedPreKey),
+				KEMPreKey: fromStore(&k.LastResortKEM), KEMLastResort: true, Limited: true})
+			continue
+		}
 		kb, err := s.store.TakeBundle(ctx, user, d)
 		if errors.Is(err, store.ErrNotFound) {
 			if device != "" {
@@ -197,6 +232,22 @@ func (s *Service) keysBundle(ctx context.Context, c Caller, user, device string)
 		}
 	}
 	return &protocol.Frame{Type: protocol.TypeBundles, UserID: user, Bundles: out}, nil
+}
+
+// mayTakePrekeys reports whether c may take one-time prekeys of
+// user/device now: within both the requester's bound and the device's
+// (Config.PrekeysPerRequester, PrekeysPerDevice). The requester's is
+// checked first, so a requester past its own bound spends none of the
+// device's, which its other peers share.
+func (s *Service) mayTakePrekeys(ctx context.Context, c Caller, user, device string) (bool, *protocol.Error) {
+	ok, _, err := s.limits.Take(ctx, "prekeys:from:"+c.User, s.cfg.PrekeysPerRequester, s.cfg.PrekeyPeriod)
+	if err == nil && ok {
+		ok, _, err = s.limits.Take(ctx, "prekeys:of:"+user+":"+device, s.cfg.PrekeysPerDevice, s.cfg.PrekeyPeriod)
+	}
+	if err != nil {
+		return false, &protocol.Error{Code: protocol.CodeOverloaded, Msg: "rate limiter unavailable", RetryAfter: 1000}
+	}
+	return ok, nil
 }
 
 // announceKeys tells a user's contacts that the user's device list or a

@@ -45,3 +45,41 @@ func TestLimiterExpires(t *testing.T) {
 		t.Fatalf("limiter held up to %d keys at 1,000 keys/s and a %v interval; want ≤ %d", peak, every, limit)
 	}
 }
+
+// TestLimiterTake checks the in-process token buckets: a burst of n, then
+// a token every period/n, a bucket per key, and forgetting idle buckets.
+func TestLimiterTake(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	l := newLimiter(func() time.Time { return now })
+	for i := range 3 {
+		if ok, _ := l.take("a", 3, time.Hour, now); !ok {
+			t.Fatalf("take %d of a burst of 3 refused", i)
+		}
+	}
+	if ok, wait := l.take("a", 3, time.Hour, now); ok || wait != 20*time.Minute {
+		t.Fatalf("fourth take = %v, wait %v; want refused, 20m", ok, wait)
+	}
+	if ok, _ := l.take("b", 3, time.Hour, now); !ok {
+		t.Fatal("another key's first take refused")
+	}
+	if ok, _ := l.take("a", 3, time.Hour, now.Add(19*time.Minute)); ok {
+		t.Fatal("take before a token refilled allowed")
+	}
+	if ok, _ := l.take("a", 3, time.Hour, now.Add(20*time.Minute)); !ok {
+		t.Fatal("take after a token refilled refused")
+	}
+	// A bucket idle for two windows is forgotten and full again.
+	later := now.Add(3 * time.Hour)
+	l.take("c", 3, time.Hour, later)
+	if n := l.size(); n != 1 {
+		t.Fatalf("limiter holds %d keys after two idle windows; want 1", n)
+	}
+	for i := range 3 {
+		if ok, _ := l.take("a", 3, time.Hour, later); !ok {
+			t.Fatalf("take %d of a refilled bucket refused", i)
+		}
+	}
+	if ok, _ := l.take("a", 0, time.Hour, later); ok {
+		t.Fatal("take with n 0 allowed")
+	}
+}

@@ -36,7 +36,7 @@ defs={
  "KeyUpload":obj({"registration_id":{"type":"integer","minimum":0},"identity_key":{"$ref":"#/$defs/Bytes"},"signed_prekey":{"$ref":"#/$defs/PreKey"},
    "last_resort_kem":{"$ref":"#/$defs/PreKey"},"prekeys":arr({"$ref":"#/$defs/PreKey"}),"kem_prekeys":arr({"$ref":"#/$defs/PreKey"})},[]),
  "KeyBundle":obj({"user_id":ID,"device_id":ID,"registration_id":{"type":"integer","minimum":0},"identity_key":{"$ref":"#/$defs/Bytes"},
-   "signed_prekey":{"$ref":"#/$defs/PreKey"},"prekey":{"$ref":"#/$defs/PreKey"},"kem_prekey":{"$ref":"#/$defs/PreKey"},"kem_last_resort":BOOL},
+   "signed_prekey":{"$ref":"#/$defs/PreKey"},"prekey":{"$ref":"#/$defs/PreKey"},"kem_prekey":{"$ref":"#/$defs/PreKey"},"kem_last_resort":BOOL,"limited":BOOL},
    ["user_id","device_id","registration_id","identity_key","signed_prekey"]),
  "DeviceKeyInfo":obj({"device_id":ID,"registration_id":{"type":"integer","minimum":0},"identity_key":{"$ref":"#/$defs/Bytes"},"updated_at":MS},
    ["device_id","registration_id","identity_key","updated_at"]),

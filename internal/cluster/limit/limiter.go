@@ -38,6 +38,15 @@ func (l *Limiter) Allow(ctx context.Context, key string, every time.Duration) (b
 	return l.take(ctx, key, float64(time.Second)/float64(every), 1)
 }
 
+// Take takes one of key's n tokens, refilled at n per period (a bucket of
+// burst n refilled once per period/n).
+func (l *Limiter) Take(ctx context.Context, key string, n int, per time.Duration) (bool, time.Duration, error) {
+	if per <= 0 {
+		return false, 0, fmt.Errorf("limit: period %v must be positive", per)
+	}
+	return l.take(ctx, key, float64(n)*float64(time.Second)/float64(per), n)
+}
+
 // bucketScript: KEYS[1] bucket; ARGV rate (tokens/s), burst. Time is in
 // microseconds; unix µs (~1.8e15) is exact in a Lua double. It returns
 // {allowed 0|1, µs until a token is available}.

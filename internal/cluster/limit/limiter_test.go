@@ -141,4 +141,21 @@ func TestLimiter(t *testing.T) {
 			t.Fatalf("Allow with no interval: ok=%v err=%v, want allowed", ok, err)
 		}
 	})
+	t.Run("TakeNPerPeriod", func(t *testing.T) {
+		for i := range 3 {
+			if ok, _, err := l.Take(ctx, "n", 3, time.Hour); err != nil || !ok {
+				t.Fatalf("Take %d of a burst of 3: ok=%v err=%v, want allowed", i, ok, err)
+			}
+		}
+		ok, after, err := l.Take(ctx, "n", 3, time.Hour)
+		if err != nil || ok || after <= 19*time.Minute || after > 20*time.Minute {
+			t.Fatalf("fourth Take: ok=%v retryAfter=%s err=%v, want denied for ≤20m (a token per period/n)", ok, after, err)
+		}
+		if _, _, err := l.Take(ctx, "n0", 0, time.Hour); err == nil {
+			t.Fatal("Take with n 0 did not fail")
+		}
+		if _, _, err := l.Take(ctx, "p0", 3, 0); err == nil {
+			t.Fatal("Take with no period did not fail")
+		}
+	})
 }
