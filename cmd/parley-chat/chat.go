@@ -76,7 +76,8 @@ func chatHelp() string {
 	for _, c := range chatCommands {
 		fmt.Fprintf(&b, "  %-32s %s\n", strings.TrimSpace(c.name+" "+c.args), c.help)
 	}
-	b.WriteString(`anything else is sent to the current conversation; in a group, @USER mentions
+	b.WriteString(`anything else is sent to the current conversation (on a terminal the prompt
+names it and says whether it is encrypted: "conv 5 e2e>", "conv 4 plain>"); in a group, @USER mentions
 USER and @everyone (or @all) everyone. Incoming lines are "[CONV SEQ] sender: text".
 `)
 	return b.String()
@@ -131,6 +132,7 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	s := &chatSession{c: c, out: stdout, url: *url, printed: make(map[[2]uint64]bool), kinds: make(map[uint64]string),
 		e2e: &e2eState{dir: *keys, server: server, device: *device, convs: map[uint64]e2eConv{}, ctx: ctx}}
 	s.conn.changed = make(chan struct{})
+	s.prompt = isTerminal(stdin)
 	s.printf("* connecting to %s as device %s ...", *url, *device)
 
 	runErr := make(chan error, 1)
@@ -161,9 +163,37 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	return nil
 }
 
+// isTerminal reports whether r is a terminal (not a pipe or a file).
+func isTerminal(r io.Reader) bool {
+	f, ok := r.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// promptText says which conversation a line typed now goes to and
+// whether it is encrypted: "conv 5 e2e> ", "conv 4 plain> ".
+func (s *chatSession) promptText() string {
+	if s.current == 0 {
+		return "no conversation> "
+	}
+	if _, ok := s.e2eConv(s.current); ok {
+		return fmt.Sprintf("conv %d e2e> ", s.current)
+	}
+	return fmt.Sprintf("conv %d plain> ", s.current)
+}
+
 // chatLoop runs input lines until /quit, end of input, ctx, or Run ending.
 func chatLoop(ctx context.Context, s *chatSession, lines <-chan string, runErr chan error) {
 	for {
+		if s.prompt {
+			p := s.promptText() // before s.mu: messenger holds e2e.mu, then takes s.mu
+			s.mu.Lock()
+			fmt.Fprint(s.out, p)
+			s.mu.Unlock()
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -205,6 +235,7 @@ type chatSession struct {
 	url     string
 	current uint64
 	e2e     *e2eState
+	prompt  bool // input is a terminal: a prompt names the current conversation
 
 	// conn is the connection state, set by the event printer.
 	conn struct {
@@ -485,7 +516,7 @@ func (s *chatSession) command(ctx context.Context, line string) bool {
 // runs it with a deadline, cancelled if the connection is lost meanwhile.
 func (s *chatSession) run(ctx context.Context, cmd chatCmd, args []string) {
 	if cmd.needConv && s.current == 0 {
-		s.printf("! no current conversation: use /dm USER, /group NAME USER... or /use CONV")
+		s.printf("! no current conversation: use /dm USER, /sdm USER, /group NAME USER... or /use CONV")
 		return
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, chatCommandTimeout, errors.New("no answer from the server"))
@@ -562,7 +593,7 @@ func (s *chatSession) chatDM(ctx context.Context, args []string) error {
 	}
 	s.setKind(info.ConvID, info.Kind)
 	s.current = info.ConvID
-	s.printf("* conv %d: direct with %s", info.ConvID, args[0])
+	s.printf("* conv %d: direct with %s (not encrypted)", info.ConvID, args[0])
 	return nil
 }
 
@@ -573,7 +604,7 @@ func (s *chatSession) chatGroup(ctx context.Context, args []string) error {
 	}
 	s.setKind(info.ConvID, info.Kind)
 	s.current = info.ConvID
-	s.printf("* conv %d: group %s with %s", info.ConvID, args[0], strings.Join(info.Members, ", "))
+	s.printf("* conv %d: group %s with %s (not encrypted)", info.ConvID, args[0], strings.Join(info.Members, ", "))
 	return nil
 }
 
@@ -594,10 +625,16 @@ func (s *chatSession) chatUse(ctx context.Context, args []string) error {
 	}
 	cv := list[i]
 	s.setKind(id, cv.Kind)
+	if cv.E2E {
+		s.setE2EConv(id, e2eConv{group: cv.Kind == protocol.ConvGroup})
+	}
 	s.current = id
 	note := ""
+	if !cv.E2E {
+		note = " (not encrypted)"
+	}
 	if cv.LeaveSeq != 0 {
-		note = fmt.Sprintf(" (you are no longer a member: history up to %d only)", cv.LeaveSeq)
+		note += fmt.Sprintf(" (you are no longer a member: history up to %d only)", cv.LeaveSeq)
 	}
 	s.printf("* conv %d: %s%s", id, convTitle(cv), note)
 	return nil

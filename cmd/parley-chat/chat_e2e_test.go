@@ -444,3 +444,53 @@ func published(dir string) bool {
 	})
 	return found
 }
+
+// TestChatPrompt: the prompt names the conversation a line goes to and
+// whether it is encrypted; /dm, /use and /sdm say it too.
+func TestChatPrompt(t *testing.T) {
+	s := &chatSession{e2e: &e2eState{convs: map[uint64]e2eConv{7: {}}}}
+	for _, tc := range []struct {
+		current uint64
+		want    string
+	}{
+		{0, "no conversation> "},
+		{4, "conv 4 plain> "},
+		{7, "conv 7 e2e> "},
+	} {
+		s.current = tc.current
+		if got := s.promptText(); got != tc.want {
+			t.Errorf("current %d: prompt %q, want %q", tc.current, got, tc.want)
+		}
+	}
+	if isTerminal(strings.NewReader("")) {
+		t.Error("a reader is taken for a terminal")
+	}
+
+	srv := servertest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	erin := startE2EPeer(t, ctx, srv, "erin")
+	write, out, done := runE2ECLI(t, ctx, srv, "alice", t.TempDir())
+	waitOutput(t, out, "connected")
+	write("/dm erin")
+	waitOutput(t, out, "direct with erin (not encrypted)")
+	write("/sdm erin")
+	waitOutput(t, out, "end-to-end encrypted direct with erin")
+	dm, err := erin.c.OpenDirect(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("/use " + strconv.FormatUint(dm.ConvID, 10))
+	for strings.Count(out.String(), "direct with erin (not encrypted)") < 2 { // /dm's, then /use's
+		if ctx.Err() != nil {
+			t.Fatalf("/use does not say the conversation is not encrypted:\n%s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	write("/list")
+	waitOutput(t, out, "direct with erin  [e2e]")
+	write("/quit")
+	if err := <-done; err != nil {
+		t.Fatalf("chat ended with %v\n%s", err, out.String())
+	}
+}
