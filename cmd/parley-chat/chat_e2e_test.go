@@ -494,3 +494,56 @@ func TestChatPrompt(t *testing.T) {
 		t.Fatalf("chat ended with %v\n%s", err, out.String())
 	}
 }
+
+// TestChatCLIE2EServerForgotDevice: a server that no longer knows the
+// device's keys (its data was reset) gets no silent new identity: the CLI
+// says so, /sdm fails and the plain DM that was current is left.
+func TestChatCLIE2EServerForgotDevice(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	keys := t.TempDir()
+	erin := startE2EPeer(t, ctx, srv, "erin")
+	write, out, done := runE2ECLI(t, ctx, srv, "alice", keys)
+	waitOutput(t, out, "connected")
+	for !published(keys) {
+		if ctx.Err() != nil {
+			t.Fatal("keys never published")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	write("/quit")
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// The server forgets the device, as a reset of its data would.
+	forget, err := client.New(client.Config{URL: srv.URL, Token: srv.Token("alice"), Device: "cli"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = forget.Run(ctx) }()
+	if err := forget.RemoveKeys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = forget.Close()
+
+	write, out, done = runE2ECLI(t, ctx, srv, "alice", keys)
+	waitOutput(t, out, "does not know the keys of device cli")
+	write("/dm erin")
+	waitOutput(t, out, "direct with erin (not encrypted)")
+	write("/sdm erin")
+	waitOutput(t, out, "no current conversation (conv")
+	write("meant to be encrypted")
+	waitOutput(t, out, "! no current conversation")
+	write("/quit")
+	if err := <-done; err != nil {
+		t.Fatalf("chat ended with %v\n%s", err, out.String())
+	}
+	dm, err := erin.c.OpenDirect(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plainFrom(t, ctx, erin.c, dm.ConvID, "alice", "meant to be encrypted") {
+		t.Fatalf("the line went out in the plain DM\n%s", out.String())
+	}
+}
