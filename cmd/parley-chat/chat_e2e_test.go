@@ -361,9 +361,29 @@ func TestChatCLIE2EFailedSDMClearsCurrent(t *testing.T) {
 }
 
 // TestChatCLIE2EGroupRemovalRotates: when the owner removes a member from
-// an E2E group, the CLI member's next message is under a new sender key
-// the removed member does not have.
+// an E2E group, or a member leaves, the CLI member's next message is under
+// a new sender key the former member does not have.
 func TestChatCLIE2EGroupRemovalRotates(t *testing.T) {
+	for _, tc := range []struct {
+		name, shown string
+		leave       func(ctx context.Context, alice, carol *e2ePeer, conv uint64) error
+	}{
+		{"removed", "alice removed carol", func(ctx context.Context, alice, _ *e2ePeer, conv uint64) error {
+			_, err := alice.c.RemoveMembers(ctx, conv, []string{"carol"})
+			return err
+		}},
+		{"left", "carol left", func(ctx context.Context, _, carol *e2ePeer, conv uint64) error {
+			_, err := carol.c.Leave(ctx, conv)
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testGroupRotates(t, tc.shown, tc.leave)
+		})
+	}
+}
+
+func testGroupRotates(t *testing.T, shown string, leave func(ctx context.Context, alice, carol *e2ePeer, conv uint64) error) {
 	srv := servertest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -408,10 +428,10 @@ func TestChatCLIE2EGroupRemovalRotates(t *testing.T) {
 	if !read {
 		t.Fatal("carol could not read bob's message while a member")
 	}
-	if _, err := alice.c.RemoveMembers(ctx, g.ConvID, []string{"carol"}); err != nil {
+	if err := leave(ctx, alice, carol, g.ConvID); err != nil {
 		t.Fatal(err)
 	}
-	waitOutput(t, out, "alice removed carol")
+	waitOutput(t, out, shown)
 	write("after the removal")
 	waitOutput(t, out, "bob: after the removal")
 	write("/quit")
@@ -431,7 +451,7 @@ func TestChatCLIE2EGroupRemovalRotates(t *testing.T) {
 		t.Fatalf("alice cannot read bob's message after the removal\n%s", out.String())
 	}
 	if o, err := carol.m.Open(*after); err == nil {
-		t.Fatalf("removed carol read %q: the sender key was not rotated", o.Text)
+		t.Fatalf("former member carol read %q: the sender key was not rotated", o.Text)
 	}
 }
 
