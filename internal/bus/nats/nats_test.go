@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	natsio "github.com/nats-io/nats.go"
 
 	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/bus/bustest"
+	"github.com/parley-im/parley/internal/enginetest"
 )
 
 var ctx = context.Background()
@@ -186,33 +186,6 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-// embedded starts a real NATS server with JetStream in this process, on
-// port (0 for a free one) with its store in dir.
-func embedded(t *testing.T, port int, dir string) *server.Server {
-	t.Helper()
-	if port == 0 {
-		port = -1
-	}
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("embedded NATS server not ready within 10s")
-	}
-	t.Cleanup(s.Shutdown)
-	return s
-}
-
-func restart(t *testing.T, s *server.Server, dir string) *server.Server {
-	t.Helper()
-	port := s.Addr().(*net.TCPAddr).Port
-	s.Shutdown()
-	s.WaitForShutdown()
-	return embedded(t, port, dir)
-}
-
 func eventually(t *testing.T, what string, f func() bool) {
 	t.Helper()
 	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
@@ -227,7 +200,7 @@ func eventually(t *testing.T, what string, f func() bool) {
 // own, which the shared one must not be.
 func TestBusSurvivesServerRestart(t *testing.T) {
 	dir := t.TempDir()
-	srv := embedded(t, 0, dir)
+	srv := enginetest.NATS(t, 0, dir)
 	url := srv.ClientURL()
 	pubConn, subConn := connect(t, url), connect(t, url)
 	cfg := Config{Subject: "parley.node", AckTimeout: time.Second}
@@ -251,7 +224,7 @@ func TestBusSurvivesServerRestart(t *testing.T) {
 		t.Fatalf("Publish during the outage = %v, want ErrDisconnected at once", err)
 	}
 
-	embedded(t, port, dir)
+	enginetest.NATS(t, port, dir)
 	// Both clients reconnect and the subscription is restored without any
 	// call from the gateway.
 	eventually(t, "Publish succeeds after the restart", func() bool {
@@ -313,7 +286,7 @@ func (l *lockedBuffer) String() string {
 // TestCloseIsNotADisconnectWarning: closing the connection (a clean
 // shutdown) logs at DEBUG, while losing the server still warns.
 func TestCloseIsNotADisconnectWarning(t *testing.T) {
-	srv := embedded(t, 0, t.TempDir())
+	srv := enginetest.NATS(t, 0, t.TempDir())
 	dial := func(out *lockedBuffer) *natsio.Conn {
 		log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		nc, err := Connect(ctx, ConnConfig{URL: srv.ClientURL(), Logger: log, ReconnectWait: 50 * time.Millisecond})

@@ -2,61 +2,19 @@ package limit
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/parley-im/parley/internal/enginetest"
 )
 
 var ctx = context.Background()
 
-// testClient connects to the Redis at $PARLEY_TEST_REDIS (see
-// scripts/engines/up.sh). Without it the test skips, except in CI, where a
-// missing engine is a failure.
-func testClient(t testing.TB) *goredis.Client {
-	t.Helper()
-	addr := os.Getenv("PARLEY_TEST_REDIS")
-	if addr == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI requires Redis: PARLEY_TEST_REDIS is unset (scripts/engines/up.sh start)")
-		}
-		t.Skip("PARLEY_TEST_REDIS is unset; run scripts/engines/up.sh start")
-	}
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	t.Cleanup(func() { c.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := c.Ping(ctx).Err(); err != nil {
-		t.Fatalf("Redis at %s: %v", addr, err)
-	}
-	return c
-}
-
-// testPrefix returns a key prefix of the test's own and deletes its keys
-// when the test ends, so tests share one Redis without seeing each other.
-func testPrefix(t testing.TB, c *goredis.Client) string {
-	t.Helper()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	prefix := "parleytest:" + hex.EncodeToString(b[:]) + ":"
-	t.Cleanup(func() {
-		ctx := context.Background()
-		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			c.Del(ctx, iter.Val())
-		}
-	})
-	return prefix
-}
-
 func TestLimiter(t *testing.T) {
-	c := testClient(t)
-	l := New(c, testPrefix(t, c))
+	c := enginetest.Redis(t)
+	l := New(c, enginetest.RedisPrefix(t, c))
 	t.Run("BurstThenDeny", func(t *testing.T) {
 		for i := range 3 {
 			if ok, _, err := l.take(ctx, "a", 1, 3); err != nil || !ok {

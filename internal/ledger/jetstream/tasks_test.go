@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	natsio "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	pnats "github.com/parley-im/parley/internal/bus/nats"
+	"github.com/parley-im/parley/internal/enginetest"
 )
 
 var ctx = context.Background()
@@ -52,33 +52,6 @@ func unique() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return "t" + hex.EncodeToString(b[:])
-}
-
-// embedded starts a real NATS server with JetStream in this process, on
-// port (0 for a free one) with its store in dir.
-func embedded(t *testing.T, port int, dir string) *server.Server {
-	t.Helper()
-	if port == 0 {
-		port = -1
-	}
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("embedded NATS server not ready within 10s")
-	}
-	t.Cleanup(s.Shutdown)
-	return s
-}
-
-func restart(t *testing.T, s *server.Server, dir string) *server.Server {
-	t.Helper()
-	port := s.Addr().(*net.TCPAddr).Port
-	s.Shutdown()
-	s.WaitForShutdown()
-	return embedded(t, port, dir)
 }
 
 func eventually(t *testing.T, what string, f func() bool) {
@@ -307,7 +280,7 @@ func TestTasksRedeliveredAfterConsumerCrash(t *testing.T) {
 
 func TestTasksSurviveServerRestart(t *testing.T) {
 	dir := t.TempDir()
-	srv := embedded(t, 0, dir)
+	srv := enginetest.NATS(t, 0, dir)
 	nc := connect(t, srv.ClientURL())
 	q := testTasks(t, nc, queueConfig{Stream: "PARLEY_TASKS"})
 	if err := q.enqueue(ctx, "comp", []byte("before")); err != nil {
@@ -320,14 +293,14 @@ func TestTasksSurviveServerRestart(t *testing.T) {
 	if err := q.enqueue(ctx, "comp", []byte("lost")); !errors.Is(err, pnats.ErrDisconnected) {
 		t.Fatalf("Enqueue during the outage = %v, want pnats.ErrDisconnected", err)
 	}
-	srv = embedded(t, port, dir)
+	srv = enginetest.NATS(t, port, dir)
 	got := make(chan string, 4)
 	consume(t, q, "comp", func(_ context.Context, p []byte) error { got <- string(p); return nil })
 	if p := recvPayload(t, got, 10*time.Second); p != "before" {
 		t.Fatalf("got %q, want the task stored before the restart", p)
 	}
 	// Restart again under the running consumer.
-	srv = restart(t, srv, dir)
+	srv = enginetest.RestartNATS(t, srv, dir)
 	eventually(t, "Enqueue after the restart", func() bool {
 		return q.enqueue(ctx, "comp", []byte("after")) == nil
 	})

@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"os"
@@ -12,48 +11,10 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/parley-im/parley/internal/enginetest"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/registry/registrytest"
 )
-
-// testClient connects to the Redis at $PARLEY_TEST_REDIS (see
-// scripts/engines/redis.sh). Without it the test skips, except in CI, where a
-// missing engine is a failure.
-func testClient(t testing.TB) *goredis.Client {
-	t.Helper()
-	addr := os.Getenv("PARLEY_TEST_REDIS")
-	if addr == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI requires Redis: PARLEY_TEST_REDIS is unset (scripts/engines/redis.sh start)")
-		}
-		t.Skip("PARLEY_TEST_REDIS is unset; run scripts/engines/redis.sh start")
-	}
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	t.Cleanup(func() { c.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := c.Ping(ctx).Err(); err != nil {
-		t.Fatalf("Redis at %s: %v", addr, err)
-	}
-	return c
-}
-
-// testPrefix returns a key prefix of the test's own and deletes its keys
-// when the test ends, so tests share one Redis without seeing each other.
-func testPrefix(t testing.TB, c *goredis.Client) string {
-	t.Helper()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	prefix := "parleytest:" + hex.EncodeToString(b[:]) + ":"
-	t.Cleanup(func() {
-		ctx := context.Background()
-		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			c.Del(ctx, iter.Val())
-		}
-	})
-	return prefix
-}
 
 func newRegistry(t testing.TB, c *goredis.Client, cfg Config) *Registry {
 	t.Helper()
@@ -65,9 +26,9 @@ func newRegistry(t testing.TB, c *goredis.Client, cfg Config) *Registry {
 }
 
 func TestConformance(t *testing.T) {
-	c := testClient(t)
+	c := enginetest.Redis(t)
 	registrytest.Run(t, func(t *testing.T) registry.Registry {
-		return newRegistry(t, c, Config{Prefix: testPrefix(t, c)})
+		return newRegistry(t, c, Config{Prefix: enginetest.RedisPrefix(t, c)})
 	})
 }
 
@@ -125,8 +86,8 @@ func shortTTL(prefix string) Config {
 }
 
 func TestEntriesOfDeadNodeExpire(t *testing.T) {
-	c := testClient(t)
-	prefix := testPrefix(t, c)
+	c := enginetest.Redis(t)
+	prefix := enginetest.RedisPrefix(t, c)
 	r := newRegistry(t, c, shortTTL(prefix))
 	mustRegister(t, r, entry("alice", "phone", "n1", "s1"))
 	if got := sessions(t, r, "alice"); len(got) != 1 {
@@ -149,8 +110,8 @@ func TestEntriesOfDeadNodeExpire(t *testing.T) {
 // entries it found dead (once: it deletes them), not those with live
 // entries only.
 func TestLookupDeadNamesDeadNodesUsers(t *testing.T) {
-	c := testClient(t)
-	prefix := testPrefix(t, c)
+	c := enginetest.Redis(t)
+	prefix := enginetest.RedisPrefix(t, c)
 	r := newRegistry(t, c, shortTTL(prefix))
 	mustRegister(t, r, entry("alice", "phone", "n1", "s1"))
 	time.Sleep(500 * time.Millisecond) // n1 never refreshes: it died
@@ -170,8 +131,8 @@ func TestLookupDeadNamesDeadNodesUsers(t *testing.T) {
 // TestDropNodeUsersNamesThem: DropNodeUsers returns each user whose
 // entries of the node it deleted, once, and keeps other nodes' entries.
 func TestDropNodeUsersNamesThem(t *testing.T) {
-	c := testClient(t)
-	r := newRegistry(t, c, Config{Prefix: testPrefix(t, c)})
+	c := enginetest.Redis(t)
+	r := newRegistry(t, c, Config{Prefix: enginetest.RedisPrefix(t, c)})
 	mustRegister(t, r, entry("alice", "phone", "n1", "s1"))
 	mustRegister(t, r, entry("alice", "laptop", "n1", "s2"))
 	mustRegister(t, r, entry("bob", "phone", "n1", "s3"))
@@ -193,9 +154,9 @@ func TestDropNodeUsersNamesThem(t *testing.T) {
 }
 
 func TestRefreshKeepsEntries(t *testing.T) {
-	c := testClient(t)
+	c := enginetest.Redis(t)
 	// TTL leaves room for a refresh delayed by a loaded machine.
-	r := newRegistry(t, c, Config{Prefix: testPrefix(t, c), TTL: 600 * time.Millisecond, LeaseCache: -1})
+	r := newRegistry(t, c, Config{Prefix: enginetest.RedisPrefix(t, c), TTL: 600 * time.Millisecond, LeaseCache: -1})
 	mustRegister(t, r, entry("alice", "phone", "n1", "s1"))
 	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		if err := r.Refresh(ctx, "n1"); err != nil {
@@ -208,8 +169,8 @@ func TestRefreshKeepsEntries(t *testing.T) {
 }
 
 func TestRefreshReportsLostLease(t *testing.T) {
-	c := testClient(t)
-	r := newRegistry(t, c, shortTTL(testPrefix(t, c)))
+	c := enginetest.Redis(t)
+	r := newRegistry(t, c, shortTTL(enginetest.RedisPrefix(t, c)))
 	if err := r.Refresh(ctx, "n1"); err != nil {
 		t.Fatalf("first Refresh takes a lease: %v", err)
 	}
@@ -233,8 +194,8 @@ func TestRefreshReportsLostLease(t *testing.T) {
 
 // A lapse must be reported even when a Register took a new lease first.
 func TestLeaseLostNoticedAfterRegister(t *testing.T) {
-	c := testClient(t)
-	r := newRegistry(t, c, shortTTL(testPrefix(t, c)))
+	c := enginetest.Redis(t)
+	r := newRegistry(t, c, shortTTL(enginetest.RedisPrefix(t, c)))
 	mustRegister(t, r, entry("alice", "phone", "n1", "s1"))
 	time.Sleep(500 * time.Millisecond)
 	mustRegister(t, r, entry("bob", "phone", "n1", "s2")) // first call after the partition
@@ -252,8 +213,8 @@ func TestLeaseLostNoticedAfterRegister(t *testing.T) {
 // A node that dies and comes back under the same name must not revive the
 // entries of its previous process, with or without DropNode.
 func TestRestartedNodeDoesNotRevive(t *testing.T) {
-	c := testClient(t)
-	prefix := testPrefix(t, c)
+	c := enginetest.Redis(t)
+	prefix := enginetest.RedisPrefix(t, c)
 	t.Run("LeaseLapsed", func(t *testing.T) {
 		old := newRegistry(t, c, shortTTL(prefix))
 		mustRegister(t, old, entry("alice", "phone", "n1", "n1-1"))
@@ -287,8 +248,8 @@ func TestRestartedNodeDoesNotRevive(t *testing.T) {
 }
 
 func TestReplacedEntryOfDeadNodeIsNotReturned(t *testing.T) {
-	c := testClient(t)
-	prefix := testPrefix(t, c)
+	c := enginetest.Redis(t)
+	prefix := enginetest.RedisPrefix(t, c)
 	dead := newRegistry(t, c, shortTTL(prefix))
 	mustRegister(t, dead, entry("alice", "phone", "n1", "s1"))
 	time.Sleep(500 * time.Millisecond)
@@ -308,8 +269,8 @@ func TestReplacedEntryOfDeadNodeIsNotReturned(t *testing.T) {
 }
 
 func TestDropNodeKeepsNewerEntry(t *testing.T) {
-	c := testClient(t)
-	prefix := testPrefix(t, c)
+	c := enginetest.Redis(t)
+	prefix := enginetest.RedisPrefix(t, c)
 	r := newRegistry(t, c, Config{Prefix: prefix})
 	mustRegister(t, r, entry("alice", "phone", "n1", "s1"))
 	mustRegister(t, r, entry("alice", "phone", "n2", "s2")) // moved to n2
@@ -326,8 +287,8 @@ func TestDropNodeKeepsNewerEntry(t *testing.T) {
 }
 
 func TestUnregisterCleansIndex(t *testing.T) {
-	c := testClient(t)
-	prefix := testPrefix(t, c)
+	c := enginetest.Redis(t)
+	prefix := enginetest.RedisPrefix(t, c)
 	r := newRegistry(t, c, Config{Prefix: prefix})
 	mustRegister(t, r, entry("alice", "phone", "n1", "s1"))
 	mustRegister(t, r, entry("alice", "phone", "n1", "s2")) // reconnect on the same node
@@ -343,8 +304,8 @@ func TestUnregisterCleansIndex(t *testing.T) {
 }
 
 func TestLookupManyUsersAndNodes(t *testing.T) {
-	c := testClient(t)
-	r := newRegistry(t, c, Config{Prefix: testPrefix(t, c)})
+	c := enginetest.Redis(t)
+	r := newRegistry(t, c, Config{Prefix: enginetest.RedisPrefix(t, c)})
 	var users []string
 	for i := range 200 {
 		u := "u" + string(rune('a'+i%26)) + hex.EncodeToString([]byte{byte(i)})
@@ -369,8 +330,8 @@ func TestLookupManyUsersAndNodes(t *testing.T) {
 }
 
 func TestLeaseCacheBoundsStaleness(t *testing.T) {
-	c := testClient(t)
-	prefix := testPrefix(t, c)
+	c := enginetest.Redis(t)
+	prefix := enginetest.RedisPrefix(t, c)
 	cfg := Config{Prefix: prefix, TTL: 5 * time.Second, LeaseCache: time.Second}
 	writer, reader := newRegistry(t, c, cfg), newRegistry(t, c, cfg)
 	mustRegister(t, writer, entry("alice", "phone", "n1", "s1"))
@@ -392,8 +353,8 @@ func BenchmarkLookup(b *testing.B) {
 	if os.Getenv("PARLEY_TEST_REDIS") == "" {
 		b.Skip("PARLEY_TEST_REDIS is unset")
 	}
-	c := testClient(b)
-	r := newRegistry(b, c, Config{Prefix: testPrefix(b, c)})
+	c := enginetest.Redis(b)
+	r := newRegistry(b, c, Config{Prefix: enginetest.RedisPrefix(b, c)})
 	var users []string
 	for i := range 20 {
 		u := "u" + hex.EncodeToString([]byte{byte(i)})
