@@ -104,6 +104,8 @@ func validate(f *Frame, lim Limits) *Error {
 		return nil
 	case TypeKeysUpload, TypeKeysBundle, TypeKeysDevices, TypeKeysRemove:
 		return validateKeys(f)
+	case TypeKTKeys, TypeKTConsistency, TypeKTLeaves:
+		return validateKT(f)
 	case TypeSend:
 		if e := needConv(f); e != nil {
 			return e

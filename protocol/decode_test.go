@@ -79,6 +79,8 @@ func FuzzDecodeClient(f *testing.F) {
 		`{"type":"history","conv_id":"7","after_seq":0,"limit":5}`,
 		`{"type":"edit","conv_id":"7","client_msg_id":"a","target_seq":1,"body":"x"}`,
 		`{"type":"create_group","name":"n","members":["a","b"]}`,
+		`{"type":"kt_consistency","from":1,"to":2}`,
+		`{"type":"kt_leaves","from":5,"limit":10}`,
 		`[`, ``, `{"type":null}`,
 	} {
 		f.Add([]byte(s))

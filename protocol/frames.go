@@ -139,6 +139,15 @@ type Frame struct {
 	Bundles   []KeyBundle     `json:"bundles,omitzero"`
 	Devices   []DeviceKeyInfo `json:"devices,omitzero"`
 	KeyCounts *KeyCounts      `json:"counts,omitempty"`
+
+	// Key transparency (ktframes.go): the leaf range of kt_consistency
+	// (from, to: log sizes) and kt_leaves (from: the first leaf index,
+	// with limit), the kt object of bundles, devices, kt_proof and
+	// kt_leaves answers, the log's keys.
+	From   uint64   `json:"from,omitempty"`
+	To     uint64   `json:"to,omitempty"`
+	KT     *KTProof `json:"kt,omitempty"`
+	KTKeys *KTKeys  `json:"kt_keys,omitempty"`
 }
 
 // FillLists makes the lists a response of f's type always carries non-nil,

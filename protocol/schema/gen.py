@@ -40,6 +40,12 @@ defs={
    ["user_id","device_id","registration_id","identity_key","signed_prekey"]),
  "DeviceKeyInfo":obj({"device_id":ID,"registration_id":{"type":"integer","minimum":0},"identity_key":{"$ref":"#/$defs/Bytes"},"updated_at":MS},
    ["device_id","registration_id","identity_key","updated_at"]),
+ "KTProof":obj({"checkpoint":{"type":"string","minLength":1,"description":"the log's current signed checkpoint (C2SP tlog-checkpoint note)"},
+   "label":{"$ref":"#/$defs/Bytes"},"vrf_proof":{"$ref":"#/$defs/Bytes"},"index":SEQ,"entry":{"$ref":"#/$defs/Bytes"},
+   "proof":arr({"$ref":"#/$defs/Bytes"}),"entries":arr({"$ref":"#/$defs/Bytes"}),"from":SEQ},["checkpoint"],
+   "key transparency: a user's latest entry and its inclusion proof, a consistency proof, or a page of leaves"),
+ "KTKeys":obj({"origin":{"type":"string","minLength":1},"note_key":{"type":"string","minLength":1},"vrf_key":{"$ref":"#/$defs/Bytes"}},
+   ["origin","note_key","vrf_key"],"the key transparency log's public keys"),
  "KeyCounts":obj({"prekeys":SEQ,"kem_prekeys":SEQ},["prekeys","kem_prekeys"]),
  "PresenceState":obj({"user_id":ID,"online":BOOL,"last_seen":MS},["user_id","online"]),
  "Limits":obj({k:{"type":"integer","minimum":1} for k in ["max_frame_bytes","max_body_bytes","max_client_msg_id","max_sync_convs","max_history","max_group_members","max_name_bytes","max_mentions","max_presence_subs"]},
@@ -68,8 +74,11 @@ server={
  "presence":frame("presence",{"rid":RID,"states":arr(ref("PresenceState"))},["states"],"answer to presence_sub, and push"),
  "typing":frame("typing",{"conv_id":ref("ConvID"),"user_id":ID},["conv_id","user_id"],"push: a member is typing"),
  "keys":frame("keys",{"rid":RID,"counts":ref("KeyCounts")},["counts"],"answer to keys_upload and keys_remove"),
- "bundles":frame("bundles",{"rid":RID,"user_id":ID,"bundles":arr(ref("KeyBundle"))},["user_id","bundles"],"answer to keys_bundle"),
- "devices":frame("devices",{"rid":RID,"user_id":ID,"devices":arr(ref("DeviceKeyInfo"))},["user_id","devices"],"answer to keys_devices"),
+ "bundles":frame("bundles",{"rid":RID,"user_id":ID,"bundles":arr(ref("KeyBundle")),"kt":ref("KTProof")},["user_id","bundles"],"answer to keys_bundle"),
+ "devices":frame("devices",{"rid":RID,"user_id":ID,"devices":arr(ref("DeviceKeyInfo")),"kt":ref("KTProof")},["user_id","devices"],"answer to keys_devices"),
+ "kt_keys":frame("kt_keys",{"rid":RID,"kt_keys":ref("KTKeys")},["kt_keys"],"answer to kt_keys"),
+ "kt_proof":frame("kt_proof",{"rid":RID,"kt":ref("KTProof")},["kt"],"answer to kt_consistency"),
+ "kt_leaves":frame("kt_leaves",{"rid":RID,"kt":ref("KTProof")},["kt"],"answer to kt_leaves"),
  "keys_low":frame("keys_low",{"user_id":ID,"device_id":ID,"counts":ref("KeyCounts")},["user_id","device_id","counts"],"push: a device's one-time prekeys run low"),
 }
 C={"rid":RID}
@@ -98,6 +107,9 @@ client={
  "keys_bundle":cf("keys_bundle",{"user_id":ID,"device_id":ID},["user_id"],"fetch prekey bundles"),
  "keys_devices":cf("keys_devices",{"user_id":ID},["user_id"],"list a user's devices with keys"),
  "keys_remove":cf("keys_remove",{},[],"drop this device's keys"),
+ "kt_keys":cf("kt_keys",{},[],"the key transparency log's public keys"),
+ "kt_consistency":cf("kt_consistency",{"from":{"type":"integer","minimum":1},"to":{"type":"integer","minimum":1}},["from","to"],"a consistency proof between log sizes from and to"),
+ "kt_leaves":cf("kt_leaves",{"from":SEQ,"limit":{"type":"integer","minimum":0,"maximum":1000}},[],"a page of the key transparency log's leaves"),
  "conv_info":cf("conv_info",{"conv_id":ref("ConvID")},["conv_id"],"read a conversation's conv frame"),
 }
 def name(prefix,t): return prefix+"".join(w.capitalize() for w in t.split("_"))
