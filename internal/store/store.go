@@ -331,6 +331,8 @@ type Store interface {
 
 	// E2E is the key directory and the E2E direct conversations (keys.go).
 	E2E
+	// KT is the key transparency log's leaves and keys (kt.go).
+	KT
 
 	// Close releases the store. It is safe to call twice.
 	Close() error

@@ -122,6 +122,15 @@ var migrations = []migration{
 		) WITH gc_grace_seconds = 600`,
 		`ALTER TABLE fanout_pending WITH gc_grace_seconds = 600`,
 	}},
+	{8, "key transparency: the log's leaves in buckets of 1000, its keys", []string{
+		`CREATE TABLE IF NOT EXISTS kt_leaves (
+			bucket bigint, idx bigint, leaf blob,
+			PRIMARY KEY (bucket, idx)
+		)`,
+		`CREATE TABLE IF NOT EXISTS kt_keys (
+			id int PRIMARY KEY, keyset blob
+		)`,
+	}},
 }
 
 var latestVersion = migrations[len(migrations)-1].version

@@ -195,6 +195,8 @@ type Store struct {
 	posLocks [positionStripes]sync.Mutex
 	// keyLocks serialise the writes to one device's E2E keys (keydir.go).
 	keyLocks [keyStripes]sync.Mutex
+	// ktMu serialises the key transparency log's conditional writes (kt.go).
+	ktMu sync.Mutex
 
 	// broken is set once a WAL fsync failed; after that no write is
 	// acknowledged because its durability can no longer be known.

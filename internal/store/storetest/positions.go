@@ -131,6 +131,9 @@ func testClosed(t *testing.T, e *env) {
 		{"KeyDevices", func() error { _, err := e.s.KeyDevices(ctx, "alice"); return err }},
 		{"PreKeyCounts", func() error { _, _, err := e.s.PreKeyCounts(ctx, "alice", "phone"); return err }},
 		{"RemoveDevice", func() error { return e.s.RemoveDevice(ctx, "alice", "phone") }},
+		{"KTAppend", func() error { return e.s.KTAppend(ctx, 0, []byte("leaf")) }},
+		{"KTLeaves", func() error { _, err := e.s.KTLeaves(ctx, 0, 10); return err }},
+		{"KTKeys", func() error { _, err := e.s.KTKeys(ctx, []byte("keys")); return err }},
 	}
 	if r, ok := e.s.(store.DeliveredRaiser); ok {
 		calls = append(calls, struct {
