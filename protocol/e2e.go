@@ -33,6 +33,10 @@ const (
 	CodeE2ERequired    Code = "e2e_required"    // a body in an E2E conversation is not an E2E envelope
 	CodeE2EUnsupported Code = "e2e_unsupported" // the feature needs plaintext on the server; not available in E2E conversations
 	CodeBadKey         Code = "bad_key"         // a key of keys_upload is malformed or its signature does not verify
+	// CodeAccountConflict: the upload's account key differs from the one
+	// the user's other devices are certified by (link the device, or send
+	// replace_account to start the account over).
+	CodeAccountConflict Code = "account_conflict"
 )
 
 // Key directory limits.
@@ -62,8 +66,17 @@ type PreKey struct {
 
 // KeyUpload is the keys field of keys_upload.
 type KeyUpload struct {
-	RegistrationID uint32   `json:"registration_id,omitempty"`
-	IdentityKey    []byte   `json:"identity_key,omitempty"`
+	RegistrationID uint32 `json:"registration_id,omitempty"`
+	IdentityKey    []byte `json:"identity_key,omitempty"`
+	// AccountKey is the user's account key (33 bytes, 0x05 prefix), shared
+	// by all the user's devices; DeviceSig is its signature over the
+	// device certificate (e2ekeys.DeviceCertMessage) of this device's
+	// identity key.
+	AccountKey []byte `json:"account_key,omitempty"`
+	DeviceSig  []byte `json:"device_sig,omitempty"`
+	// ReplaceAccount: the account key replaces the one the user's other
+	// devices are certified by, and those devices are removed.
+	ReplaceAccount bool     `json:"replace_account,omitempty"`
 	SignedPreKey   *PreKey  `json:"signed_prekey,omitempty"`
 	LastResortKEM  *PreKey  `json:"last_resort_kem,omitempty"`
 	PreKeys        []PreKey `json:"prekeys,omitempty"`
@@ -76,6 +89,8 @@ type KeyBundle struct {
 	DeviceID       string  `json:"device_id"`
 	RegistrationID uint32  `json:"registration_id"`
 	IdentityKey    []byte  `json:"identity_key"`
+	AccountKey     []byte  `json:"account_key,omitempty"`
+	DeviceSig      []byte  `json:"device_sig,omitempty"`
 	SignedPreKey   PreKey  `json:"signed_prekey"`
 	PreKey         *PreKey `json:"prekey,omitempty"`
 	KEMPreKey      *PreKey `json:"kem_prekey,omitempty"`
@@ -91,6 +106,8 @@ type DeviceKeyInfo struct {
 	DeviceID       string `json:"device_id"`
 	RegistrationID uint32 `json:"registration_id"`
 	IdentityKey    []byte `json:"identity_key"`
+	AccountKey     []byte `json:"account_key,omitempty"`
+	DeviceSig      []byte `json:"device_sig,omitempty"`
 	UpdatedAt      int64  `json:"updated_at"`
 }
 
@@ -194,6 +211,14 @@ func validateKeys(f *Frame) *Error {
 			if e := checkCurveKey("identity_key", k.IdentityKey); e != nil {
 				return e
 			}
+		}
+		if k.AccountKey != nil {
+			if e := checkCurveKey("account_key", k.AccountKey); e != nil {
+				return e
+			}
+		}
+		if k.DeviceSig != nil && len(k.DeviceSig) != SignatureSize {
+			return Errorf(CodeBadKey, "device_sig must be %d bytes", SignatureSize)
 		}
 		if k.SignedPreKey != nil {
 			if e := checkSigned("signed_prekey", k.SignedPreKey, CurveKeyBytes, 0x05); e != nil {

@@ -59,7 +59,8 @@ func TestKeysUploadValidation(t *testing.T) {
 	kem := append([]byte{0x0A}, make([]byte, KEMKeyBytes-1)...)
 	ok := &Frame{Type: TypeKeysUpload, Keys: &KeyUpload{RegistrationID: 1, IdentityKey: key,
 		SignedPreKey: &PreKey{ID: 1, Key: key, Sig: sig}, LastResortKEM: &PreKey{ID: 2, Key: kem, Sig: sig},
-		PreKeys: []PreKey{{ID: 3, Key: key}}, KEMPreKeys: []PreKey{{ID: 4, Key: kem, Sig: sig}}}}
+		PreKeys: []PreKey{{ID: 3, Key: key}}, KEMPreKeys: []PreKey{{ID: 4, Key: kem, Sig: sig}},
+		AccountKey: key, DeviceSig: sig, ReplaceAccount: true}}
 	if e := validate(ok, DefaultLimits); e != nil {
 		t.Fatal(e)
 	}
@@ -69,6 +70,9 @@ func TestKeysUploadValidation(t *testing.T) {
 		"no signature":     func(k *KeyUpload) { k.SignedPreKey = &PreKey{ID: 1, Key: key} },
 		"short KEM":        func(k *KeyUpload) { k.LastResortKEM = &PreKey{ID: 1, Key: kem[:100], Sig: sig} },
 		"curve key as KEM": func(k *KeyUpload) { k.KEMPreKeys = []PreKey{{ID: 1, Key: key, Sig: sig}} },
+		"short account":    func(k *KeyUpload) { k.AccountKey = key[:32] },
+		"KEM as account":   func(k *KeyUpload) { k.AccountKey = kem },
+		"short device sig": func(k *KeyUpload) { k.DeviceSig = sig[:63] },
 	} {
 		k := *ok.Keys
 		mut(&k)

@@ -32,7 +32,8 @@ func (s *Service) keys(ctx context.Context, c Caller, f *protocol.Frame) (*proto
 		}
 		out := make([]protocol.DeviceKeyInfo, len(devs))
 		for i, d := range devs {
-			out[i] = protocol.DeviceKeyInfo{DeviceID: d.DeviceID, RegistrationID: d.RegistrationID, IdentityKey: d.IdentityKey, UpdatedAt: d.UpdatedAt}
+			out[i] = protocol.DeviceKeyInfo{DeviceID: d.DeviceID, RegistrationID: d.RegistrationID, IdentityKey: d.IdentityKey,
+				AccountKey: d.AccountKey, DeviceSig: d.DeviceSig, UpdatedAt: d.UpdatedAt}
 		}
 		return &protocol.Frame{Type: protocol.TypeDevices, UserID: f.UserID, Devices: out}, nil
 	case protocol.TypeKeysRemove:
@@ -45,7 +46,7 @@ func (s *Service) keys(ctx context.Context, c Caller, f *protocol.Frame) (*proto
 		}
 		for _, d := range devs {
 			if d.DeviceID == c.Device {
-				s.announceKeys(ctx, c, "device_removed")
+				s.announceKeys(ctx, c, c.Device, "device_removed")
 			}
 		}
 		return &protocol.Frame{Type: protocol.TypeKeys, KeyCounts: &protocol.KeyCounts{}}, nil
@@ -124,7 +125,12 @@ func (s *Service) keysUpload(ctx context.Context, c Caller, k *protocol.KeyUploa
 			return nil, protocol.Errorf(protocol.CodeTooLarge, "a device holds at most %d one-time prekeys of each kind", protocol.MaxStoredPreKeys)
 		}
 	}
+	replaced, perr := s.checkAccount(c, k, cur, identity, devs)
+	if perr != nil {
+		return nil, perr
+	}
 	up := store.KeyUpload{RegistrationID: k.RegistrationID, IdentityKey: k.IdentityKey,
+		AccountKey: k.AccountKey, DeviceSig: k.DeviceSig,
 		SignedPreKey: toStore(k.SignedPreKey), LastResortKEM: toStore(k.LastResortKEM), Now: s.now().UnixMilli()}
 	for _, p := range k.PreKeys {
 		up.PreKeys = append(up.PreKeys, store.PreKey{ID: p.ID, Key: p.Key})
@@ -132,17 +138,67 @@ func (s *Service) keysUpload(ctx context.Context, c Caller, k *protocol.KeyUploa
 	for _, p := range k.KEMPreKeys {
 		up.KEMPreKeys = append(up.KEMPreKeys, store.PreKey{ID: p.ID, Key: p.Key, Sig: p.Sig})
 	}
+	// The other devices go first: a crash between the two leaves the
+	// account without them rather than with two account keys.
+	for _, d := range replaced {
+		if err := s.store.RemoveDevice(ctx, c.User, d); err != nil {
+			return nil, s.storeErr("remove device", err)
+		}
+		s.announceKeys(ctx, c, d, "device_removed")
+	}
 	res, err := s.store.UploadKeys(ctx, c.User, c.Device, up)
 	if err != nil {
 		return nil, s.storeErr("upload keys", err)
 	}
 	switch {
 	case res.NewDevice:
-		s.announceKeys(ctx, c, "device_added")
+		s.announceKeys(ctx, c, c.Device, "device_added")
 	case res.IdentityChanged:
-		s.announceKeys(ctx, c, "identity_changed")
+		s.announceKeys(ctx, c, c.Device, "identity_changed")
 	}
 	return &protocol.Frame{Type: protocol.TypeKeys, KeyCounts: &protocol.KeyCounts{PreKeys: res.PreKeys, KEMPreKeys: res.KEMPreKeys}}, nil
+}
+
+// checkAccount applies the account rules to an upload whose identity key
+// is identity (the stored one when the upload has none): the device's
+// certificate must verify with its account key whenever the identity or
+// the account key changes, and all of a user's devices share one account
+// key. It returns the other devices replace_account removes.
+func (s *Service) checkAccount(c Caller, k *protocol.KeyUpload, cur *store.DeviceKeys, identity []byte, devs []store.DeviceKeys) ([]string, *protocol.Error) {
+	account := k.AccountKey
+	var stored []byte
+	if cur != nil {
+		stored = cur.AccountKey
+	}
+	if account == nil {
+		account = stored
+	}
+	if account == nil {
+		if k.DeviceSig != nil {
+			return nil, protocol.Errorf(protocol.CodeBadKey, "device_sig without an account_key")
+		}
+		return nil, nil
+	}
+	changed := cur == nil || !bytes.Equal(account, stored) || !bytes.Equal(identity, cur.IdentityKey)
+	if changed && k.DeviceSig == nil {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "a new identity_key or account_key needs a device_sig certifying the device")
+	}
+	if k.DeviceSig != nil && !e2ekeys.VerifyDeviceCert(account, c.User, c.Device, identity, k.DeviceSig) {
+		return nil, protocol.Errorf(protocol.CodeBadKey, "device_sig does not verify with the account key over this device's certificate")
+	}
+	var others []string
+	for _, d := range devs {
+		if d.DeviceID != c.Device && !bytes.Equal(d.AccountKey, account) {
+			if len(d.AccountKey) > 0 && !k.ReplaceAccount {
+				return nil, protocol.Errorf(protocol.CodeAccountConflict,
+					"%s's other devices are certified by another account key: link this device with it, or start the account over with replace_account", c.User)
+			}
+			if k.ReplaceAccount {
+				others = append(others, d.DeviceID)
+			}
+		}
+	}
+	return others, nil
 }
 
 // mayFetchKeys: a user's keys are for the user and for the users who share
@@ -209,7 +265,7 @@ func (s *Service) keysBundle(ctx context.Context, c Caller, user, device string)
 			}
 			k := all[i]
 			out = append(out, protocol.KeyBundle{UserID: user, DeviceID: d, RegistrationID: k.RegistrationID,
-				IdentityKey: k.IdentityKey, SignedPreKey: *fromStore(&k.SignedPreKey),
+				IdentityKey: k.IdentityKey, AccountKey: k.AccountKey, DeviceSig: k.DeviceSig, SignedPreKey: *fromStore(&k.SignedPreKey),
 				KEMPreKey: fromStore(&k.LastResortKEM), KEMLastResort: true, Limited: true})
 			continue
 		}
@@ -224,7 +280,7 @@ func (s *Service) keysBundle(ctx context.Context, c Caller, user, device string)
 			return nil, s.storeErr("take bundle", err)
 		}
 		out = append(out, protocol.KeyBundle{UserID: user, DeviceID: d, RegistrationID: kb.Device.RegistrationID,
-			IdentityKey: kb.Device.IdentityKey, SignedPreKey: *fromStore(&kb.Device.SignedPreKey),
+			IdentityKey: kb.Device.IdentityKey, AccountKey: kb.Device.AccountKey, DeviceSig: kb.Device.DeviceSig, SignedPreKey: *fromStore(&kb.Device.SignedPreKey),
 			PreKey: fromStore(kb.PreKey), KEMPreKey: fromStore(kb.KEMPreKey), KEMLastResort: kb.KEMLastResort})
 		if kb.PreKeys < protocol.KeysLowThreshold || kb.KEMPreKeys < protocol.KeysLowThreshold {
 			s.fan.Push(ctx, []string{user}, &protocol.Frame{Type: protocol.TypeKeysLow, UserID: user, DeviceID: d,
@@ -254,7 +310,7 @@ func (s *Service) mayTakePrekeys(ctx context.Context, c Caller, user, device str
 // device's identity changed: a system event in each of the user's current
 // E2E conversations (their clients then fetch bundles for the new device,
 // or show the changed safety number). Best effort: a failure is logged.
-func (s *Service) announceKeys(ctx context.Context, c Caller, event string) {
+func (s *Service) announceKeys(ctx context.Context, c Caller, device, event string) {
 	rows, err := s.store.UserConversations(ctx, c.User)
 	if err != nil {
 		s.log.Warn("announce keys: conversations", "user", c.User, "err", err)
@@ -268,7 +324,7 @@ func (s *Service) announceKeys(ctx context.Context, c Caller, event string) {
 		if err != nil || !cv.E2E {
 			continue
 		}
-		if _, perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: event, Users: []string{c.User}, Device: c.Device}); perr != nil {
+		if _, perr := s.systemEvent(ctx, c, cv, protocol.SystemEvent{Event: event, Users: []string{c.User}, Device: device}); perr != nil {
 			s.log.Warn("announce keys", "conv", cv.ID, "err", perr)
 		}
 	}

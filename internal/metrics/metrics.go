@@ -47,7 +47,7 @@ var errorCodes = []protocol.Code{
 	protocol.CodeUnauthorized, protocol.CodeTokenExpired, protocol.CodeNotMember, protocol.CodeForbidden,
 	protocol.CodeNotFound, protocol.CodeConflict, protocol.CodeRecallExpired, protocol.CodeRateLimited,
 	protocol.CodeStoreUnavailable, protocol.CodeInternal, protocol.CodeTimeout, protocol.CodeOverloaded,
-	protocol.CodeE2ERequired, protocol.CodeE2EUnsupported, protocol.CodeBadKey,
+	protocol.CodeE2ERequired, protocol.CodeE2EUnsupported, protocol.CodeBadKey, protocol.CodeAccountConflict,
 	protocol.CodeTokenRevoked, protocol.CodeBanned,
 }
 

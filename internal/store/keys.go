@@ -26,9 +26,14 @@ type DeviceKeys struct {
 	DeviceID       string
 	RegistrationID uint32
 	IdentityKey    []byte
-	SignedPreKey   PreKey
-	LastResortKEM  PreKey
-	UpdatedAt      int64 // unix ms
+	// AccountKey is the user's account key and DeviceSig its signature
+	// over the device certificate of IdentityKey (e2ekeys.DeviceCertMessage);
+	// empty for a device uploaded before account keys.
+	AccountKey    []byte
+	DeviceSig     []byte
+	SignedPreKey  PreKey
+	LastResortKEM PreKey
+	UpdatedAt     int64 // unix ms
 }
 
 // KeyUpload is one upload. The first upload of a device needs every
@@ -37,7 +42,10 @@ type KeyUpload struct {
 	RegistrationID uint32
 	// IdentityKey different from the stored one replaces the device's
 	// identity: its stored prekeys (signed by the old key) are dropped.
-	IdentityKey   []byte
+	IdentityKey []byte
+	// AccountKey and DeviceSig, when set, replace the stored ones.
+	AccountKey    []byte
+	DeviceSig     []byte
 	SignedPreKey  *PreKey
 	LastResortKEM *PreKey
 	PreKeys       []PreKey // one-time Curve25519 prekeys (an id already stored is replaced)
@@ -61,6 +69,12 @@ func (up KeyUpload) Apply(user, device string, cur DeviceKeys, found bool) (next
 	if up.IdentityKey != nil {
 		identityChanged = found && !bytes.Equal(up.IdentityKey, cur.IdentityKey)
 		cur.IdentityKey = up.IdentityKey
+	}
+	if up.AccountKey != nil {
+		cur.AccountKey = up.AccountKey
+	}
+	if up.DeviceSig != nil {
+		cur.DeviceSig = up.DeviceSig
 	}
 	if up.RegistrationID != 0 {
 		cur.RegistrationID = up.RegistrationID

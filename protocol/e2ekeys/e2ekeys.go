@@ -11,6 +11,7 @@ package e2ekeys
 import (
 	"crypto/sha512"
 	"crypto/subtle"
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -95,4 +96,47 @@ func (p PublicKey) Verify(msg, sig []byte) bool {
 	minusA := new(edwards25519.Point).Negate(A)
 	check := new(edwards25519.Point).VarTimeDoubleScalarBaseMult(hs, minusA, s).Bytes()
 	return subtle.ConstantTimeCompare(check, sig[:32]) == 1
+}
+
+// deviceCertContext opens every device certificate: a signature made with
+// an account key for one purpose cannot be taken for another.
+const deviceCertContext = "parley device certificate v1"
+
+// DeviceCertMessage is what an account key signs to certify a device:
+//
+//	"parley device certificate v1" || 0x00 || u16be(len(user)) || user ||
+//	u16be(len(device)) || device || identityKey
+//
+// identityKey is the device's serialized identity key (33 bytes, 0x05
+// prefix). User and device ids are at most 64 bytes (protocol.ValidID), so
+// the 16-bit lengths cannot overflow; longer ones are cut at 65535 bytes
+// (VerifyDeviceCert refuses them).
+func DeviceCertMessage(user, device string, identityKey []byte) []byte {
+	user, device = clip16(user), clip16(device)
+	b := make([]byte, 0, len(deviceCertContext)+1+2+len(user)+2+len(device)+len(identityKey))
+	b = append(b, deviceCertContext...)
+	b = append(b, 0)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(user)))
+	b = append(b, user...)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(device)))
+	b = append(b, device...)
+	return append(b, identityKey...)
+}
+
+func clip16(s string) string {
+	if len(s) > 0xFFFF {
+		return s[:0xFFFF]
+	}
+	return s
+}
+
+// VerifyDeviceCert reports whether sig is accountKey's (serialized, 33
+// bytes) signature over the certificate of user/device with identityKey.
+// A malformed account key or signature does not verify.
+func VerifyDeviceCert(accountKey []byte, user, device string, identityKey, sig []byte) bool {
+	ak, err := DecodePublicKey(accountKey)
+	if err != nil || len(identityKey) != 33 || identityKey[0] != DjbType || len(user) > 0xFFFF || len(device) > 0xFFFF {
+		return false
+	}
+	return ak.Verify(DeviceCertMessage(user, device, identityKey), sig)
 }

@@ -13,7 +13,7 @@ def obj(props, required, desc=None, closed=True):
     if closed: o["additionalProperties"]=False
     if desc: o["description"]=desc
     return o
-CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized","token_expired","not_member","forbidden","not_found","conflict","recall_window_passed","rate_limited","store_unavailable","overloaded","internal","timeout","e2e_required","e2e_unsupported","bad_key","token_revoked","banned"]
+CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized","token_expired","not_member","forbidden","not_found","conflict","recall_window_passed","rate_limited","store_unavailable","overloaded","internal","timeout","e2e_required","e2e_unsupported","bad_key","token_revoked","banned","account_conflict"]
 defs={
  "ConvID":U64S,"MsgID":U64S,"UserID":ID,
  "Message":obj({"conv_id":ref("ConvID"),"seq":SEQ,"msg_id":ref("MsgID"),"sender":ID,"sender_device":ID,
@@ -33,12 +33,12 @@ defs={
    "tier":{"enum":["small","medium","large"]},"e2e":BOOL},["conv_id","kind","members","member_count","last_seq","join_seq"]),
  "Bytes":{"type":"string","contentEncoding":"base64","pattern":"^[A-Za-z0-9+/]*={0,2}$"},
  "PreKey":obj({"id":{"type":"integer","minimum":0,"maximum":4294967295},"key":{"$ref":"#/$defs/Bytes"},"sig":{"$ref":"#/$defs/Bytes"}},["id","key"]),
- "KeyUpload":obj({"registration_id":{"type":"integer","minimum":0},"identity_key":{"$ref":"#/$defs/Bytes"},"signed_prekey":{"$ref":"#/$defs/PreKey"},
+ "KeyUpload":obj({"registration_id":{"type":"integer","minimum":0},"identity_key":{"$ref":"#/$defs/Bytes"},"account_key":{"$ref":"#/$defs/Bytes"},"device_sig":{"$ref":"#/$defs/Bytes"},"replace_account":BOOL,"signed_prekey":{"$ref":"#/$defs/PreKey"},
    "last_resort_kem":{"$ref":"#/$defs/PreKey"},"prekeys":arr({"$ref":"#/$defs/PreKey"}),"kem_prekeys":arr({"$ref":"#/$defs/PreKey"})},[]),
  "KeyBundle":obj({"user_id":ID,"device_id":ID,"registration_id":{"type":"integer","minimum":0},"identity_key":{"$ref":"#/$defs/Bytes"},
-   "signed_prekey":{"$ref":"#/$defs/PreKey"},"prekey":{"$ref":"#/$defs/PreKey"},"kem_prekey":{"$ref":"#/$defs/PreKey"},"kem_last_resort":BOOL,"limited":BOOL},
+   "account_key":{"$ref":"#/$defs/Bytes"},"device_sig":{"$ref":"#/$defs/Bytes"},"signed_prekey":{"$ref":"#/$defs/PreKey"},"prekey":{"$ref":"#/$defs/PreKey"},"kem_prekey":{"$ref":"#/$defs/PreKey"},"kem_last_resort":BOOL,"limited":BOOL},
    ["user_id","device_id","registration_id","identity_key","signed_prekey"]),
- "DeviceKeyInfo":obj({"device_id":ID,"registration_id":{"type":"integer","minimum":0},"identity_key":{"$ref":"#/$defs/Bytes"},"updated_at":MS},
+ "DeviceKeyInfo":obj({"device_id":ID,"registration_id":{"type":"integer","minimum":0},"identity_key":{"$ref":"#/$defs/Bytes"},"account_key":{"$ref":"#/$defs/Bytes"},"device_sig":{"$ref":"#/$defs/Bytes"},"updated_at":MS},
    ["device_id","registration_id","identity_key","updated_at"]),
  "KTProof":obj({"checkpoint":{"type":"string","minLength":1,"description":"the log's current signed checkpoint (C2SP tlog-checkpoint note)"},
    "label":{"$ref":"#/$defs/Bytes"},"vrf_proof":{"$ref":"#/$defs/Bytes"},"index":SEQ,"entry":{"$ref":"#/$defs/Bytes"},

@@ -25,13 +25,13 @@ const (
 	takeAttempts   = 16
 )
 
-const selectDevice = `SELECT device_id, reg_id, identity_key, spk_id, spk, spk_sig, lr_id, lr_key, lr_sig, updated_at FROM e2e_devices`
+const selectDevice = `SELECT device_id, reg_id, identity_key, spk_id, spk, spk_sig, lr_id, lr_key, lr_sig, updated_at, account_key, device_sig FROM e2e_devices`
 
 func scanDevice(user string, sc interface{ Scan(...any) bool }) (store.DeviceKeys, bool) {
 	d := store.DeviceKeys{UserID: user}
 	var reg, spk, lr int64
 	if !sc.Scan(&d.DeviceID, &reg, &d.IdentityKey, &spk, &d.SignedPreKey.Key, &d.SignedPreKey.Sig,
-		&lr, &d.LastResortKEM.Key, &d.LastResortKEM.Sig, &d.UpdatedAt) {
+		&lr, &d.LastResortKEM.Key, &d.LastResortKEM.Sig, &d.UpdatedAt, &d.AccountKey, &d.DeviceSig) {
 		return d, false
 	}
 	d.RegistrationID, d.SignedPreKey.ID, d.LastResortKEM.ID = uint32(reg), uint32(spk), uint32(lr)
@@ -65,10 +65,11 @@ func (s *Store) UploadKeys(ctx context.Context, user, device string, up store.Ke
 				return err
 			}
 		}
-		err = s.q(ctx, `INSERT INTO e2e_devices (user_id, device_id, reg_id, identity_key, spk_id, spk, spk_sig, lr_id, lr_key, lr_sig, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, user, device, int64(cur.RegistrationID), cur.IdentityKey,
+		err = s.q(ctx, `INSERT INTO e2e_devices (user_id, device_id, reg_id, identity_key, spk_id, spk, spk_sig, lr_id, lr_key, lr_sig, updated_at, account_key, device_sig)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, user, device, int64(cur.RegistrationID), cur.IdentityKey,
 			int64(cur.SignedPreKey.ID), cur.SignedPreKey.Key, cur.SignedPreKey.Sig,
-			int64(cur.LastResortKEM.ID), cur.LastResortKEM.Key, cur.LastResortKEM.Sig, cur.UpdatedAt).Exec()
+			int64(cur.LastResortKEM.ID), cur.LastResortKEM.Key, cur.LastResortKEM.Sig, cur.UpdatedAt,
+			cur.AccountKey, cur.DeviceSig).Exec()
 		if err != nil {
 			return err
 		}

@@ -131,6 +131,10 @@ var migrations = []migration{
 			id int PRIMARY KEY, keyset blob
 		)`,
 	}},
+	{9, "e2e: a device's account key and device certificate", []string{
+		`ALTER TABLE e2e_devices ADD IF NOT EXISTS account_key blob`,
+		`ALTER TABLE e2e_devices ADD IF NOT EXISTS device_sig blob`,
+	}},
 }
 
 var latestVersion = migrations[len(migrations)-1].version

@@ -70,10 +70,20 @@ type deviceRow struct {
 	preKeys, kemKeys int
 }
 
+// encodeDeviceRow appends the account key and device signature after the
+// counts, only when the device has them, so rows written before account
+// keys decode unchanged and re-encode to the same bytes.
 func encodeDeviceRow(r deviceRow) []byte {
 	b := encodeDeviceKeys(r.DeviceKeys)
 	b = binary.AppendUvarint(b, uint64(r.preKeys))
-	return binary.AppendUvarint(b, uint64(r.kemKeys))
+	b = binary.AppendUvarint(b, uint64(r.kemKeys))
+	if len(r.AccountKey) > 0 || len(r.DeviceSig) > 0 {
+		b = binary.AppendUvarint(b, uint64(len(r.AccountKey)))
+		b = append(b, r.AccountKey...)
+		b = binary.AppendUvarint(b, uint64(len(r.DeviceSig)))
+		b = append(b, r.DeviceSig...)
+	}
+	return b
 }
 
 func decodeDeviceRow(user, device string, b []byte) (deviceRow, error) {
@@ -84,6 +94,13 @@ func decodeDeviceRow(user, device string, b []byte) (deviceRow, error) {
 	r := deviceRow{DeviceKeys: decodeDeviceFields(d, user, device)}
 	r.preKeys = int(d.uint32())
 	r.kemKeys = int(d.uint32())
+	if d.err == nil && len(d.b) > 0 {
+		r.AccountKey = []byte(d.string())
+		r.DeviceSig = []byte(d.string())
+		if d.err == nil && len(r.AccountKey) == 0 && len(r.DeviceSig) == 0 {
+			d.fail() // written as absent
+		}
+	}
 	if err := d.finish("device keys"); err != nil {
 		return deviceRow{}, err
 	}

@@ -11,6 +11,8 @@ func FuzzDecodeKeyDirectory(f *testing.F) {
 	row := deviceRow{DeviceKeys: store.DeviceKeys{RegistrationID: 7, IdentityKey: []byte("id"),
 		SignedPreKey: store.PreKey{ID: 1, Key: []byte("k"), Sig: []byte("s")}, UpdatedAt: 9}, preKeys: 3, kemKeys: 2}
 	f.Add(encodeDeviceRow(row))
+	row.AccountKey, row.DeviceSig = []byte("account"), []byte("cert")
+	f.Add(encodeDeviceRow(row))
 	f.Add(encodePreKey(store.PreKey{ID: 4, Key: []byte("key"), Sig: []byte("sig")}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		// Corrupt values are errors, never panics; what decodes re-encodes

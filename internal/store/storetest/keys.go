@@ -15,6 +15,8 @@ func upload(id, spk uint32, n, from int) store.KeyUpload {
 	up := store.KeyUpload{
 		RegistrationID: 7,
 		IdentityKey:    bytes.Repeat([]byte{byte(id)}, 33),
+		AccountKey:     []byte("account-a"),
+		DeviceSig:      []byte(fmt.Sprint("cert", id)),
 		SignedPreKey:   &store.PreKey{ID: spk, Key: []byte(fmt.Sprint("spk", spk)), Sig: []byte("sig")},
 		LastResortKEM:  &store.PreKey{ID: 1000, Key: []byte("last-resort"), Sig: []byte("lrsig")},
 		Now:            1,
@@ -49,7 +51,8 @@ func testKeyDirectory(t *testing.T, e *env) {
 	if err != nil || len(devs) != 2 || devs[0].DeviceID != "laptop" || devs[1].DeviceID != "phone" {
 		t.Fatalf("devices %+v %v", devs, err)
 	}
-	if devs[1].RegistrationID != 7 || devs[1].SignedPreKey.ID != 1 || string(devs[1].LastResortKEM.Key) != "last-resort" {
+	if devs[1].RegistrationID != 7 || devs[1].SignedPreKey.ID != 1 || string(devs[1].LastResortKEM.Key) != "last-resort" ||
+		string(devs[1].AccountKey) != "account-a" || string(devs[1].DeviceSig) != "cert1" {
 		t.Fatalf("device row %+v", devs[1])
 	}
 	// Bundles hand out one-time keys lowest id first, each once; then the
@@ -67,7 +70,8 @@ func testKeyDirectory(t *testing.T, e *env) {
 		} else if b.PreKey != nil || !b.KEMLastResort || b.KEMPreKey.ID != 1000 {
 			t.Fatalf("bundle after running out: %+v", b)
 		}
-		if !bytes.Equal(b.Device.IdentityKey, bytes.Repeat([]byte{1}, 33)) || string(b.Device.SignedPreKey.Key) != "spk1" {
+		if !bytes.Equal(b.Device.IdentityKey, bytes.Repeat([]byte{1}, 33)) || string(b.Device.SignedPreKey.Key) != "spk1" ||
+			string(b.Device.AccountKey) != "account-a" || string(b.Device.DeviceSig) != "cert1" {
 			t.Fatalf("bundle device %+v", b.Device)
 		}
 	}
@@ -75,7 +79,8 @@ func testKeyDirectory(t *testing.T, e *env) {
 	res, err = s.UploadKeys(ctx, "alice", "phone", store.KeyUpload{
 		SignedPreKey: &store.PreKey{ID: 2, Key: []byte("spk2"), Sig: []byte("sig2")},
 		PreKeys:      []store.PreKey{{ID: 10, Key: []byte("pk10")}}, Now: 2})
-	if err != nil || res.NewDevice || res.IdentityChanged || res.PreKeys != 1 || res.KEMPreKeys != 0 || res.Device.SignedPreKey.ID != 2 {
+	if err != nil || res.NewDevice || res.IdentityChanged || res.PreKeys != 1 || res.KEMPreKeys != 0 || res.Device.SignedPreKey.ID != 2 ||
+		string(res.Device.AccountKey) != "account-a" || string(res.Device.DeviceSig) != "cert1" {
 		t.Fatalf("rotation: %+v %v", res, err)
 	}
 	if a, k, err := s.PreKeyCounts(ctx, "alice", "phone"); err != nil || a != 1 || k != 0 {
@@ -89,10 +94,16 @@ func testKeyDirectory(t *testing.T, e *env) {
 	if b, err := s.TakeBundle(ctx, "alice", "phone"); err != nil || b.PreKey == nil || b.PreKey.ID != 10 || string(b.PreKey.Key) != "pk10b" || b.PreKeys != 1 {
 		t.Fatalf("bundle after re-upload: %+v %v", b, err)
 	}
-	// A new identity drops the prekeys signed by the old one.
+	// A new identity drops the prekeys signed by the old one and carries
+	// its own certificate.
 	res, err = s.UploadKeys(ctx, "alice", "phone", upload(9, 3, 0, 0))
-	if err != nil || !res.IdentityChanged || res.PreKeys != 0 {
+	if err != nil || !res.IdentityChanged || res.PreKeys != 0 || string(res.Device.DeviceSig) != "cert9" {
 		t.Fatalf("identity change: %+v %v", res, err)
+	}
+	// A new account key and certificate replace the stored ones.
+	res, err = s.UploadKeys(ctx, "alice", "laptop", store.KeyUpload{AccountKey: []byte("account-b"), DeviceSig: []byte("cert2b"), Now: 4})
+	if err != nil || res.IdentityChanged || string(res.Device.AccountKey) != "account-b" || string(res.Device.DeviceSig) != "cert2b" {
+		t.Fatalf("account change: %+v %v", res, err)
 	}
 	if err := s.RemoveDevice(ctx, "alice", "phone"); err != nil {
 		t.Fatal(err)
@@ -104,8 +115,19 @@ func testKeyDirectory(t *testing.T, e *env) {
 		t.Fatalf("devices after removal: %+v", devs)
 	}
 	e.reopen(t)
-	if devs, _ := e.s.KeyDevices(ctx, "alice"); len(devs) != 1 || devs[0].DeviceID != "laptop" {
+	if devs, _ := e.s.KeyDevices(ctx, "alice"); len(devs) != 1 || devs[0].DeviceID != "laptop" ||
+		string(devs[0].AccountKey) != "account-b" || string(devs[0].DeviceSig) != "cert2b" {
 		t.Fatalf("devices after reopen: %+v", devs)
+	}
+	// A device uploaded without an account key (before account keys) has
+	// none.
+	legacy := upload(4, 1, 0, 0)
+	legacy.AccountKey, legacy.DeviceSig = nil, nil
+	if _, err := e.s.UploadKeys(ctx, "carol", "old", legacy); err != nil {
+		t.Fatal(err)
+	}
+	if devs, _ := e.s.KeyDevices(ctx, "carol"); len(devs) != 1 || len(devs[0].AccountKey) != 0 || len(devs[0].DeviceSig) != 0 {
+		t.Fatalf("legacy device: %+v", devs)
 	}
 }
 
