@@ -38,7 +38,8 @@
 // Each Device has its own identity key (one identity per device): a message
 // to a user is encrypted to each of their devices and to the sender's own
 // other devices. State lives behind the Store interface; FileStore (files
-// 0600 in a 0700 directory) is the default.
+// 0600 in a 0700 directory, each write fsynced with its directory, the
+// directory locked so that a second process gets ErrLocked) is the default.
 //
 // Package client/e2eechat connects a Device to a Parley server: key
 // upload, bundle fetches, the per-device envelopes of E2E conversations.

@@ -512,6 +512,9 @@ func TestSessionSurvivesReopen(t *testing.T) {
 	mustDecrypt(t, bob, alice, typ, ct, "before restart")
 	typ, ct = mustEncrypt(t, bob, alice, "while away")
 
+	if err := fs.Close(); err != nil { // the process ends: its lock goes
+		t.Fatal(err)
+	}
 	fs2, err := OpenFileStore(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -528,4 +531,5 @@ func TestSessionSurvivesReopen(t *testing.T) {
 	}
 	mustDecrypt(t, bob, alice2, typ, ct, "after restart")
 	checkModes(t, dir)
+	fs2.Close()
 }
