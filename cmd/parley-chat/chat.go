@@ -157,6 +157,7 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	printer.Wait()
 	cancel()        // ends the E2E key uploads still running
 	s.e2e.bg.Wait() // they write to -keys DIR: done before returning
+	s.e2e.close()
 	if err := <-runErr; err != nil {
 		return err
 	}

@@ -18,7 +18,9 @@ import (
 
 // End-to-end encrypted conversations in `parley-chat`: /sdm and /sgroup
 // open them, messages in them are encrypted with this device's keys (kept
-// in -keys DIR/<server>/<user>/<device>, files 0600), /safety prints
+// in -keys DIR/<server>/<user>/<device>, files 0600, locked while a
+// parley-chat uses them: a second one on the same device is refused, as it
+// would reuse message keys), /safety prints
 // safety numbers. Keys are kept per server: an identity one server knows
 // is never offered to another, and a fresh server gets a fresh device.
 
@@ -33,6 +35,7 @@ type e2eState struct {
 	bg  sync.WaitGroup
 
 	mu     sync.Mutex
+	st     *e2ee.FileStore // open (and locked) from the first use to close
 	m      *e2eechat.Messenger
 	convs  map[uint64]e2eConv
 	failed error
@@ -85,10 +88,17 @@ func (s *chatSession) messenger(ctx context.Context) (*e2eechat.Messenger, error
 		return nil, errors.New("e2e: not connected yet")
 	}
 	dir := filepath.Join(e.dir, e.server, me, e.device)
-	st, err := e2ee.OpenFileStore(dir)
-	if err != nil {
-		return nil, fmt.Errorf("e2e: key store: %w", err)
+	if e.st == nil {
+		st, err := e2ee.OpenFileStore(dir)
+		if errors.Is(err, e2ee.ErrLocked) {
+			return nil, fmt.Errorf("e2e: another parley-chat is using the keys of device %s (%s): quit it, or start this one with another -device", e.device, dir)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("e2e: key store: %w", err)
+		}
+		e.st = st
 	}
+	st := e.st
 	d, err := e2ee.OpenDevice(st, e2ee.Address{User: me, Device: e.device})
 	if err != nil {
 		return nil, fmt.Errorf("e2e: %w", err)
@@ -119,6 +129,17 @@ func (s *chatSession) messenger(ctx context.Context) (*e2eechat.Messenger, error
 	}
 	e.m = m
 	return m, nil
+}
+
+// close releases the device's key directory (its lock) once nothing
+// writes to it any more.
+func (e *e2eState) close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.st != nil {
+		e.st.Close()
+		e.st, e.m = nil, nil
+	}
 }
 
 func (s *chatSession) setE2EConv(id uint64, c e2eConv) {
