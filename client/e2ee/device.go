@@ -415,6 +415,23 @@ func (d *Device) HasSession(peer Address) (bool, error) {
 	return ok && rec.Current != nil, err
 }
 
+// SessionIdentity returns the identity key of peer's current session: who
+// what Encrypt seals can be read by. ok is false without a session.
+func (d *Device) SessionIdentity(peer Address) (PublicKey, bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var rec struct {
+		Current *struct {
+			RemoteIdentity PublicKey `json:"rid"`
+		} `json:"current"`
+	}
+	ok, err := d.load("session/"+peer.String(), &rec)
+	if err != nil || !ok || rec.Current == nil {
+		return PublicKey{}, false, err
+	}
+	return rec.Current.RemoteIdentity, true, nil
+}
+
 // Encrypt seals plaintext for peer on the current session.
 func (d *Device) Encrypt(peer Address, plain []byte) (MessageType, []byte, error) {
 	d.mu.Lock()

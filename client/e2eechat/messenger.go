@@ -8,6 +8,7 @@ package e2eechat
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -326,7 +327,10 @@ func (m *Messenger) sendOwn(ctx context.Context, f protocol.Frame, text string) 
 	return ack, err
 }
 
-// distKey records which devices have this device's current sender key.
+// distKey records which devices have this device's current sender key,
+// one line per device: its address, a space and the identity key (hex) of
+// the session the key was sealed on. A device reinstalled under the same
+// id has a new identity, so it is not taken for one that has the key.
 func distKey(conv uint64, chain uint32) string {
 	return "skdist/" + groupName(conv) + "/" + strconv.FormatUint(uint64(chain), 10)
 }
@@ -343,12 +347,13 @@ func (m *Messenger) distribute(ctx context.Context, conv uint64, members []strin
 	if err != nil {
 		return err
 	}
-	have := map[string]bool{}
+	have := map[string]string{} // address → identity key the sender key went to
 	if b, err := m.st.Load(distKey(conv, parsed.ChainID)); err != nil {
 		return err
 	} else if b != nil {
-		for _, a := range strings.Split(string(b), "\n") {
-			have[a] = true
+		for _, line := range strings.Split(string(b), "\n") {
+			a, id, _ := strings.Cut(line, " ")
+			have[a] = id
 		}
 	}
 	to, err := m.targets(ctx, members, refresh)
@@ -356,9 +361,21 @@ func (m *Messenger) distribute(ctx context.Context, conv uint64, members []strin
 		return err
 	}
 	var missing []e2ee.Address
+	sealedTo := map[e2ee.Address]string{}
 	for _, a := range to {
-		if !have[a.String()] {
+		if err := m.ensureSession(ctx, a); err != nil {
+			return fmt.Errorf("e2eechat: session with %s: %w", a, err)
+		}
+		id, ok, err := m.d.SessionIdentity(a)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("e2eechat: session with %s: %w", a, e2ee.ErrNoSession)
+		}
+		if hexID := hex.EncodeToString(id.Bytes()); have[a.String()] != hexID {
 			missing = append(missing, a)
+			sealedTo[a] = hexID
 		}
 	}
 	for len(missing) > 0 {
@@ -371,7 +388,7 @@ func (m *Messenger) distribute(ctx context.Context, conv uint64, members []strin
 			}
 			batch = append(batch, env...)
 			size += len(env[0].Body)*4/3 + 64
-			have[missing[0].String()] = true
+			have[missing[0].String()] = sealedTo[missing[0]]
 			missing = missing[1:]
 		}
 		body := protocol.EncodeEnvelope(protocol.Envelope{To: batch})
@@ -382,12 +399,12 @@ func (m *Messenger) distribute(ctx context.Context, conv uint64, members []strin
 		if _, err := m.c.SendFrame(ctx, protocol.Frame{Type: protocol.TypeSend, ConvID: conv, ClientMsgID: cmid, Kind: protocol.KindText, Body: body}); err != nil {
 			return err
 		}
-		keys := make([]string, 0, len(have))
-		for a := range have {
-			keys = append(keys, a)
+		lines := make([]string, 0, len(have))
+		for a, id := range have {
+			lines = append(lines, a+" "+id)
 		}
-		sort.Strings(keys)
-		if err := m.st.Save(distKey(conv, parsed.ChainID), []byte(strings.Join(keys, "\n"))); err != nil {
+		sort.Strings(lines)
+		if err := m.st.Save(distKey(conv, parsed.ChainID), []byte(strings.Join(lines, "\n"))); err != nil {
 			return err
 		}
 	}
