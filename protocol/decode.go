@@ -147,8 +147,10 @@ func validate(f *Frame, lim Limits) *Error {
 		if e := needTarget(f, lim); e != nil {
 			return e
 		}
-		if f.Body != "" {
-			return Errorf(CodeInvalidArgument, "recall takes no body")
+		// A body is for end-to-end encrypted conversations only (the
+		// author's sealed recall); the service refuses it elsewhere.
+		if len(f.Body) > lim.MaxBodyBytes {
+			return Errorf(CodeTooLarge, "body of %d bytes is over %d", len(f.Body), lim.MaxBodyBytes)
 		}
 		f.Kind = KindRecall
 		return nil

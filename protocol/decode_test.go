@@ -27,7 +27,10 @@ func TestDecodeClient(t *testing.T) {
 		{"no body", `{"type":"send","conv_id":"7","client_msg_id":"a"}`, CodeInvalidArgument},
 		{"long client_msg_id", `{"type":"send","conv_id":"7","client_msg_id":"` + strings.Repeat("a", 65) + `","body":"x"}`, CodeInvalidArgument},
 		{"long rid", `{"type":"ping","rid":"` + strings.Repeat("r", 65) + `"}`, CodeInvalidArgument},
-		{"recall with body", `{"type":"recall","conv_id":"7","client_msg_id":"a","target_seq":1,"body":"x"}`, CodeInvalidArgument},
+		// A recall's body (an E2E conversation's sealed recall) is vetted by
+		// the service, which refuses it in a plaintext conversation.
+		{"recall with body", `{"type":"recall","conv_id":"7","client_msg_id":"a","target_seq":1,"body":"x"}`, ""},
+		{"recall with a long body", `{"type":"recall","conv_id":"7","client_msg_id":"a","target_seq":1,"body":"` + strings.Repeat("x", DefaultLimits.MaxBodyBytes+1) + `"}`, CodeTooLarge},
 		{"edit without target", `{"type":"edit","conv_id":"7","client_msg_id":"a","body":"x"}`, CodeInvalidArgument},
 		{"read without seq", `{"type":"read","conv_id":"7"}`, CodeInvalidArgument},
 		{"sync empty", `{"type":"sync"}`, CodeInvalidArgument},

@@ -12,20 +12,27 @@ import (
 // read (protocol.ParseEnvelope checks the form: a plaintext body is
 // refused with e2e_required). Everything that only moves or counts
 // messages works as for any conversation: seq, history, sync, snapshots,
-// receipts, edits (a new envelope), recall, every fan-out tier. What would
+// receipts, edits (a new envelope), recall (with or without an envelope),
+// every fan-out tier. What would
 // need the server to read or learn content is refused with
 // e2e_unsupported: mentions and @everyone (the server would learn who a
 // message names; clients highlight mentions locally after decrypting).
 
-// checkE2E vets a send, edit or recall for the conversation's mode.
+// checkE2E vets a send, edit or recall for the conversation's mode. A
+// recall may carry a body only in an E2E conversation: its author's
+// sealed recall, which clients require before they hide the target (the
+// server's own recall, moderation, has none and stays possible).
 func checkE2E(cv store.Conversation, f *protocol.Frame) *protocol.Error {
 	if !cv.E2E {
+		if f.Type == protocol.TypeRecall && f.Body != "" {
+			return protocol.Errorf(protocol.CodeInvalidArgument, "recall takes no body outside end-to-end encrypted conversations")
+		}
 		return nil
 	}
 	if len(f.Mentions) > 0 || f.MentionAll {
 		return protocol.Errorf(protocol.CodeE2EUnsupported, "mentions are not available in end-to-end encrypted conversations (the server would learn who a message names)")
 	}
-	if f.Type == protocol.TypeRecall {
+	if f.Type == protocol.TypeRecall && f.Body == "" {
 		return nil
 	}
 	if _, err := protocol.ParseEnvelope(f.Body); err != nil {

@@ -88,7 +88,7 @@ client={
  "ping":cf("ping",{},[],"heartbeat"),
  "send":cf("send",{"conv_id":ref("ConvID"),"client_msg_id":{"type":"string","minLength":1,"maxLength":64},"body":{"type":"string","minLength":1},"kind":{"enum":["text","state"]},"coalesce_key":STR,"mentions":arr(ID),"mention_all":BOOL},["conv_id","client_msg_id","body"],"store a message"),
  "edit":cf("edit",{"conv_id":ref("ConvID"),"client_msg_id":{"type":"string","minLength":1,"maxLength":64},"target_seq":{"type":"integer","minimum":1},"body":{"type":"string","minLength":1}},["conv_id","client_msg_id","target_seq","body"],"edit a message"),
- "recall":cf("recall",{"conv_id":ref("ConvID"),"client_msg_id":{"type":"string","minLength":1,"maxLength":64},"target_seq":{"type":"integer","minimum":1}},["conv_id","client_msg_id","target_seq"],"recall a message"),
+ "recall":cf("recall",{"conv_id":ref("ConvID"),"client_msg_id":{"type":"string","minLength":1,"maxLength":64},"target_seq":{"type":"integer","minimum":1},"body":{"type":"string","minLength":1,"description":"end-to-end encrypted conversations only: the author's sealed recall, an E2E envelope"}},["conv_id","client_msg_id","target_seq"],"recall a message"),
  "delivered":cf("delivered",{"conv_id":ref("ConvID"),"seq":SEQ},["conv_id","seq"],"cumulative delivered position"),
  "read":cf("read",{"conv_id":ref("ConvID"),"seq":SEQ},["conv_id","seq"],"raise the read position"),
  "sync":cf("sync",{"all":BOOL,"convs":arr(ref("SyncConv"))},[],"batch snapshot"),
