@@ -55,8 +55,20 @@ func TestMaliciousServerReplaysFirstMessage(t *testing.T) {
 	}
 	replay := first
 	replay.Seq += 1000 // a new message as far as bob's kept copies go
+	// The same bytes: their content was opened under another seq.
+	if o, err := bob.m.Open(replay); !errors.Is(err, ErrMetadataMismatch) {
+		t.Fatalf("replayed first message: %+v %v, want ErrMetadataMismatch", o, err)
+	}
+	// Other bytes for the same first message (an unknown protobuf field
+	// appended, which parsers skip): the base key was used.
+	env, err := protocol.ParseEnvelope(first.Body)
+	if err != nil || len(env.To) != 1 {
+		t.Fatalf("envelope %+v %v", env, err)
+	}
+	env.To[0].Body = append(env.To[0].Body, 15<<3, 1)
+	replay.Body, replay.Seq = protocol.EncodeEnvelope(*env), replay.Seq+1
 	if o, err := bob.m.Open(replay); !errors.Is(err, e2ee.ErrReusedBaseKey) {
-		t.Fatalf("replayed first message: %+v %v, want ErrReusedBaseKey", o, err)
+		t.Fatalf("re-encoded first message: %+v %v, want ErrReusedBaseKey", o, err)
 	}
 }
 

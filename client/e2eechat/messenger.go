@@ -8,6 +8,7 @@ package e2eechat
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -30,17 +31,85 @@ var (
 	// ErrOwnUnknown: a message this device sent whose plaintext it no
 	// longer has (a sender cannot decrypt its own ciphertexts).
 	ErrOwnUnknown = errors.New("e2eechat: own message without a local copy")
+	// ErrMetadataMismatch: the server's labels of a message differ from
+	// what its author sealed inside the encryption (conversation, kind,
+	// target, sender user or device), an edit or recall targets a message
+	// someone else wrote, or a content already opened comes again under
+	// another seq. The error is a *MetadataError saying what differed;
+	// nothing of the message is shown or kept.
+	ErrMetadataMismatch = errors.New("e2eechat: the server's labels do not match the encrypted content")
+	// ErrUnbound: the content carries no bound metadata (it was sealed by
+	// an SDK that did not write it), so its labels are the server's word
+	// alone. For a text message Opened.Text holds the text, for the caller
+	// to show flagged as unverified; it is not kept, and a sender key
+	// distribution, edit or recall without bound metadata is not applied.
+	ErrUnbound = errors.New("e2eechat: metadata not bound inside the encryption")
+	// ErrUnauthenticatedRecall: a recall without an envelope of its
+	// author's (sent by the server's moderation, by a client that seals
+	// none, or forged). The target is not recalled on this device.
+	ErrUnauthenticatedRecall = errors.New("e2eechat: recall not authenticated by the author")
 )
+
+// MetadataError is an ErrMetadataMismatch. Field is what differed:
+// "conv", "kind", "target", "from" (sender user), "dev" (sender device),
+// "author" (an edit or recall of a message written by someone else:
+// Server is the target's author as this device kept it) or "seq" (a
+// content opened before under another seq: Server is the new seq, Sealed
+// the one it was first opened under).
+type MetadataError struct {
+	ConvID, Seq uint64 // the message as the server labelled it
+	Field       string
+	Server      string // the server's label
+	Sealed      string // what the encrypted content (or this device's record of it) says
+}
+
+func (e *MetadataError) Error() string {
+	return fmt.Sprintf("e2eechat: conv %d seq %d: refused: the server says %s %q, the encrypted content %q", e.ConvID, e.Seq, e.Field, e.Server, e.Sealed)
+}
+
+// Is makes errors.Is(err, ErrMetadataMismatch) true.
+func (e *MetadataError) Is(target error) bool { return target == ErrMetadataMismatch }
 
 // envelopeBudget is the part of max_body_bytes one envelope of sender-key
 // distributions may use.
 const envelopeBudget = 12 << 10
 
-// content is what travels inside the encryption.
+// content is what travels inside the encryption: the message (T and its
+// payload) and the labels the server shows beside it, sealed by the author
+// so that the receiver can compare them (docs/protocol.md, "Content inside
+// the encryption").
 type content struct {
-	T    string `json:"t"` // "text" or "skdm"
+	T    string `json:"t"` // "text", "skdm" or "recall"
 	Text string `json:"text,omitempty"`
 	SKDM []byte `json:"skdm,omitempty"`
+
+	Conv   uint64 `json:"conv,string,omitempty"`
+	Kind   string `json:"kind,omitempty"`   // the frame's kind: text, edit or recall (a distribution travels as text)
+	Target uint64 `json:"target,omitempty"` // an edit's or recall's target seq
+	From   string `json:"from,omitempty"`
+	Dev    string `json:"dev,omitempty"`
+	// Ctr counts the contents this device sealed in the conversation,
+	// from 1: a content is opened under one seq only.
+	Ctr uint64  `json:"ctr,omitempty"`
+	KT  *KTHead `json:"kt,omitempty"`
+}
+
+// KTHead is a key transparency checkpoint (tree size and root hash) as
+// the sender last verified it, carried inside the content so that its
+// receivers can compare it with their own view of the log.
+type KTHead struct {
+	Size uint64 `json:"size"`
+	Root []byte `json:"root"`
+}
+
+// kept is what this device records of a message it opened: its labels as
+// verified against the content, which later deliveries of the same seq
+// must repeat. Empty fields were not verified and are not compared.
+type kept struct {
+	From   string `json:"from,omitempty"`
+	Dev    string `json:"dev,omitempty"`
+	Kind   string `json:"kind,omitempty"`
+	Target uint64 `json:"target,omitempty"`
 }
 
 // Opened is a decrypted message.
@@ -57,6 +126,10 @@ type Opened struct {
 	// Control is true for protocol messages (sender-key distributions) the
 	// user does not see.
 	Control bool
+	// Recalled is set for a message its author recalled (an authenticated
+	// recall this device applied). The server's recalled flag alone does
+	// not set it: the kept text is shown.
+	Recalled bool
 }
 
 // Messenger is the E2E side of one device. Safe for concurrent use.
@@ -72,6 +145,15 @@ type Messenger struct {
 	// openMu makes Open atomic: a message delivered twice at once (push and
 	// sync) is decrypted once, the second call gets the kept copy.
 	openMu sync.Mutex
+
+	// ctrMu serializes the counters of sealed contents (content.Ctr).
+	ctrMu sync.Mutex
+
+	// ktHead, when set, gives the checkpoint sealed into every content;
+	// ktCheck, when set, vets the checkpoint of every content Open
+	// accepts (nil when the sender sealed none) and its error is Open's.
+	ktHead  func() *KTHead
+	ktCheck func(sender e2ee.Address, head *KTHead) error
 }
 
 // New returns a Messenger for device d (whose state is in st) on client c.
@@ -260,8 +342,85 @@ func (m *Messenger) seal(ctx context.Context, to []e2ee.Address, c content) ([]p
 	return out, nil
 }
 
-func (m *Messenger) keep(conv, seq uint64, text string) error {
-	return m.st.Save(plainKey(conv, seq), []byte(text))
+// bind fills c's metadata for a message of kind (the frame's) in conv
+// and takes the next counter, persisted before it is used: a counter is
+// never sealed twice, a failed send only leaves a gap.
+func (m *Messenger) bind(conv uint64, kind string, target uint64, c content) (content, error) {
+	m.ctrMu.Lock()
+	defer m.ctrMu.Unlock()
+	key := "ctr/" + groupName(conv)
+	var n uint64
+	if b, err := m.st.Load(key); err != nil {
+		return c, err
+	} else if b != nil {
+		if n, err = strconv.ParseUint(string(b), 10, 64); err != nil {
+			return c, fmt.Errorf("e2eechat: counter of conv %d: %w", conv, err)
+		}
+	}
+	n++
+	if err := m.st.Save(key, []byte(strconv.FormatUint(n, 10))); err != nil {
+		return c, err
+	}
+	c.Conv, c.Kind, c.Target, c.From, c.Dev, c.Ctr = conv, kind, target, m.self.User, m.self.Device, n
+	if m.ktHead != nil {
+		c.KT = m.ktHead()
+	}
+	return c, nil
+}
+
+// frameKind is the kind the server gives the message f stores.
+func frameKind(f protocol.Frame) string {
+	switch {
+	case f.Type == protocol.TypeEdit:
+		return protocol.KindEdit
+	case f.Type == protocol.TypeRecall:
+		return protocol.KindRecall
+	case f.Kind == "":
+		return protocol.KindText
+	}
+	return f.Kind
+}
+
+// keep records the text of message seq and, when k is set, its labels.
+func (m *Messenger) keep(conv, seq uint64, text string, k *kept) error {
+	if err := m.st.Save(plainKey(conv, seq), []byte(text)); err != nil {
+		return err
+	}
+	if k == nil {
+		return nil
+	}
+	b, _ := json.Marshal(k)
+	return m.st.Save(metaKey(conv, seq), b)
+}
+
+// keptMeta is the record of message seq (nil if none).
+func (m *Messenger) keptMeta(conv, seq uint64) (*kept, error) {
+	b, err := m.st.Load(metaKey(conv, seq))
+	if err != nil || b == nil {
+		return nil, err
+	}
+	var k kept
+	if err := json.Unmarshal(b, &k); err != nil {
+		return nil, fmt.Errorf("e2eechat: record of conv %d seq %d: %w", conv, seq, err)
+	}
+	return &k, nil
+}
+
+func metaKey(conv, seq uint64) string {
+	return "meta/" + strconv.FormatUint(conv, 10) + "/" + strconv.FormatUint(seq, 10)
+}
+
+func recalledKey(conv, seq uint64) string {
+	return "recalled/" + strconv.FormatUint(conv, 10) + "/" + strconv.FormatUint(seq, 10)
+}
+
+// recall applies an authenticated recall of target: its text is dropped
+// (search no longer finds it) and later openings say Recalled.
+func (m *Messenger) recall(conv, target uint64) error {
+	if err := m.st.Save(recalledKey(conv, target), []byte{1}); err != nil {
+		return err
+	}
+	return m.st.Delete(plainKey(conv, target))
 }
 
 func plainKey(conv, seq uint64) string {
@@ -281,6 +440,13 @@ func (m *Messenger) EditDirect(ctx context.Context, convID, target uint64, peer,
 	return m.direct(ctx, protocol.Frame{Type: protocol.TypeEdit, ConvID: convID, TargetSeq: target}, peer, text)
 }
 
+// RecallDirect recalls message target of a direct conversation with an
+// envelope sealed to every device of peer and of this user: receivers
+// apply a recall only when its author sealed it.
+func (m *Messenger) RecallDirect(ctx context.Context, convID, target uint64, peer string) (client.Ack, error) {
+	return m.direct(ctx, protocol.Frame{Type: protocol.TypeRecall, ConvID: convID, TargetSeq: target}, peer, "")
+}
+
 func (m *Messenger) direct(ctx context.Context, f protocol.Frame, peer, text string) (client.Ack, error) {
 	to, err := m.targets(ctx, []string{peer, m.self.User}, true)
 	if err != nil {
@@ -289,12 +455,19 @@ func (m *Messenger) direct(ctx context.Context, f protocol.Frame, peer, text str
 	if len(to) == 0 {
 		return client.Ack{}, fmt.Errorf("e2eechat: %s has no device with keys", peer)
 	}
-	env, err := m.seal(ctx, to, content{T: "text", Text: text})
+	c := content{T: "text", Text: text}
+	if f.Type == protocol.TypeRecall {
+		c = content{T: "recall"}
+	}
+	if c, err = m.bind(f.ConvID, frameKind(f), f.TargetSeq, c); err != nil {
+		return client.Ack{}, err
+	}
+	env, err := m.seal(ctx, to, c)
 	if err != nil {
 		return client.Ack{}, err
 	}
 	f.Body = protocol.EncodeEnvelope(protocol.Envelope{To: env})
-	return m.sendOwn(ctx, f, text)
+	return m.sendOwn(ctx, f, c)
 }
 
 func groupName(conv uint64) string { return strconv.FormatUint(conv, 10) }
@@ -303,26 +476,38 @@ func ownKey(conv uint64, clientMsgID string) string {
 	return "own/" + strconv.FormatUint(conv, 10) + "/" + clientMsgID
 }
 
-// sendOwn sends f, keeping text under its client_msg_id first: the echo
-// push of this device's own message may arrive before the ack, and a
-// sender cannot decrypt its own ciphertext. Once acknowledged, text is
-// kept under the message's seq too (and its target's, for an edit).
-func (m *Messenger) sendOwn(ctx context.Context, f protocol.Frame, text string) (client.Ack, error) {
+// sendOwn sends f, keeping its content c under its client_msg_id first:
+// the echo push of this device's own message may arrive before the ack,
+// and a sender cannot decrypt its own ciphertext. Once acknowledged, the
+// text is kept under the message's seq too (and its target's, for an
+// edit), and a recall is applied here.
+func (m *Messenger) sendOwn(ctx context.Context, f protocol.Frame, c content) (client.Ack, error) {
 	if f.ClientMsgID == "" {
 		f.ClientMsgID = client.NewClientMsgID()
 	}
-	if err := m.st.Save(ownKey(f.ConvID, f.ClientMsgID), []byte(text)); err != nil {
+	own := ownKey(f.ConvID, f.ClientMsgID)
+	if err := m.st.Save(own, []byte(c.Text)); err != nil {
+		return client.Ack{}, err
+	}
+	b, _ := json.Marshal(c)
+	if err := m.st.Save("ownc/"+own, b); err != nil {
 		return client.Ack{}, err
 	}
 	ack, err := m.c.SendFrame(ctx, f)
 	if err != nil {
 		return ack, err
 	}
-	if err := m.keep(f.ConvID, ack.Seq, text); err != nil {
+	if err := m.st.Save("ownseq/"+own, []byte(strconv.FormatUint(ack.Seq, 10))); err != nil {
+		return ack, err
+	}
+	if c.Kind == protocol.KindRecall {
+		return ack, m.recall(f.ConvID, f.TargetSeq)
+	}
+	if err := m.keep(f.ConvID, ack.Seq, c.Text, &kept{From: c.From, Dev: c.Dev, Kind: c.Kind, Target: c.Target}); err != nil {
 		return ack, err
 	}
 	if f.TargetSeq != 0 {
-		err = m.keep(f.ConvID, f.TargetSeq, text)
+		err = m.keep(f.ConvID, f.TargetSeq, c.Text, nil)
 	}
 	return ack, err
 }
@@ -382,7 +567,11 @@ func (m *Messenger) distribute(ctx context.Context, conv uint64, members []strin
 		var batch []protocol.EnvelopeTo
 		size := 0
 		for len(missing) > 0 && size < envelopeBudget && len(batch) < protocol.MaxEnvelopeTo {
-			env, err := m.seal(ctx, missing[:1], content{T: "skdm", SKDM: skdm})
+			c, err := m.bind(conv, protocol.KindText, 0, content{T: "skdm", SKDM: skdm})
+			if err != nil {
+				return err
+			}
+			env, err := m.seal(ctx, missing[:1], c)
 			if err != nil {
 				return err
 			}
@@ -423,17 +612,42 @@ func (m *Messenger) EditGroup(ctx context.Context, convID, target uint64, member
 	return m.group(ctx, protocol.Frame{Type: protocol.TypeEdit, ConvID: convID, TargetSeq: target}, members, text)
 }
 
+// RecallGroup recalls message target of a group with a Sender Key
+// envelope: receivers apply a recall only when its author sealed it.
+func (m *Messenger) RecallGroup(ctx context.Context, convID, target uint64, members []string) (client.Ack, error) {
+	return m.group(ctx, protocol.Frame{Type: protocol.TypeRecall, ConvID: convID, TargetSeq: target}, members, "")
+}
+
 func (m *Messenger) group(ctx context.Context, f protocol.Frame, members []string, text string) (client.Ack, error) {
-	if err := m.distribute(ctx, f.ConvID, append(members, m.self.User), false); err != nil {
-		return client.Ack{}, err
+	c := content{T: "text", Text: text}
+	if f.Type == protocol.TypeRecall {
+		c = content{T: "recall"}
 	}
-	plain, _ := json.Marshal(content{T: "text", Text: text})
-	ct, err := m.d.GroupEncrypt(groupName(f.ConvID), plain, e2ee.FormatModern)
+	body, c, err := m.groupEnvelope(ctx, f.ConvID, members, frameKind(f), f.TargetSeq, c)
 	if err != nil {
 		return client.Ack{}, err
 	}
-	f.Body = protocol.EncodeEnvelope(protocol.Envelope{Group: ct})
-	return m.sendOwn(ctx, f, text)
+	f.Body = body
+	return m.sendOwn(ctx, f, c)
+}
+
+// groupEnvelope binds c to a message of kind in group conv and seals it
+// under this device's sender key, after distributing the key to the
+// member devices that lack it.
+func (m *Messenger) groupEnvelope(ctx context.Context, conv uint64, members []string, kind string, target uint64, c content) (string, content, error) {
+	if err := m.distribute(ctx, conv, append(members, m.self.User), false); err != nil {
+		return "", c, err
+	}
+	c, err := m.bind(conv, kind, target, c)
+	if err != nil {
+		return "", c, err
+	}
+	plain, _ := json.Marshal(c)
+	ct, err := m.d.GroupEncrypt(groupName(conv), plain, e2ee.FormatModern)
+	if err != nil {
+		return "", c, err
+	}
+	return protocol.EncodeEnvelope(protocol.Envelope{Group: ct}), c, nil
 }
 
 // RotateGroup drops this device's sender key of convID: the next
@@ -454,46 +668,36 @@ func (m *Messenger) RotateGroup(convID uint64) error {
 
 // Open decrypts a message of an E2E conversation (a push, a sync or a
 // history entry). Opening the same message again returns the kept copy.
-// The errors of e2ee pass through for errors.Is: a replayed first message
-// is e2ee.ErrReusedBaseKey, a classic X3DH one for a new session
-// e2ee.ErrDowngrade (sending to a device whose bundle lacks a KEM prekey
-// fails with it too).
+//
+// The labels the server gives the message (conversation, kind, target,
+// sender user and device, seq) are checked against those its author
+// sealed inside the encryption, and an edit or recall must come from the
+// author of its target: a mismatch is a *MetadataError
+// (ErrMetadataMismatch), a content without sealed labels ErrUnbound, a
+// recall without the author's envelope ErrUnauthenticatedRecall. A
+// ciphertext opened once is never decrypted again: its content is kept
+// and checked against each new delivery, so the same content under
+// another seq is refused too. The errors of e2ee pass through for
+// errors.Is: a replayed first message is e2ee.ErrReusedBaseKey, a classic
+// X3DH one for a new session e2ee.ErrDowngrade (sending to a device whose
+// bundle lacks a KEM prekey fails with it too).
 func (m *Messenger) Open(msg protocol.Message) (Opened, error) {
 	m.openMu.Lock()
 	defer m.openMu.Unlock()
 	o := Opened{ConvID: msg.ConvID, Seq: msg.Seq, Sender: msg.Sender, SenderDevice: msg.SenderDevice, Kind: msg.Kind, TargetSeq: msg.TargetSeq}
 	switch {
 	case msg.Kind == protocol.KindSystem:
-		var ev protocol.SystemEvent
-		if err := json.Unmarshal([]byte(msg.Body), &ev); err != nil {
-			return o, err
-		}
-		o.System = &ev
-		switch ev.Event {
-		case "device_added":
-			m.forget(ev.Users...)
-		case "device_removed", "identity_changed":
-			// The old session cannot reach the device any more: the next
-			// message starts a new one from a fresh bundle.
-			m.forget(ev.Users...)
-			if ev.Device != "" && ev.Actor != "" && (ev.Actor != m.self.User || ev.Device != m.self.Device) {
-				if err := m.d.Reset(e2ee.Address{User: ev.Actor, Device: ev.Device}); err != nil {
-					return o, err
-				}
-			}
-		case "member_removed", "member_left":
-			if err := m.RotateGroup(msg.ConvID); err != nil {
-				return o, err
-			}
-		}
-		return o, nil
-	case msg.Kind == protocol.KindRecall || msg.Recalled:
-		return o, nil
+		return m.openSystem(msg, o)
+	case msg.Recalled:
+		return m.openRecalled(msg, o)
 	}
 	key := plainKey(msg.ConvID, msg.Seq) // an edited target's copy follows its edits
 	if b, err := m.st.Load(key); err != nil {
 		return o, err
 	} else if b != nil {
+		if err := m.checkKept(msg); err != nil {
+			return o, err
+		}
 		o.Text = string(b)
 		return o, nil
 	}
@@ -504,68 +708,300 @@ func (m *Messenger) Open(msg protocol.Message) (Opened, error) {
 		return o, nil
 	}
 	if msg.Sender == m.self.User && msg.SenderDevice == m.self.Device {
-		if b, err := m.st.Load("ownctl/" + ownKey(msg.ConvID, msg.ClientMsgID)); err != nil {
-			return o, err
-		} else if b != nil {
-			o.Control = true
-			return o, nil
-		}
-		b, err := m.st.Load(ownKey(msg.ConvID, msg.ClientMsgID))
-		if err != nil {
-			return o, err
-		}
-		if b == nil {
-			return o, ErrOwnUnknown
-		}
-		o.Text = string(b)
-		return o, m.keep(msg.ConvID, msg.Seq, o.Text)
+		return m.openOwn(msg, o)
 	}
-	env, err := protocol.ParseEnvelope(msg.Body)
+	if msg.Body == "" && msg.Kind == protocol.KindRecall {
+		return o, ErrUnauthenticatedRecall
+	}
+	sender := e2ee.Address{User: msg.Sender, Device: msg.SenderDevice}
+	c, err := m.decrypt(msg, sender)
 	if err != nil {
 		return o, err
 	}
-	sender := e2ee.Address{User: msg.Sender, Device: msg.SenderDevice}
-	var plain []byte
-	if len(env.Group) > 0 {
-		plain, err = m.d.GroupDecrypt(groupName(msg.ConvID), sender, env.Group, e2ee.FormatModern)
-	} else {
-		found := false
+	if err := m.verify(msg, c); err != nil {
+		if errors.Is(err, ErrUnbound) && c.T == "text" && c.Kind == "" {
+			o.Text = c.Text
+		}
+		return o, err
+	}
+	if m.ktCheck != nil {
+		if err := m.ktCheck(sender, c.KT); err != nil {
+			return o, err
+		}
+	}
+	return m.apply(msg, c, o)
+}
+
+func (m *Messenger) openSystem(msg protocol.Message, o Opened) (Opened, error) {
+	var ev protocol.SystemEvent
+	if err := json.Unmarshal([]byte(msg.Body), &ev); err != nil {
+		return o, err
+	}
+	o.System = &ev
+	switch ev.Event {
+	case "device_added":
+		m.forget(ev.Users...)
+	case "device_removed", "identity_changed":
+		// The old session cannot reach the device any more: the next
+		// message starts a new one from a fresh bundle.
+		m.forget(ev.Users...)
+		if ev.Device != "" && ev.Actor != "" && (ev.Actor != m.self.User || ev.Device != m.self.Device) {
+			if err := m.d.Reset(e2ee.Address{User: ev.Actor, Device: ev.Device}); err != nil {
+				return o, err
+			}
+		}
+	case "member_removed", "member_left":
+		if err := m.RotateGroup(msg.ConvID); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
+}
+
+// openRecalled opens a message the server shows recalled: Recalled if its
+// author's recall was applied here, else the kept text (the server's flag
+// alone recalls nothing; with no copy kept there is nothing to show).
+func (m *Messenger) openRecalled(msg protocol.Message, o Opened) (Opened, error) {
+	if b, err := m.st.Load(recalledKey(msg.ConvID, msg.Seq)); err != nil || b != nil {
+		o.Recalled = b != nil
+		return o, err
+	}
+	b, err := m.st.Load(plainKey(msg.ConvID, msg.Seq))
+	if err != nil || b == nil {
+		return o, err
+	}
+	if err := m.checkKept(msg); err != nil {
+		return o, err
+	}
+	o.Text = string(b)
+	return o, nil
+}
+
+// checkKept compares msg's labels with the record of the message this
+// device opened at its seq.
+func (m *Messenger) checkKept(msg protocol.Message) error {
+	k, err := m.keptMeta(msg.ConvID, msg.Seq)
+	if err != nil || k == nil {
+		return err
+	}
+	bad := func(field, server, sealed string) error {
+		return &MetadataError{ConvID: msg.ConvID, Seq: msg.Seq, Field: field, Server: server, Sealed: sealed}
+	}
+	switch {
+	case k.From != "" && k.From != msg.Sender:
+		return bad("from", msg.Sender, k.From)
+	case k.Dev != "" && k.Dev != msg.SenderDevice:
+		return bad("dev", msg.SenderDevice, k.Dev)
+	case k.Kind != "" && k.Kind != msg.Kind:
+		return bad("kind", msg.Kind, k.Kind)
+	case k.Kind != "" && k.Target != msg.TargetSeq:
+		return bad("target", seqString(msg.TargetSeq), seqString(k.Target))
+	}
+	return nil
+}
+
+func seqString(seq uint64) string { return strconv.FormatUint(seq, 10) }
+
+// openOwn opens a message this device sent, from the content it kept
+// under the message's client_msg_id.
+func (m *Messenger) openOwn(msg protocol.Message, o Opened) (Opened, error) {
+	own := ownKey(msg.ConvID, msg.ClientMsgID)
+	if b, err := m.st.Load("ownctl/" + own); err != nil {
+		return o, err
+	} else if b != nil {
+		o.Control = true
+		return o, nil
+	}
+	b, err := m.st.Load(own)
+	if err != nil {
+		return o, err
+	}
+	if b == nil {
+		if msg.Kind == protocol.KindRecall {
+			return o, ErrUnauthenticatedRecall
+		}
+		return o, ErrOwnUnknown
+	}
+	bad := func(field, server, sealed string) error {
+		return &MetadataError{ConvID: msg.ConvID, Seq: msg.Seq, Field: field, Server: server, Sealed: sealed}
+	}
+	if cb, err := m.st.Load("ownc/" + own); err != nil {
+		return o, err
+	} else if cb != nil {
+		var c content
+		if err := json.Unmarshal(cb, &c); err != nil {
+			return o, fmt.Errorf("e2eechat: own content: %w", err)
+		}
+		switch {
+		case c.Kind != msg.Kind:
+			return o, bad("kind", msg.Kind, c.Kind)
+		case c.Target != msg.TargetSeq:
+			return o, bad("target", seqString(msg.TargetSeq), seqString(c.Target))
+		}
+	}
+	if sb, err := m.st.Load("ownseq/" + own); err != nil {
+		return o, err
+	} else if sb != nil && string(sb) != seqString(msg.Seq) {
+		return o, bad("seq", seqString(msg.Seq), string(sb))
+	}
+	if msg.Kind == protocol.KindRecall {
+		return o, nil // applied when it was sent
+	}
+	o.Text = string(b)
+	return o, m.keep(msg.ConvID, msg.Seq, o.Text, &kept{From: msg.Sender, Dev: msg.SenderDevice, Kind: msg.Kind, Target: msg.TargetSeq})
+}
+
+// decrypt returns the content of msg's ciphertext for this device. A
+// ciphertext is decrypted once (a second decryption fails: its message key
+// is gone); its content is kept under the ciphertext's hash, so an edited
+// target that carries its edit's envelope, and a replay, are checked like
+// any delivery.
+func (m *Messenger) decrypt(msg protocol.Message, sender e2ee.Address) (content, error) {
+	var c content
+	env, err := protocol.ParseEnvelope(msg.Body)
+	if err != nil {
+		return c, err
+	}
+	ct, typ := env.Group, -1
+	if len(ct) == 0 {
 		for _, t := range env.To {
 			if t.User == m.self.User && t.Device == m.self.Device {
-				found = true
-				plain, err = m.d.Decrypt(sender, e2ee.MessageType(t.Type), t.Body)
+				ct, typ = t.Body, t.Type
 				break
 			}
 		}
-		if !found {
-			return o, ErrNotForDevice
+		if ct == nil {
+			return c, ErrNotForDevice
 		}
 	}
+	sum := sha256.Sum256(ct)
+	ck := "ct/" + hex.EncodeToString(sum[:])
+	plain, err := m.st.Load(ck)
 	if err != nil {
-		return o, err
+		return c, err
 	}
-	var c content
+	if plain == nil {
+		if typ < 0 {
+			plain, err = m.d.GroupDecrypt(groupName(msg.ConvID), sender, ct, e2ee.FormatModern)
+		} else {
+			plain, err = m.d.Decrypt(sender, e2ee.MessageType(typ), ct)
+		}
+		if err != nil {
+			return c, err
+		}
+		if err := m.st.Save(ck, plain); err != nil {
+			return c, err
+		}
+	}
 	if err := json.Unmarshal(plain, &c); err != nil {
-		return o, fmt.Errorf("e2eechat: content: %w", err)
+		return c, fmt.Errorf("e2eechat: content: %w", err)
 	}
+	return c, nil
+}
+
+// rewritten reports whether msg is an edited target shown with the
+// envelope of its edit c (the server rewrites the target with the edit's
+// body): c's labels are the edit event's, checked against the target.
+func rewritten(msg protocol.Message, c content) bool {
+	return msg.Edited && msg.Kind == protocol.KindText && c.Kind == protocol.KindEdit && c.Target == msg.Seq
+}
+
+// verify checks the server's labels of msg against content c and records
+// c's counter under msg's seq.
+func (m *Messenger) verify(msg protocol.Message, c content) error {
+	if c.Ctr == 0 || c.Kind == "" {
+		return ErrUnbound
+	}
+	bad := func(field, server, sealed string) error {
+		return &MetadataError{ConvID: msg.ConvID, Seq: msg.Seq, Field: field, Server: server, Sealed: sealed}
+	}
+	rw := rewritten(msg, c)
+	switch {
+	case c.Conv != msg.ConvID:
+		return bad("conv", seqString(msg.ConvID), seqString(c.Conv))
+	case c.From != msg.Sender:
+		return bad("from", msg.Sender, c.From)
+	case rw:
+		// The target's labels are its first version's: its sender device
+		// may differ from the edit's.
+	case c.Dev != msg.SenderDevice:
+		return bad("dev", msg.SenderDevice, c.Dev)
+	case c.Kind != msg.Kind:
+		return bad("kind", msg.Kind, c.Kind)
+	case c.Target != msg.TargetSeq:
+		return bad("target", seqString(msg.TargetSeq), seqString(c.Target))
+	}
+	switch {
+	case c.T == "text" && (c.Kind == protocol.KindText || c.Kind == protocol.KindEdit) && (c.Kind == protocol.KindEdit) == (c.Target != 0):
+	case c.T == "skdm" && c.Kind == protocol.KindText && c.Target == 0:
+	case c.T == "recall" && c.Kind == protocol.KindRecall && c.Target != 0:
+	default:
+		return fmt.Errorf("e2eechat: content %q sealed as kind %q, target %d", c.T, c.Kind, c.Target)
+	}
+	if c.Target != 0 {
+		k, err := m.keptMeta(msg.ConvID, c.Target)
+		if err != nil {
+			return err
+		}
+		if k != nil && k.From != "" && k.From != c.From {
+			return bad("author", k.From, c.From)
+		}
+	}
+	if rw {
+		return nil // the edit event's seq holds the counter
+	}
+	sk := "seen/" + strconv.FormatUint(msg.ConvID, 10) + "/" + e2ee.Address{User: c.From, Device: c.Dev}.String() + "/" + strconv.FormatUint(c.Ctr, 10)
+	b, err := m.st.Load(sk)
+	switch {
+	case err != nil:
+		return err
+	case b == nil:
+		return m.st.Save(sk, []byte(seqString(msg.Seq)))
+	case string(b) != seqString(msg.Seq):
+		return bad("seq", seqString(msg.Seq), string(b))
+	}
+	return nil
+}
+
+// apply acts on a verified content: keeps a text (an edit's for its
+// target too), processes a sender key distribution, applies a recall.
+func (m *Messenger) apply(msg protocol.Message, c content, o Opened) (Opened, error) {
+	key := plainKey(msg.ConvID, msg.Seq)
 	switch c.T {
 	case "skdm":
+		sender := e2ee.Address{User: msg.Sender, Device: msg.SenderDevice}
 		if err := m.d.ProcessGroupDistribution(groupName(msg.ConvID), sender, c.SKDM, e2ee.FormatModern); err != nil {
 			return o, err
 		}
 		o.Control = true
 		return o, m.st.Save("ctl/"+key, []byte{1})
-	case "text":
-		o.Text = c.Text
-		if err := m.keep(msg.ConvID, msg.Seq, c.Text); err != nil {
-			return o, err
-		}
-		if msg.Kind == protocol.KindEdit && msg.TargetSeq != 0 {
-			return o, m.keep(msg.ConvID, msg.TargetSeq, c.Text)
-		}
+	case "recall":
+		return o, m.recall(msg.ConvID, c.Target)
+	}
+	o.Text = c.Text
+	if rewritten(msg, c) {
+		// Only the author is verified: the first version's device is not.
+		return o, m.keep(msg.ConvID, msg.Seq, c.Text, &kept{From: c.From, Kind: protocol.KindText})
+	}
+	if err := m.keep(msg.ConvID, msg.Seq, c.Text, &kept{From: c.From, Dev: c.Dev, Kind: c.Kind, Target: c.Target}); err != nil {
+		return o, err
+	}
+	if c.Kind != protocol.KindEdit {
 		return o, nil
 	}
-	return o, fmt.Errorf("e2eechat: unknown content %q", c.T)
+	if b, err := m.st.Load(recalledKey(msg.ConvID, c.Target)); err != nil || b != nil {
+		return o, err // a recalled message stays recalled
+	}
+	k, err := m.keptMeta(msg.ConvID, c.Target)
+	if err != nil {
+		return o, err
+	}
+	var rec *kept
+	if k == nil {
+		// The target was never opened here: it is the edit's author's.
+		rec = &kept{From: c.From, Kind: protocol.KindText}
+	}
+	return o, m.keep(msg.ConvID, c.Target, c.Text, rec)
 }
 
 // Hit is one local search result.
@@ -638,23 +1074,49 @@ func (m *Messenger) SafetyNumber(ctx context.Context, peer e2ee.Address) (string
 // SendGroup for a group (at most 1,000 members are listed; larger groups
 // need SendGroup with the member list).
 func (m *Messenger) Send(ctx context.Context, convID uint64, text string) (client.Ack, error) {
-	info, err := m.c.ConvInfo(ctx, convID)
+	peer, members, err := m.route(ctx, convID)
 	if err != nil {
 		return client.Ack{}, err
 	}
+	if peer != "" {
+		return m.SendDirect(ctx, convID, peer, text)
+	}
+	return m.SendGroup(ctx, convID, members, text)
+}
+
+// Recall recalls message target of E2E conversation convID as Send
+// sends: RecallDirect or RecallGroup after reading the conversation.
+func (m *Messenger) Recall(ctx context.Context, convID, target uint64) (client.Ack, error) {
+	peer, members, err := m.route(ctx, convID)
+	if err != nil {
+		return client.Ack{}, err
+	}
+	if peer != "" {
+		return m.RecallDirect(ctx, convID, target, peer)
+	}
+	return m.RecallGroup(ctx, convID, target, members)
+}
+
+// route reads E2E conversation convID: the peer of a direct one, or the
+// members of a group.
+func (m *Messenger) route(ctx context.Context, convID uint64) (peer string, members []string, err error) {
+	info, err := m.c.ConvInfo(ctx, convID)
+	if err != nil {
+		return "", nil, err
+	}
 	if !info.E2E {
-		return client.Ack{}, fmt.Errorf("e2eechat: conversation %d is not end-to-end encrypted", convID)
+		return "", nil, fmt.Errorf("e2eechat: conversation %d is not end-to-end encrypted", convID)
 	}
 	if info.Kind == protocol.ConvDirect {
 		for _, u := range info.Members {
 			if u != m.self.User {
-				return m.SendDirect(ctx, convID, u, text)
+				return u, nil, nil
 			}
 		}
-		return client.Ack{}, fmt.Errorf("e2eechat: direct conversation %d has no peer", convID)
+		return "", nil, fmt.Errorf("e2eechat: direct conversation %d has no peer", convID)
 	}
 	if info.MemberCount > len(info.Members) {
-		return client.Ack{}, fmt.Errorf("e2eechat: group %d has %d members, more than conv_info lists: use SendGroup", convID, info.MemberCount)
+		return "", nil, fmt.Errorf("e2eechat: group %d has %d members, more than conv_info lists: use SendGroup", convID, info.MemberCount)
 	}
-	return m.SendGroup(ctx, convID, info.Members, text)
+	return "", info.Members, nil
 }

@@ -1,0 +1,48 @@
+package e2eechat
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/parley-im/parley/client/e2ee"
+	"github.com/parley-im/parley/protocol"
+)
+
+// FuzzVerify feeds arbitrary contents (what a peer or a replaying server
+// can put inside a ciphertext) to the label checks: they refuse or
+// accept, never panic, and accept only a content that repeats every label.
+func FuzzVerify(f *testing.F) {
+	for _, c := range []content{
+		{T: "text", Text: "hi", Conv: 7, Kind: protocol.KindText, From: "alice", Dev: "phone", Ctr: 1},
+		{T: "text", Text: "hi", Conv: 7, Kind: protocol.KindEdit, Target: 3, From: "alice", Dev: "phone", Ctr: 2},
+		{T: "recall", Conv: 7, Kind: protocol.KindRecall, Target: 3, From: "alice", Dev: "laptop", Ctr: 3},
+		{T: "skdm", SKDM: []byte{1, 2}, Conv: 8, Kind: protocol.KindText, From: "bob", Dev: "phone", Ctr: 1, KT: &KTHead{Size: 1, Root: []byte{9}}},
+		{T: "text", Text: "old"},
+	} {
+		b, _ := json.Marshal(c)
+		f.Add(b, uint64(7), uint64(5), "alice", "phone", protocol.KindText, uint64(0), false)
+	}
+	f.Fuzz(func(t *testing.T, plain []byte, conv, seq uint64, sender, device, kind string, target uint64, edited bool) {
+		var c content
+		if json.Unmarshal(plain, &c) != nil {
+			return
+		}
+		st := e2ee.NewMemoryStore()
+		m := &Messenger{st: st, self: e2ee.Address{User: "bob", Device: "phone"}, devs: map[string][]string{}}
+		msg := protocol.Message{ConvID: conv, Seq: seq, Sender: sender, SenderDevice: device, Kind: kind, TargetSeq: target, Edited: edited}
+		if err := m.verify(msg, c); err != nil {
+			return
+		}
+		if c.Conv != conv || c.From != sender || c.Ctr == 0 {
+			t.Fatalf("accepted %+v for %+v", c, msg)
+		}
+		if !rewritten(msg, c) && (c.Dev != device || c.Kind != kind || c.Target != target) {
+			t.Fatalf("accepted %+v for %+v", c, msg)
+		}
+		// The same content under another seq is a replay.
+		msg.Seq++
+		if !rewritten(msg, c) && m.verify(msg, c) == nil {
+			t.Fatalf("accepted %+v again at seq %d", c, msg.Seq)
+		}
+	})
+}
