@@ -761,7 +761,10 @@ func (s *chatSession) chatRecall(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	ack, err := s.c.Recall(ctx, s.current, seq)
+	ack, ok, err := s.recallE2E(ctx, s.current, seq)
+	if !ok {
+		ack, err = s.c.Recall(ctx, s.current, seq)
+	}
 	if err != nil {
 		return fmt.Errorf("recall: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/client/e2ee"
 	"github.com/parley-im/parley/client/e2eechat"
 	"github.com/parley-im/parley/protocol"
@@ -246,14 +247,36 @@ func (s *chatSession) sendE2E(ctx context.Context, conv uint64, body string) (ui
 	return ack.Seq, true, err
 }
 
+// recallE2E recalls seq in E2E conversation conv with an envelope the
+// receivers authenticate (they apply no other recall); it reports false
+// when the conversation is not one this session knows as E2E.
+func (s *chatSession) recallE2E(ctx context.Context, conv, seq uint64) (client.Ack, bool, error) {
+	if _, ok := s.e2eConv(conv); !ok {
+		info, err := s.c.ConvInfo(ctx, conv)
+		if err != nil || !info.E2E {
+			return client.Ack{}, false, nil // the plaintext path reports the error, if any
+		}
+		s.setE2EConv(conv, e2eConv{group: info.Kind == protocol.ConvGroup})
+	}
+	m, err := s.messenger(ctx)
+	if err != nil {
+		return client.Ack{}, true, err
+	}
+	ack, err := m.Recall(ctx, conv, seq)
+	return ack, true, err
+}
+
 // openE2E decrypts an E2E message for display; ok is false for a message
-// that is not an envelope. A nil result with ok means "do not print"
-// (protocol messages).
+// that is not an E2E conversation's. A nil result with ok means "do not
+// print": a protocol message, or one refused (a warning line says why: the
+// server's labels do not match what the sender sealed, or a recall is not
+// the author's).
 func (s *chatSession) openE2E(msg *protocol.Message) (*protocol.Message, bool) {
-	if msg.Kind == protocol.KindSystem || msg.Kind == protocol.KindRecall || msg.Recalled {
+	if msg.Kind == protocol.KindSystem {
 		return msg, false
 	}
-	if _, err := protocol.ParseEnvelope(msg.Body); err != nil {
+	_, known := s.e2eConv(msg.ConvID)
+	if _, err := protocol.ParseEnvelope(msg.Body); err != nil && !(known && (msg.Kind == protocol.KindRecall || msg.Recalled)) {
 		return msg, false
 	}
 	m, err := s.messenger(context.Background())
@@ -266,10 +289,23 @@ func (s *chatSession) openE2E(msg *protocol.Message) (*protocol.Message, bool) {
 	switch {
 	case errors.Is(err, e2eechat.ErrNotForDevice):
 		out.Body = "(encrypted for other devices)"
+	case errors.Is(err, e2eechat.ErrUnbound) && o.Text != "":
+		s.printf("! e2e: conv %d seq %d: %v: shown unverified", msg.ConvID, msg.Seq, err)
+		out.Body = o.Text + " (unverified)"
+	case errors.Is(err, e2eechat.ErrMetadataMismatch), errors.Is(err, e2eechat.ErrUnbound), errors.Is(err, e2eechat.ErrUnauthenticatedRecall):
+		s.printf("! e2e: conv %d seq %d refused: %v", msg.ConvID, msg.Seq, err)
+		return nil, true
 	case err != nil:
 		out.Body = "(cannot decrypt: " + err.Error() + ")"
 	case o.Control:
 		return nil, true
+	case msg.Recalled && !o.Recalled:
+		// The server's recall flag, without the author's recall.
+		out.Recalled = false
+		out.Body = o.Text + " (hidden by the server, not recalled by " + msg.Sender + ")"
+		if o.Text == "" {
+			out.Body = "(removed by the server)"
+		}
 	default:
 		out.Body = o.Text
 	}
