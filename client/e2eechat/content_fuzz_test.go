@@ -22,15 +22,15 @@ func FuzzVerify(f *testing.F) {
 		b, _ := json.Marshal(c)
 		f.Add(b, uint64(7), uint64(5), "alice", "phone", protocol.KindText, uint64(0), false)
 	}
+	self := e2ee.Address{User: "bob", Device: "phone"}
 	f.Fuzz(func(t *testing.T, plain []byte, conv, seq uint64, sender, device, kind string, target uint64, edited bool) {
 		var c content
 		if json.Unmarshal(plain, &c) != nil {
 			return
 		}
-		st := e2ee.NewMemoryStore()
-		m := &Messenger{st: st, self: e2ee.Address{User: "bob", Device: "phone"}, devs: map[string][]string{}}
+		m := &Messenger{st: e2ee.NewMemoryStore(), self: self, devs: map[string][]string{}}
 		msg := protocol.Message{ConvID: conv, Seq: seq, Sender: sender, SenderDevice: device, Kind: kind, TargetSeq: target, Edited: edited}
-		if err := m.verify(msg, c); err != nil {
+		if err := m.verify(msg, c, "-"); err != nil {
 			return
 		}
 		if c.Conv != conv || c.From != sender || c.Ctr == 0 {
@@ -41,7 +41,7 @@ func FuzzVerify(f *testing.F) {
 		}
 		// The same content under another seq is a replay.
 		msg.Seq++
-		if !rewritten(msg, c) && m.verify(msg, c) == nil {
+		if !rewritten(msg, c) && m.verify(msg, c, "-") == nil {
 			t.Fatalf("accepted %+v again at seq %d", c, msg.Seq)
 		}
 	})

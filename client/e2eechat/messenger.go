@@ -714,11 +714,11 @@ func (m *Messenger) Open(msg protocol.Message) (Opened, error) {
 		return o, ErrUnauthenticatedRecall
 	}
 	sender := e2ee.Address{User: msg.Sender, Device: msg.SenderDevice}
-	c, err := m.decrypt(msg, sender)
+	c, inst, err := m.decrypt(msg, sender)
 	if err != nil {
 		return o, err
 	}
-	if err := m.verify(msg, c); err != nil {
+	if err := m.verify(msg, c, inst); err != nil {
 		if errors.Is(err, ErrUnbound) && c.T == "text" && c.Kind == "" {
 			o.Text = c.Text
 		}
@@ -856,11 +856,15 @@ func (m *Messenger) openOwn(msg protocol.Message, o Opened) (Opened, error) {
 // is gone); its content is kept under the ciphertext's hash, so an edited
 // target that carries its edit's envelope, and a replay, are checked like
 // any delivery.
-func (m *Messenger) decrypt(msg protocol.Message, sender e2ee.Address) (content, error) {
-	var c content
+//
+// inst is the sender's identity key as this device knew it when it first
+// decrypted the ciphertext (a short hash; "-" with no session): the
+// identity of the session that decrypted it, or through which the sender
+// key of a group came.
+func (m *Messenger) decrypt(msg protocol.Message, sender e2ee.Address) (c content, inst string, err error) {
 	env, err := protocol.ParseEnvelope(msg.Body)
 	if err != nil {
-		return c, err
+		return c, "", err
 	}
 	ct, typ := env.Group, -1
 	if len(ct) == 0 {
@@ -871,14 +875,14 @@ func (m *Messenger) decrypt(msg protocol.Message, sender e2ee.Address) (content,
 			}
 		}
 		if ct == nil {
-			return c, ErrNotForDevice
+			return c, "", ErrNotForDevice
 		}
 	}
 	sum := sha256.Sum256(ct)
 	ck := "ct/" + hex.EncodeToString(sum[:])
 	plain, err := m.st.Load(ck)
 	if err != nil {
-		return c, err
+		return c, "", err
 	}
 	if plain == nil {
 		if typ < 0 {
@@ -887,16 +891,32 @@ func (m *Messenger) decrypt(msg protocol.Message, sender e2ee.Address) (content,
 			plain, err = m.d.Decrypt(sender, e2ee.MessageType(typ), ct)
 		}
 		if err != nil {
-			return c, err
+			return c, "", err
+		}
+		inst = "-"
+		if id, ok, err := m.d.SessionIdentity(sender); err != nil {
+			return c, "", err
+		} else if ok {
+			h := sha256.Sum256(id.Bytes())
+			inst = hex.EncodeToString(h[:8])
+		}
+		if err := m.st.Save("ctid/"+ck, []byte(inst)); err != nil {
+			return c, "", err
 		}
 		if err := m.st.Save(ck, plain); err != nil {
-			return c, err
+			return c, "", err
 		}
+	} else {
+		b, err := m.st.Load("ctid/" + ck)
+		if err != nil {
+			return c, "", err
+		}
+		inst = string(b)
 	}
 	if err := json.Unmarshal(plain, &c); err != nil {
-		return c, fmt.Errorf("e2eechat: content: %w", err)
+		return c, "", fmt.Errorf("e2eechat: content: %w", err)
 	}
-	return c, nil
+	return c, inst, nil
 }
 
 // rewritten reports whether msg is an edited target shown with the
@@ -907,8 +927,9 @@ func rewritten(msg protocol.Message, c content) bool {
 }
 
 // verify checks the server's labels of msg against content c and records
-// c's counter under msg's seq.
-func (m *Messenger) verify(msg protocol.Message, c content) error {
+// c's counter under msg's seq. inst names the sender's install (see
+// decrypt): a device reinstalled under the same id counts from 1 again.
+func (m *Messenger) verify(msg protocol.Message, c content, inst string) error {
 	if c.Ctr == 0 || c.Kind == "" {
 		return ErrUnbound
 	}
@@ -950,7 +971,7 @@ func (m *Messenger) verify(msg protocol.Message, c content) error {
 	if rw {
 		return nil // the edit event's seq holds the counter
 	}
-	sk := "seen/" + strconv.FormatUint(msg.ConvID, 10) + "/" + e2ee.Address{User: c.From, Device: c.Dev}.String() + "/" + strconv.FormatUint(c.Ctr, 10)
+	sk := "seen/" + strconv.FormatUint(msg.ConvID, 10) + "/" + e2ee.Address{User: c.From, Device: c.Dev}.String() + "/" + inst + "/" + strconv.FormatUint(c.Ctr, 10)
 	b, err := m.st.Load(sk)
 	switch {
 	case err != nil:
