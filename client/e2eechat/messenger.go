@@ -154,6 +154,8 @@ type Messenger struct {
 	// accepts (nil when the sender sealed none) and its error is Open's.
 	ktHead  func() *KTHead
 	ktCheck func(sender e2ee.Address, head *KTHead) error
+
+	kt ktState // key transparency (kt.go)
 }
 
 // New returns a Messenger for device d (whose state is in st) on client c.
@@ -262,7 +264,7 @@ func (m *Messenger) Devices(ctx context.Context, user string, refresh bool) ([]s
 	if ok && !refresh {
 		return ids, nil
 	}
-	list, err := m.c.KeyDevices(ctx, user)
+	list, err := m.keyDevices(ctx, user)
 	if err != nil {
 		return nil, err
 	}
@@ -289,7 +291,7 @@ func (m *Messenger) ensureSession(ctx context.Context, a e2ee.Address) error {
 	if err != nil || ok {
 		return err
 	}
-	bs, err := m.c.FetchBundles(ctx, a.User, a.Device)
+	bs, err := m.fetchBundles(ctx, a.User, a.Device)
 	if err != nil {
 		return err
 	}

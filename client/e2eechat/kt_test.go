@@ -1,0 +1,180 @@
+package e2eechat
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/parley-im/parley/client/e2ee"
+	"github.com/parley-im/parley/internal/servertest"
+	"github.com/parley-im/parley/protocol"
+	"github.com/parley-im/parley/protocol/kt"
+)
+
+// Key transparency against a malicious server: real SDK clients and a real
+// node, the server's log played by evilServer (ktserver_test.go).
+
+// A server that lies in a bundles or devices answer — about a key, a
+// proof, a label, the checkpoint's signer, or by giving an older entry —
+// is refused once the log's keys are pinned.
+func TestMaliciousServerKTAnswersRefused(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx := ctxT(t)
+	keys := newEvilKeys(t)
+	log := newEvilLog(keys)
+	ev := startEvilServer(t, srv.URL, log)
+	startDev(t, srv, "bob", "phone", 5)
+	alice := devOn(t, ev.URL, srv, "alice", "phone", e2ee.NewMemoryStore())
+	if _, err := alice.m.PublishKeys(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	conv, err := alice.c.OpenDirectE2E(ctx, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := watchKT(alice.m)
+	if _, err := alice.m.Devices(ctx, "bob", true); err != nil {
+		t.Fatalf("an honest answer: %v", err)
+	}
+	head, ok := alice.m.KTCheckpoint()
+	if !ok || head.Size != log.size() || head.Origin != keys.pub.Origin {
+		t.Fatalf("head %+v %v, want size %d of %s", head, ok, log.size(), keys.pub.Origin)
+	}
+	// bob's second device: his entry's version 2, so version 1 is older.
+	startDev(t, srv, "bob", "laptop", 5)
+	if _, err := alice.m.Devices(ctx, "bob", true); err != nil {
+		t.Fatal(err)
+	}
+	old := log.leaves[0] // bob's version 1
+	if e, _ := kt.UnmarshalEntry(old); e.Version != 1 {
+		t.Fatalf("leaf 0 is version %d", e.Version)
+	}
+	_, otherVRF := kt.LabelFor(keys.vrf, "carol")
+	otherSigned := func() string {
+		k := newEvilKeys(t)
+		l := newEvilLog(k)
+		return l.proofFor("bob").Checkpoint
+	}()
+
+	cases := []struct {
+		name   string
+		tamper func(ans *protocol.Frame)
+	}{
+		{"no proof", func(ans *protocol.Frame) { ans.KT = nil }},
+		{"identity key not the logged one", func(ans *protocol.Frame) {
+			k := e2ee.GenerateKeyPair().Public
+			ans.Devices[0].IdentityKey = k.Bytes()
+		}},
+		{"a device not in the entry", func(ans *protocol.Frame) {
+			g := ans.Devices[0]
+			g.DeviceID = "ghost"
+			ans.Devices = append(ans.Devices, g)
+		}},
+		{"inclusion proof altered", func(ans *protocol.Frame) { ans.KT.Proof[0][3] ^= 1 }},
+		{"entry altered", func(ans *protocol.Frame) { ans.KT.Entry[len(ans.KT.Entry)-1] ^= 1 }},
+		{"another user's VRF proof", func(ans *protocol.Frame) { ans.KT.VRFProof = otherVRF }},
+		{"label not the VRF output", func(ans *protocol.Frame) { ans.KT.Label[0] ^= 1 }},
+		{"checkpoint of another key", func(ans *protocol.Frame) { ans.KT.Checkpoint = otherSigned }},
+		{"devices without an entry", func(ans *protocol.Frame) { ans.KT.Entry, ans.KT.Proof, ans.KT.Index = nil, nil, 0 }},
+		{"an older entry of the user", func(ans *protocol.Frame) {
+			ans.KT.Entry, ans.KT.Index = old, 0
+			ans.KT.Proof, _ = log.tree.InclusionProof(0, log.size())
+			ans.Devices = ans.Devices[:1] // the phone, in version 1 too
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ev.setTamper(func(req protocol.Frame, ans *protocol.Frame) {
+				if req.UserID == "bob" {
+					c.tamper(ans)
+				}
+			})
+			defer ev.setTamper(nil)
+			before := len(events.list())
+			if _, err := alice.m.Devices(ctx, "bob", true); !errors.Is(err, ErrKTProof) {
+				t.Fatalf("Devices: %v, want ErrKTProof", err)
+			}
+			evs := events.list()
+			if len(evs) != before+1 || evs[before].User != "bob" || !errors.Is(evs[before].Err, ErrKTProof) {
+				t.Fatalf("events %+v, want one ErrKTProof for bob", evs[before:])
+			}
+		})
+	}
+	// The same lies in a bundles answer stop the session before it starts.
+	ev.setTamper(func(req protocol.Frame, ans *protocol.Frame) {
+		if req.Type == protocol.TypeKeysBundle {
+			k := e2ee.GenerateKeyPair().Public
+			ans.Bundles[0].IdentityKey = k.Bytes()
+		}
+	})
+	if _, err := alice.m.SendDirect(ctx, conv.ConvID, "bob", "hello"); !errors.Is(err, ErrKTProof) {
+		t.Fatalf("SendDirect with a substituted bundle: %v, want ErrKTProof", err)
+	}
+}
+
+// The server is restarted on an old copy of its log (leaves lost), then
+// appends again: a device that saw the lost leaves refuses the shorter log
+// and the diverged one.
+func TestMaliciousServerKTRollback(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx := ctxT(t)
+	log := newEvilLog(newEvilKeys(t))
+	ev := startEvilServer(t, srv.URL, log)
+	startDev(t, srv, "bob", "phone", 5)
+	alice := devOn(t, ev.URL, srv, "alice", "phone", e2ee.NewMemoryStore())
+	if _, err := alice.m.PublishKeys(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := alice.c.OpenDirectE2E(ctx, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	events := watchKT(alice.m)
+	if _, err := alice.m.Devices(ctx, "alice", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := alice.m.Devices(ctx, "bob", true); err != nil {
+		t.Fatal(err)
+	}
+	saved := log.size() // the copy the server will be restarted on
+	startDev(t, srv, "bob", "laptop", 5)
+	if _, err := alice.m.Devices(ctx, "bob", true); err != nil {
+		t.Fatal(err)
+	}
+	head, _ := alice.m.KTCheckpoint()
+	if head.Size != saved+1 {
+		t.Fatalf("head of %d leaves, want %d", head.Size, saved+1)
+	}
+
+	log.mu.Lock()
+	restored := log.prefix(int(saved))
+	log.mu.Unlock()
+	ev.show(restored, nil)
+	// Shorter: alice's own entry is proven in a log of `saved` leaves,
+	// which cannot be shown to be a prefix of the one alice saw.
+	if _, err := alice.m.Devices(ctx, "alice", true); !errors.Is(err, ErrKTFork) || !errors.Is(err, kt.ErrRollback) {
+		t.Fatalf("rolled-back log: %v, want ErrKTFork (rollback)", err)
+	}
+	// Diverged: the restarted server logs bob's laptop again, as a new
+	// leaf where the lost one was.
+	if _, err := alice.m.Devices(ctx, "bob", true); !errors.Is(err, ErrKTFork) {
+		t.Fatalf("diverged log: %v, want ErrKTFork", err)
+	}
+	if restored.size() != saved+1 {
+		t.Fatalf("the restored log has %d leaves, want %d", restored.size(), saved+1)
+	}
+	if now, _ := alice.m.KTCheckpoint(); now != head {
+		t.Fatalf("the head moved to %+v", now)
+	}
+	evs := events.list()
+	if len(evs) != 2 || !errors.Is(evs[0].Err, ErrKTFork) || !errors.Is(evs[1].Err, ErrKTFork) {
+		t.Fatalf("events %+v, want two ErrKTFork", evs)
+	}
+	// A client restarted on the same store still holds the pinned keys and
+	// the head.
+	again := devOn(t, ev.URL, srv, "alice", "phone", alice.st)
+	if _, err := again.m.Devices(ctx, "bob", true); !errors.Is(err, ErrKTFork) {
+		t.Fatalf("after a restart of the client: %v, want ErrKTFork", err)
+	}
+	if h, ok := again.m.KTCheckpoint(); !ok || h != head {
+		t.Fatalf("restarted client's head %+v %v", h, ok)
+	}
+}
