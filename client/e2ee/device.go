@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Address names one device of one user. User and device ids are Parley ids
@@ -85,6 +86,20 @@ type metaRecord struct {
 	LastResort    uint32 `json:"last_resort"`
 	HasSigned     bool   `json:"has_spk"`
 	HasLastResort bool   `json:"has_last_resort"`
+	// When the current signed prekey and last-resort KEM key were made
+	// (unix ms; 0: before ages were recorded, so due for rotation).
+	SignedAt     int64 `json:"spk_at,omitempty"`
+	LastResortAt int64 `json:"last_resort_at,omitempty"`
+	// Replaced keys kept for first messages still in flight to them,
+	// until PruneRetiredKeys deletes them.
+	Retired []retiredKey `json:"retired,omitempty"`
+}
+
+// retiredKey is a replaced signed prekey or last-resort KEM key.
+type retiredKey struct {
+	Signed bool   `json:"spk,omitempty"` // else a last-resort KEM key
+	ID     uint32 `json:"id"`
+	At     int64  `json:"at"` // unix ms of its replacement
 }
 
 type signedRecord struct {
@@ -112,7 +127,8 @@ type Device struct {
 	self  Address
 	id    identityRecord
 	trust TrustPolicy
-	x3dh  bool // classic X3DH allowed (SetAllowX3DH)
+	x3dh  bool             // classic X3DH allowed (SetAllowX3DH)
+	now   func() time.Time // SetClock
 }
 
 // TrustPolicy decides what happens when a peer device's identity key is not
@@ -131,7 +147,7 @@ const (
 // OpenDevice loads the device's state from st, creating an identity key
 // and registration id on first use.
 func OpenDevice(st Store, self Address) (*Device, error) {
-	d := &Device{st: st, self: self}
+	d := &Device{st: st, self: self, now: time.Now}
 	ok, err := d.load("identity", &d.id)
 	if err != nil {
 		return nil, err
@@ -156,6 +172,10 @@ func (d *Device) SetTrustPolicy(p TrustPolicy) { d.mu.Lock(); d.trust = p; d.mu.
 // strips the KEM prekey, or forges a version 3 first message, then gets a
 // session without post-quantum protection instead of ErrDowngrade.
 func (d *Device) SetAllowX3DH(allow bool) { d.mu.Lock(); d.x3dh = allow; d.mu.Unlock() }
+
+// SetClock sets the clock the ages of the signed prekey and last-resort
+// KEM key are read on (time.Now by default; tests and simulations).
+func (d *Device) SetClock(now func() time.Time) { d.mu.Lock(); d.now = now; d.mu.Unlock() }
 
 // Address is the device's own address.
 func (d *Device) Address() Address { return d.self }
@@ -211,7 +231,6 @@ func (d *Device) GenerateKeys(n int) (KeyUpload, error) {
 			return up, err
 		}
 		up.LastResortKEM = &k
-		m.LastResort, m.HasLastResort = k.ID, true
 	}
 	for i := 0; i < n; i++ {
 		m.NextPreKey++
@@ -236,7 +255,7 @@ func (d *Device) newSigned(m *metaRecord) (SignedPreKey, error) {
 	if err := d.save(idKey("signed/", m.NextSigned), signedRecord{Key: kp, Sig: sig[:]}); err != nil {
 		return SignedPreKey{}, err
 	}
-	m.Signed, m.HasSigned = m.NextSigned, true
+	m.Signed, m.HasSigned, m.SignedAt = m.NextSigned, true, d.now().UnixMilli()
 	return SignedPreKey{ID: m.NextSigned, Key: kp.Public, Sig: sig[:]}, nil
 }
 
@@ -247,12 +266,15 @@ func (d *Device) newKEM(m *metaRecord, lastResort bool) (KEMPreKey, error) {
 	if err := d.save(idKey("kem/", m.NextKEM), kemRecord{Key: kp, Sig: sig[:], LastResort: lastResort}); err != nil {
 		return KEMPreKey{}, err
 	}
+	if lastResort {
+		m.LastResort, m.HasLastResort, m.LastResortAt = m.NextKEM, true, d.now().UnixMilli()
+	}
 	return KEMPreKey{ID: m.NextKEM, Key: kp.Public, Sig: sig[:]}, nil
 }
 
-// RotateSignedPreKey makes a new signed prekey (to upload). The previous
-// ones stay, so that sessions started on them still open; PruneSignedPreKeys
-// drops old ones.
+// RotateSignedPreKey makes a new signed prekey (to upload). The one it
+// replaces is kept, so that first messages still in flight to it open,
+// until PruneRetiredKeys (or PruneSignedPreKeys) drops it.
 func (d *Device) RotateSignedPreKey() (SignedPreKey, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -260,11 +282,122 @@ func (d *Device) RotateSignedPreKey() (SignedPreKey, error) {
 	if _, err := d.load("meta", &m); err != nil {
 		return SignedPreKey{}, err
 	}
+	old, had := m.Signed, m.HasSigned
 	spk, err := d.newSigned(&m)
 	if err != nil {
 		return spk, err
 	}
+	if had {
+		m.Retired = append(m.Retired, retiredKey{Signed: true, ID: old, At: m.SignedAt}) // m.SignedAt is now the replacement's
+	}
 	return spk, d.save("meta", m)
+}
+
+// RotateLastResortKEM makes a new last-resort KEM prekey (to upload as
+// last_resort_kem). The one it replaces is kept until PruneRetiredKeys
+// drops it, like a replaced signed prekey.
+func (d *Device) RotateLastResortKEM() (KEMPreKey, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var m metaRecord
+	if _, err := d.load("meta", &m); err != nil {
+		return KEMPreKey{}, err
+	}
+	old, had := m.LastResort, m.HasLastResort
+	k, err := d.newKEM(&m, true)
+	if err != nil {
+		return k, err
+	}
+	if had {
+		m.Retired = append(m.Retired, retiredKey{ID: old, At: m.LastResortAt}) // m.LastResortAt is now the replacement's
+	}
+	return k, d.save("meta", m)
+}
+
+// RotationDue reports whether the current signed prekey and the current
+// last-resort KEM key are older than maxAge (keys of unknown age are). A
+// device that has not made them yet (GenerateKeys does) has none due.
+func (d *Device) RotationDue(maxAge time.Duration) (signed, lastResort bool, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var m metaRecord
+	if _, err := d.load("meta", &m); err != nil {
+		return false, false, err
+	}
+	due := func(has bool, at int64) bool {
+		return has && (at == 0 || d.now().Sub(time.UnixMilli(at)) >= maxAge)
+	}
+	return due(m.HasSigned, m.SignedAt), due(m.HasLastResort, m.LastResortAt), nil
+}
+
+// CurrentPreKeys returns the public halves of the current signed prekey
+// and last-resort KEM key (what the directory should hand out), or
+// ErrInvalidPreKey before GenerateKeys made them.
+func (d *Device) CurrentPreKeys() (SignedPreKey, KEMPreKey, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var m metaRecord
+	if _, err := d.load("meta", &m); err != nil {
+		return SignedPreKey{}, KEMPreKey{}, err
+	}
+	if !m.HasSigned || !m.HasLastResort {
+		return SignedPreKey{}, KEMPreKey{}, fmt.Errorf("%w: no signed prekey or last-resort KEM key yet", ErrInvalidPreKey)
+	}
+	var spk signedRecord
+	if ok, err := d.load(idKey("signed/", m.Signed), &spk); err != nil || !ok {
+		return SignedPreKey{}, KEMPreKey{}, fmt.Errorf("%w: signed prekey %d (%v)", ErrInvalidPreKey, m.Signed, err)
+	}
+	var kem kemRecord
+	if ok, err := d.load(idKey("kem/", m.LastResort), &kem); err != nil || !ok {
+		return SignedPreKey{}, KEMPreKey{}, fmt.Errorf("%w: last-resort KEM key %d (%v)", ErrInvalidPreKey, m.LastResort, err)
+	}
+	return SignedPreKey{ID: m.Signed, Key: spk.Key.Public, Sig: spk.Sig},
+		KEMPreKey{ID: m.LastResort, Key: kem.Key.Public, Sig: kem.Sig}, nil
+}
+
+// PruneRetiredKeys deletes the signed prekeys and last-resort KEM keys
+// replaced more than grace ago, and the base keys remembered for them: a
+// first message on a deleted key no longer opens, so a replay of it fails
+// for want of the key (ErrInvalidPreKey) rather than by the memory.
+func (d *Device) PruneRetiredKeys(grace time.Duration) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var m metaRecord
+	if _, err := d.load("meta", &m); err != nil {
+		return err
+	}
+	cutoff := d.now().Add(-grace).UnixMilli()
+	kept := m.Retired[:0:0]
+	pruned := false
+	for _, r := range m.Retired {
+		if r.At > cutoff {
+			kept = append(kept, r)
+			continue
+		}
+		pruned = true
+		// The key goes first: its base keys are forgotten only once no
+		// first message on it can open.
+		if r.Signed {
+			if err := d.st.Delete(idKey("signed/", r.ID)); err != nil {
+				return err
+			}
+			if err := d.forgetBaseKeys(r.ID); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := d.st.Delete(idKey("kem/", r.ID)); err != nil {
+			return err
+		}
+		if err := d.forgetKEMBaseKeys(r.ID); err != nil {
+			return err
+		}
+	}
+	if !pruned {
+		return nil
+	}
+	m.Retired = kept
+	return d.save("meta", m)
 }
 
 // PruneSignedPreKeys deletes all signed prekeys but the newest keep ones.
@@ -313,6 +446,24 @@ func (d *Device) forgetBaseKeys(spk uint32) error {
 	for _, k := range keys {
 		if err := d.st.Delete(k); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// forgetKEMBaseKeys drops the remembered base keys of a deleted
+// last-resort KEM key, under every signed prekey.
+func (d *Device) forgetKEMBaseKeys(kem uint32) error {
+	keys, err := d.st.List(usedBaseKeyPrefix)
+	if err != nil {
+		return err
+	}
+	id := strconv.FormatUint(uint64(kem), 10)
+	for _, k := range keys {
+		if parts := strings.Split(k, "/"); len(parts) == 4 && parts[2] == id {
+			if err := d.st.Delete(k); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
