@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/client/e2ee"
@@ -141,6 +142,7 @@ type Messenger struct {
 
 	mu   sync.Mutex
 	devs map[string][]string // user → device ids with keys (cache)
+	rot  Rotation            // SetRotation
 
 	// openMu makes Open atomic: a message delivered twice at once (push and
 	// sync) is decrypted once, the second call gets the kept copy.
@@ -160,7 +162,7 @@ type Messenger struct {
 
 // New returns a Messenger for device d (whose state is in st) on client c.
 func New(c *client.Client, d *e2ee.Device, st e2ee.Store) *Messenger {
-	return &Messenger{c: c, d: d, st: st, self: d.Address(), devs: map[string][]string{}}
+	return &Messenger{c: c, d: d, st: st, self: d.Address(), devs: map[string][]string{}, rot: DefaultRotation}
 }
 
 // Device is the messenger's device.
@@ -221,7 +223,8 @@ func (m *Messenger) Refill(ctx context.Context, n int) (protocol.KeyCounts, erro
 	return m.PublishKeys(ctx, n)
 }
 
-// RotateSignedPreKey makes and uploads a new signed prekey.
+// RotateSignedPreKey makes and uploads a new signed prekey. Maintain does
+// it on a schedule, with the last-resort KEM key.
 func (m *Messenger) RotateSignedPreKey(ctx context.Context) error {
 	spk, err := m.d.RotateSignedPreKey()
 	if err != nil {
@@ -229,6 +232,104 @@ func (m *Messenger) RotateSignedPreKey(ctx context.Context) error {
 	}
 	_, err = m.c.UploadKeys(ctx, protocol.KeyUpload{SignedPreKey: &protocol.PreKey{ID: spk.ID, Key: spk.Key.Bytes(), Sig: spk.Sig}})
 	return err
+}
+
+// Rotation is when Maintain replaces the device's signed prekey and
+// last-resort KEM key, the two keys a bundle hands out to everyone (the
+// one-time keys are used once). A replaced key's private half is kept for
+// Grace, so that a first message sent on a bundle fetched before the
+// rotation still opens; after, such a message fails with
+// e2ee.ErrInvalidPreKey.
+type Rotation struct {
+	Every time.Duration // age at which a key is replaced; 0: DefaultRotation.Every
+	Grace time.Duration // how long a replaced key is kept; 0: DefaultRotation.Grace
+}
+
+// DefaultRotation is Signal's schedule: its clients rotate the signed
+// prekey and the last-resort Kyber key every two days
+// (PreKeysSyncJob.REFRESH_INTERVAL) and delete replaced signed prekeys
+// after thirty days (PreKeyUtil's archive age).
+var DefaultRotation = Rotation{Every: 48 * time.Hour, Grace: 30 * 24 * time.Hour}
+
+// SetRotation sets the rotation schedule (zero fields take
+// DefaultRotation's); negative durations are an error.
+func (m *Messenger) SetRotation(r Rotation) error {
+	if r.Every < 0 || r.Grace < 0 {
+		return fmt.Errorf("e2eechat: rotation every %v, grace %v: negative", r.Every, r.Grace)
+	}
+	if r.Every == 0 {
+		r.Every = DefaultRotation.Every
+	}
+	if r.Grace == 0 {
+		r.Grace = DefaultRotation.Grace
+	}
+	m.mu.Lock()
+	m.rot = r
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *Messenger) rotation() Rotation {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rot
+}
+
+// rotatePendingKey marks keys rotated locally whose upload has not
+// succeeded yet.
+const rotatePendingKey = "rotate/pending"
+
+// Maintain keeps the device's published keys fresh: it replaces the
+// signed prekey and the last-resort KEM key once older than the rotation
+// interval and uploads them, then deletes the keys replaced more than the
+// grace period ago (and the base keys remembered for them; see
+// e2ee.Device.PruneRetiredKeys). Call it at start and then periodically
+// (hourly is plenty); it is cheap when nothing is due. A failed upload is
+// retried by the next call, and nothing is pruned until it succeeds.
+func (m *Messenger) Maintain(ctx context.Context) error {
+	r := m.rotation()
+	spkDue, lrDue, err := m.d.RotationDue(r.Every)
+	if err != nil {
+		return err
+	}
+	pending, err := m.st.Load(rotatePendingKey)
+	if err != nil {
+		return err
+	}
+	if spkDue || lrDue {
+		// Marked first: keys rotated here reach the server even if this
+		// process stops before the upload.
+		if err := m.st.Save(rotatePendingKey, []byte{1}); err != nil {
+			return err
+		}
+		pending = []byte{1}
+		if spkDue {
+			if _, err := m.d.RotateSignedPreKey(); err != nil {
+				return err
+			}
+		}
+		if lrDue {
+			if _, err := m.d.RotateLastResortKEM(); err != nil {
+				return err
+			}
+		}
+	}
+	if pending != nil {
+		spk, lr, err := m.d.CurrentPreKeys()
+		if err != nil {
+			return err
+		}
+		if _, err := m.c.UploadKeys(ctx, protocol.KeyUpload{
+			SignedPreKey:  &protocol.PreKey{ID: spk.ID, Key: spk.Key.Bytes(), Sig: spk.Sig},
+			LastResortKEM: &protocol.PreKey{ID: lr.ID, Key: lr.Key, Sig: lr.Sig},
+		}); err != nil {
+			return fmt.Errorf("e2eechat: upload rotated keys: %w", err)
+		}
+		if err := m.st.Delete(rotatePendingKey); err != nil {
+			return err
+		}
+	}
+	return m.d.PruneRetiredKeys(r.Grace)
 }
 
 func bundleFrom(b protocol.KeyBundle) (e2ee.Bundle, error) {
