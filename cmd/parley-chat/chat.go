@@ -137,6 +137,9 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 
 	runErr := make(chan error, 1)
 	go func() { runErr <- c.Run(ctx) }()
+	if s.e2e.dir != "" {
+		s.e2e.bg.Go(s.maintainKeys)
+	}
 	var printer sync.WaitGroup
 	printer.Add(1)
 	go func() {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/client/e2ee"
@@ -128,8 +129,43 @@ func (s *chatSession) messenger(ctx context.Context) (*e2eechat.Messenger, error
 			return nil, fmt.Errorf("e2e: refill keys: %w", err)
 		}
 	}
+	// Keys due for rotation while the CLI was not running are replaced
+	// now; a failure is retried by maintainKeys and blocks nothing.
+	if err := m.Maintain(ctx); err != nil {
+		s.printf("! e2e: key rotation: %v", err)
+	}
 	e.m = m
 	return m, nil
+}
+
+// keyMaintenanceEvery is how often a running parley-chat checks whether
+// its signed prekey and last-resort KEM key are due for rotation
+// (e2eechat.DefaultRotation: every two days, kept thirty).
+const keyMaintenanceEvery = time.Hour
+
+// maintainKeys rotates the device's keys on schedule while the session
+// runs (once its E2E state is open).
+func (s *chatSession) maintainKeys() {
+	t := time.NewTicker(keyMaintenanceEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.e2e.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.e2e.mu.Lock()
+		m := s.e2e.m
+		s.e2e.mu.Unlock()
+		if m == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(s.e2e.ctx, chatCommandTimeout)
+		if err := m.Maintain(ctx); err != nil && s.e2e.ctx.Err() == nil {
+			s.printf("! e2e: key rotation: %v", err)
+		}
+		cancel()
+	}
 }
 
 // close releases the device's key directory (its lock) once nothing
