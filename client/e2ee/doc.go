@@ -11,14 +11,18 @@
 //     X3DH for peers without PQXDH; messages of an existing version 3
 //     session are read either way.
 //   - A first message that consumed no one-time prekey (signed prekey and
-//     last-resort KEM key only, which are not deleted) could be replayed
-//     once its session is reset or archived away; the device remembers its
+//     last-resort KEM key only, which outlive it) could be replayed once
+//     its session is reset or archived away; the device remembers its
 //     (signed prekey id, KEM prekey id, base key) in its Store and refuses
 //     it again with ErrReusedBaseKey, as libsignal refuses a reused base
 //     key. The memory is one Store entry (about 100 bytes) per such session,
-//     kept as long as its signed prekey: PruneSignedPreKeys drops the
-//     entries with the key, so it is bounded by the sessions started
-//     without one-time keys during a signed prekey's life.
+//     kept as long as its signed prekey and KEM key: PruneRetiredKeys (and
+//     PruneSignedPreKeys) drop the entries with the key, so it is bounded
+//     by the sessions started without one-time keys during a key's life.
+//   - The signed prekey and the last-resort KEM key are replaced on a
+//     schedule (RotationDue, RotateSignedPreKey, RotateLastResortKEM); a
+//     replaced key is kept for a grace period so that first messages in
+//     flight to it open, then PruneRetiredKeys deletes it.
 //   - The Double Ratchet then protects every message, with libsignal's
 //     limits: MaxSkippedKeys (2,000) kept per receiving chain,
 //     MaxForwardJump (25,000), errors beyond them (ErrTooFarAhead,

@@ -1,5 +1,5 @@
 // Package e2eechat connects an e2ee.Device to a Parley client: it publishes
-// the device's keys, fetches bundles, encrypts to every device of the
+// the device's keys (and rotates them, Maintain), fetches bundles, encrypts to every device of the
 // recipients and of the sender's own other devices, distributes Sender Keys
 // in groups and opens what arrives. Decrypted messages are kept in the
 // device's Store, which is also where local search looks: the server of an
