@@ -9,10 +9,12 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/mod/sumdb/note"
 
 	"github.com/parley-im/parley/client"
+	"github.com/parley-im/parley/client/e2ee"
 	"github.com/parley-im/parley/protocol"
 	"github.com/parley-im/parley/protocol/kt"
 )
@@ -21,7 +23,9 @@ import (
 // the server's log keys are pinned on first use; every bundles and devices
 // answer must come with the asked user's entry, proven in a signed
 // checkpoint, and list only devices of that entry; every checkpoint must
-// extend the last one this device accepted.
+// extend the last one this device accepted; the checkpoint a sender
+// sealed into a message must be consistent with this device's own (one
+// log shown to both).
 
 // Errors of key transparency. Each is also reported to OnKT.
 var (
@@ -41,12 +45,19 @@ var (
 	ErrKTUnavailable = errors.New("e2eechat: key transparency: the server keeps no log")
 )
 
-// KTEvent reports a key transparency failure: an answer this device
-// refused.
+// KTEvent reports a key transparency failure: an answer, or the
+// checkpoint inside a message, this device refused.
 type KTEvent struct {
-	User string // whose keys were checked
+	User string // whose keys were checked, or who sent the message
 	Err  error  // wraps ErrKTProof or ErrKTFork
 }
+
+// ktGossipTimeout bounds the proof requests Open makes for a gossiped
+// checkpoint (Open takes no context).
+const ktGossipTimeout = 30 * time.Second
+
+// ktSeenMax bounds the gossiped checkpoints remembered as proven.
+const ktSeenMax = 1024
 
 // Store keys of the key transparency state.
 const (
@@ -69,6 +80,9 @@ type ktState struct {
 	// content hook).
 	head    atomic.Pointer[kt.Checkpoint]
 	onEvent atomic.Pointer[func(KTEvent)]
+
+	seenMu sync.Mutex
+	seen   map[kt.Checkpoint]bool // gossiped checkpoints proven consistent with head
 }
 
 type ktKeys struct {
@@ -393,5 +407,87 @@ func (m *Messenger) ktConsistent(ctx context.Context, a, b kt.Checkpoint) error 
 	if err := kt.VerifyConsistency(a, b, proof); err != nil {
 		return fmt.Errorf("%w: %w", ErrKTFork, err)
 	}
+	return nil
+}
+
+// ktGossipHead is the checkpoint sealed into every content this device
+// sends (nil before it accepted one).
+func (m *Messenger) ktGossipHead() *KTHead {
+	h := m.kt.head.Load()
+	if h == nil {
+		return nil
+	}
+	return &KTHead{Size: h.Size, Root: bytes.Clone(h.Root[:])}
+}
+
+// ktCheckGossip checks the checkpoint a sender sealed into its content
+// against this device's view of the log: the sender and this device must
+// have been shown one log.
+func (m *Messenger) ktCheckGossip(sender e2ee.Address, h *KTHead) error {
+	if h == nil {
+		return nil
+	}
+	err := m.ktCheckGossipHead(h)
+	if errors.Is(err, ErrKTProof) || errors.Is(err, ErrKTFork) {
+		m.ktReport(sender.User, fmt.Errorf("message from %s: %w", sender, err))
+	}
+	return err
+}
+
+func (m *Messenger) ktCheckGossipHead(h *KTHead) error {
+	if len(h.Root) != 32 {
+		return ktProofErr("a gossiped checkpoint root of %d bytes", len(h.Root))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ktGossipTimeout)
+	defer cancel()
+	m.kt.mu.Lock()
+	defer m.kt.mu.Unlock()
+	keys, err := m.ktLoad(ctx)
+	if err != nil || keys == nil {
+		return err
+	}
+	c := kt.Checkpoint{Origin: keys.origin, Size: h.Size}
+	copy(c.Root[:], h.Root)
+	m.kt.seenMu.Lock()
+	ok := m.kt.seen[c]
+	m.kt.seenMu.Unlock()
+	if ok {
+		return nil
+	}
+	head := m.kt.head.Load()
+	if head == nil || c.Size > head.Size {
+		// The sender saw a newer log: catch up first.
+		from := uint64(0)
+		if head != nil {
+			from = head.Size
+		}
+		p, err := m.c.KTLeaves(ctx, from, 1)
+		if err != nil {
+			if client.CodeOf(err) == protocol.CodeInvalidArgument {
+				return fmt.Errorf("%w: %w: the server's log is smaller than the %d leaves this device saw: %v", ErrKTFork, kt.ErrRollback, from, err)
+			}
+			return fmt.Errorf("e2eechat: key transparency: %w", err)
+		}
+		cur, err := kt.OpenCheckpoint(keys.verifier, []byte(p.Checkpoint))
+		if err != nil {
+			return ktProofErr("%v", err)
+		}
+		if err := m.ktAdvance(ctx, cur, p.Checkpoint); err != nil {
+			return err
+		}
+		head = m.kt.head.Load()
+	}
+	if c.Size > head.Size {
+		return ktForkErr("the sender was shown a log of %d leaves, this device's is %d", c.Size, head.Size)
+	}
+	if err := m.ktConsistent(ctx, c, *head); err != nil {
+		return fmt.Errorf("the sender's checkpoint (size %d): %w", c.Size, err)
+	}
+	m.kt.seenMu.Lock()
+	if len(m.kt.seen) >= ktSeenMax || m.kt.seen == nil {
+		m.kt.seen = map[kt.Checkpoint]bool{}
+	}
+	m.kt.seen[c] = true
+	m.kt.seenMu.Unlock()
 	return nil
 }

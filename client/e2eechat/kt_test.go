@@ -178,3 +178,124 @@ func TestMaliciousServerKTRollback(t *testing.T) {
 		t.Fatalf("restarted client's head %+v %v", h, ok)
 	}
 }
+
+// A split view: the server shows alice a log in which bob has a ghost
+// device (the server's, certified by an account key the server made) and
+// shows bob a log without it. Alice's message reaches the ghost — the
+// server reads it — but the checkpoint sealed inside it is not consistent
+// with bob's log, so bob's client refuses it, and bob's reply, carrying
+// bob's checkpoint, is refused by alice's.
+func TestMaliciousServerKTSplitView(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx := ctxT(t)
+	keys := newEvilKeys(t)
+	logA, logB := newEvilLog(keys), newEvilLog(keys)
+	evA := startEvilServer(t, srv.URL, logA)
+	evB := startEvilServer(t, srv.URL, logB)
+	alice := devOn(t, evA.URL, srv, "alice", "phone", e2ee.NewMemoryStore())
+	bob := devOn(t, evB.URL, srv, "bob", "phone", e2ee.NewMemoryStore())
+	for _, d := range []*dev{alice, bob} {
+		if _, err := d.m.PublishKeys(ctx, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	alertsA, alertsB := watchKT(alice.m), watchKT(bob.m)
+
+	ghost, ghostB := ghostBundle(t, "bob", "ghost")
+	evil := newEvilAccount()
+	evA.show(logA, evil.impersonate("bob", ghostB))
+	evA.setAnswer(serveGhost("bob", ghostB))
+
+	conv, err := alice.c.OpenDirectE2E(ctx, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// bob's client knows the log bob is shown: his and alice's entries.
+	for _, u := range []string{"bob", "alice"} {
+		if _, err := bob.m.Devices(ctx, u, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a1, err := alice.m.SendDirect(ctx, conv.ConvID, "bob", "meet at 10, gate A")
+	if err != nil {
+		t.Fatalf("alice's send through the forged log: %v", err)
+	}
+	msgA := firstMessage(t, bob, conv.ConvID, a1.Seq)
+	if got := ghostReads(t, ghost, msgA); got != "meet at 10, gate A" {
+		t.Fatalf("the ghost read %q: the attack did not happen", got)
+	}
+	headA, _ := alice.m.KTCheckpoint()
+	headB, _ := bob.m.KTCheckpoint()
+	if headA.Size != headB.Size || headA.Root == headB.Root {
+		t.Fatalf("heads %d and %d: not two logs of one size", headA.Size, headB.Size)
+	}
+
+	if o, err := bob.m.Open(msgA); !errors.Is(err, ErrKTFork) {
+		t.Fatalf("bob opened alice's message from the other view: %+v %v, want ErrKTFork", o, err)
+	}
+	if evs := alertsB.list(); len(evs) != 1 || evs[0].User != "alice" || !errors.Is(evs[0].Err, ErrKTFork) {
+		t.Fatalf("bob's events %+v, want one ErrKTFork for alice's message", evs)
+	}
+
+	b1, err := bob.m.SendDirect(ctx, conv.ConvID, "alice", "which gate?")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, err := alice.m.Open(firstMessage(t, alice, conv.ConvID, b1.Seq)); !errors.Is(err, ErrKTFork) {
+		t.Fatalf("alice opened bob's message from the other view: %+v %v, want ErrKTFork", o, err)
+	}
+	if evs := alertsA.list(); len(evs) != 1 || evs[0].User != "bob" || !errors.Is(evs[0].Err, ErrKTFork) {
+		t.Fatalf("alice's events %+v, want one ErrKTFork for bob's message", evs)
+	}
+}
+
+// One log, shown to both: the checkpoints sealed inside messages are
+// proven consistent and every message opens.
+func TestKTGossipOneLog(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx := ctxT(t)
+	log := newEvilLog(newEvilKeys(t))
+	evA := startEvilServer(t, srv.URL, log)
+	evB := startEvilServer(t, srv.URL, log)
+	alice := devOn(t, evA.URL, srv, "alice", "phone", e2ee.NewMemoryStore())
+	bob := devOn(t, evB.URL, srv, "bob", "phone", e2ee.NewMemoryStore())
+	for _, d := range []*dev{alice, bob} {
+		if _, err := d.m.PublishKeys(ctx, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conv, err := alice.c.OpenDirectE2E(ctx, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1, err := alice.m.SendDirect(ctx, conv.ConvID, "bob", "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// bob has no checkpoint yet: alice's is newer, bob catches up.
+	if o, err := bob.m.Open(firstMessage(t, bob, conv.ConvID, a1.Seq)); err != nil || o.Text != "one" {
+		t.Fatalf("bob: %+v %v", o, err)
+	}
+	// bob's laptop grows the log; bob's reply carries the newer head.
+	startDev(t, srv, "bob", "laptop", 5)
+	b1, err := bob.m.SendDirect(ctx, conv.ConvID, "alice", "two")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, err := alice.m.Open(firstMessage(t, alice, conv.ConvID, b1.Seq)); err != nil || o.Text != "two" {
+		t.Fatalf("alice: %+v %v", o, err)
+	}
+	ha, _ := alice.m.KTCheckpoint()
+	hb, _ := bob.m.KTCheckpoint()
+	if ha != hb {
+		t.Fatalf("after gossip alice holds %+v, bob %+v", ha, hb)
+	}
+	// alice's older message again: her old head is a prefix of bob's now.
+	a2, err := alice.m.SendDirect(ctx, conv.ConvID, "bob", "three")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, err := bob.m.Open(firstMessage(t, bob, conv.ConvID, a2.Seq)); err != nil || o.Text != "three" {
+		t.Fatalf("bob: %+v %v", o, err)
+	}
+}

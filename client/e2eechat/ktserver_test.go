@@ -18,6 +18,7 @@ import (
 	"github.com/parley-im/parley/client/e2ee"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/protocol"
+	"github.com/parley-im/parley/protocol/e2ekeys"
 	"github.com/parley-im/parley/protocol/kt"
 )
 
@@ -230,6 +231,9 @@ type evilServer struct {
 	// tamper, when set, changes an answer after its proof is attached
 	// (what the log does not say).
 	tamper func(req protocol.Frame, ans *protocol.Frame)
+	// answer, when set, may answer a keys request instead of the node (a
+	// bundle of a device the node does not have).
+	answer func(req protocol.Frame) (protocol.Frame, bool)
 }
 
 func startEvilServer(t testing.TB, target string, log *evilLog) *evilServer {
@@ -251,6 +255,12 @@ func (e *evilServer) current() (*evilLog, func(protocol.Frame, *protocol.Frame))
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.log, e.rewrite
+}
+
+func (e *evilServer) setAnswer(f func(req protocol.Frame) (protocol.Frame, bool)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.answer = f
 }
 
 func (e *evilServer) setTamper(f func(req protocol.Frame, ans *protocol.Frame)) {
@@ -304,21 +314,7 @@ func (e *evilServer) serve(w http.ResponseWriter, r *http.Request) {
 				delete(reqs, f.RID)
 				rmu.Unlock()
 				if ok && (f.Type == protocol.TypeDevices || f.Type == protocol.TypeBundles) {
-					log, rewrite := e.current()
-					if rewrite != nil {
-						rewrite(req, &f)
-					}
-					if f.Type == protocol.TypeDevices {
-						log.syncFrom(req.UserID, f.Devices)
-					}
-					f.KT = log.proofFor(req.UserID)
-					e.mu.Lock()
-					tamper := e.tamper
-					e.mu.Unlock()
-					if tamper != nil {
-						tamper(req, &f)
-					}
-					data, _ = json.Marshal(f)
+					data = e.keysAnswer(req, f)
 				}
 			}
 			if write(data) != nil {
@@ -343,6 +339,17 @@ relay:
 				}
 				continue
 			case protocol.TypeKeysDevices, protocol.TypeKeysBundle:
+				e.mu.Lock()
+				answer := e.answer
+				e.mu.Unlock()
+				if answer != nil {
+					if ans, ok := answer(f); ok {
+						if write(e.keysAnswer(f, ans)) != nil {
+							break relay
+						}
+						continue
+					}
+				}
 				rmu.Lock()
 				reqs[f.RID] = f
 				rmu.Unlock()
@@ -354,6 +361,27 @@ relay:
 	}
 	up.Close()
 	<-done
+}
+
+// keysAnswer is what the client gets for a keys request answered by f:
+// rewritten, logged (a devices answer), proven, tampered with.
+func (e *evilServer) keysAnswer(req, f protocol.Frame) []byte {
+	log, rewrite := e.current()
+	if rewrite != nil {
+		rewrite(req, &f)
+	}
+	if f.Type == protocol.TypeDevices {
+		log.syncFrom(req.UserID, f.Devices)
+	}
+	f.KT = log.proofFor(req.UserID)
+	e.mu.Lock()
+	tamper := e.tamper
+	e.mu.Unlock()
+	if tamper != nil {
+		tamper(req, &f)
+	}
+	b, _ := json.Marshal(f)
+	return b
 }
 
 // devOn is startDev on a client connected through e: the same device
@@ -418,4 +446,93 @@ func ghostBundle(t *testing.T, user, device string) (*e2ee.Device, protocol.KeyB
 		PreKey:       &protocol.PreKey{ID: up.PreKeys[0].ID, Key: up.PreKeys[0].Key.Bytes()},
 		KEMPreKey:    &protocol.PreKey{ID: up.KEMPreKeys[0].ID, Key: up.KEMPreKeys[0].Key, Sig: up.KEMPreKeys[0].Sig}}
 	return g, b
+}
+
+// evilAccount is an account key the server made, to certify devices of a
+// user the server impersonates (a client that never saw the user's real
+// account key takes it on first use).
+type evilAccount struct {
+	kp e2ee.KeyPair
+
+	mu    sync.Mutex
+	certs map[string][]byte // one signature per certificate (XEdDSA signatures are randomized)
+}
+
+func newEvilAccount() *evilAccount {
+	return &evilAccount{kp: e2ee.GenerateKeyPair(), certs: map[string][]byte{}}
+}
+
+func (a *evilAccount) key() []byte { return a.kp.Public.Bytes() }
+
+func (a *evilAccount) cert(user, device string, identityKey []byte) []byte {
+	msg := e2ekeys.DeviceCertMessage(user, device, identityKey)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if sig, ok := a.certs[string(msg)]; ok {
+		return sig
+	}
+	sig := a.kp.Private.Sign(msg)
+	a.certs[string(msg)] = sig[:]
+	return sig[:]
+}
+
+// impersonate rewrites the devices and bundles answers for user: every
+// device certified by a, and ghost (a bundle of a device the server holds)
+// added to the list.
+func (a *evilAccount) impersonate(user string, ghost protocol.KeyBundle) func(req protocol.Frame, ans *protocol.Frame) {
+	ghost.AccountKey, ghost.DeviceSig = a.key(), a.cert(user, ghost.DeviceID, ghost.IdentityKey)
+	return func(req protocol.Frame, ans *protocol.Frame) {
+		if req.UserID != user {
+			return
+		}
+		switch ans.Type {
+		case protocol.TypeDevices:
+			for i := range ans.Devices {
+				d := &ans.Devices[i]
+				d.AccountKey, d.DeviceSig = a.key(), a.cert(user, d.DeviceID, d.IdentityKey)
+			}
+			ans.Devices = append(ans.Devices, protocol.DeviceKeyInfo{DeviceID: ghost.DeviceID, RegistrationID: ghost.RegistrationID,
+				IdentityKey: ghost.IdentityKey, AccountKey: ghost.AccountKey, DeviceSig: ghost.DeviceSig})
+		case protocol.TypeBundles:
+			for i := range ans.Bundles {
+				b := &ans.Bundles[i]
+				b.AccountKey, b.DeviceSig = a.key(), a.cert(user, b.DeviceID, b.IdentityKey)
+			}
+		}
+	}
+}
+
+// serveGhost answers keys_bundle for user's ghost device with its bundle.
+func serveGhost(user string, ghost protocol.KeyBundle) func(req protocol.Frame) (protocol.Frame, bool) {
+	return func(req protocol.Frame) (protocol.Frame, bool) {
+		if req.Type != protocol.TypeKeysBundle || req.UserID != user || req.DeviceID != ghost.DeviceID {
+			return protocol.Frame{}, false
+		}
+		return protocol.Frame{Type: protocol.TypeBundles, RID: req.RID, Bundles: []protocol.KeyBundle{ghost}}, true
+	}
+}
+
+// ghostReads opens, with the ghost device, the ciphertext msg carries
+// for it.
+func ghostReads(t *testing.T, ghost *e2ee.Device, msg protocol.Message) string {
+	t.Helper()
+	env, err := protocol.ParseEnvelope(msg.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := ghost.Address()
+	for _, to := range env.To {
+		if to.User == self.User && to.Device == self.Device {
+			plain, err := ghost.Decrypt(e2ee.Address{User: msg.Sender, Device: msg.SenderDevice}, e2ee.MessageType(to.Type), to.Body)
+			if err != nil {
+				t.Fatalf("the ghost cannot open its ciphertext: %v", err)
+			}
+			var c content
+			if err := json.Unmarshal(plain, &c); err != nil {
+				t.Fatal(err)
+			}
+			return c.Text
+		}
+	}
+	return ""
 }

@@ -162,7 +162,9 @@ type Messenger struct {
 
 // New returns a Messenger for device d (whose state is in st) on client c.
 func New(c *client.Client, d *e2ee.Device, st e2ee.Store) *Messenger {
-	return &Messenger{c: c, d: d, st: st, self: d.Address(), devs: map[string][]string{}, rot: DefaultRotation}
+	m := &Messenger{c: c, d: d, st: st, self: d.Address(), devs: map[string][]string{}, rot: DefaultRotation}
+	m.ktHead, m.ktCheck = m.ktGossipHead, m.ktCheckGossip
+	return m
 }
 
 // Device is the messenger's device.
