@@ -132,3 +132,61 @@ func BenchmarkAudit100k(b *testing.B) {
 		}
 	}
 }
+
+func BenchmarkOpenCheckpoint(b *testing.B) {
+	s, v := testNoteKeys(b, "parley.example/kt")
+	tree, _ := benchLog()
+	c := checkpointOf(tree, benchLeaves)
+	c.Origin = "parley.example/kt"
+	text, err := SignCheckpoint(s, c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := OpenCheckpoint(v, text); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkVerifyAnswer is what a client checks for one bundles or devices
+// answer from a log of 100,000 changes: the checkpoint's signature, the
+// VRF label, the inclusion proof and the entry's decoding.
+func BenchmarkVerifyAnswer100k(b *testing.B) {
+	s, v := testNoteKeys(b, "parley.example/kt")
+	vrf, err := GenerateVRFKey()
+	if err != nil {
+		b.Fatal(err)
+	}
+	tree, entries := benchLog()
+	c := checkpointOf(tree, benchLeaves)
+	c.Origin = "parley.example/kt"
+	text, err := SignCheckpoint(s, c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const index = 61_803
+	p, err := tree.InclusionProof(index, benchLeaves)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, vproof := LabelFor(vrf, "alice@example")
+	pk := vrf.Public()
+	b.ReportAllocs()
+	for b.Loop() {
+		cp, err := OpenCheckpoint(v, text)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := pk.VerifyLabel("alice@example", vproof); err != nil {
+			b.Fatal(err)
+		}
+		if err := VerifyInclusion(cp, index, entries[index], p); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := UnmarshalEntry(entries[index]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
