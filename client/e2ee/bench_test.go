@@ -2,6 +2,7 @@ package e2ee
 
 import (
 	"fmt"
+	"os"
 	"testing"
 )
 
@@ -126,5 +127,39 @@ func BenchmarkGroupDecrypt(b *testing.B) {
 		if _, err := bob.GroupDecrypt("g", alice.Address(), cts[i], FormatModern); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// FileStore.Save of a 2 KB value (a session's size), with the directory
+// fsync after the rename and, for comparison, without it.
+func BenchmarkFileStoreSave(b *testing.B) {
+	for _, dirSync := range []bool{true, false} {
+		name := "file+dir-fsync"
+		if !dirSync {
+			name = "file-fsync-only"
+		}
+		b.Run(name, func(b *testing.B) {
+			dir := b.TempDir()
+			fs, err := OpenFileStore(dir)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer fs.Close()
+			if !dirSync {
+				fs.syncFile = func(f *os.File) error {
+					if f.Name() == dir {
+						return nil
+					}
+					return f.Sync()
+				}
+			}
+			v := make([]byte, 2048)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := fs.Save("session/bob/phone", v); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
