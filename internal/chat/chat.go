@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/internal/fanout"
+	"github.com/parley-im/parley/internal/kt"
 	"github.com/parley-im/parley/internal/settings"
 	"github.com/parley-im/parley/internal/snowflake"
 	"github.com/parley-im/parley/internal/store"
@@ -169,6 +170,7 @@ type Service struct {
 	limits Limiter
 	fan    Fanout
 	pos    *positions // delivered positions (positions.go)
+	kt     *kt.Log    // nil: key transparency off (kt.go)
 }
 
 // Limiter allows one event per key per interval (@everyone per group,
@@ -193,6 +195,8 @@ type Deps struct {
 	// Fanout takes every stored message after its ACK and pushes the
 	// service's frames.
 	Fanout Fanout
+	// KT is the key transparency log on the same store (nil: off).
+	KT *kt.Log
 }
 
 // New returns a service. It starts no goroutines.
@@ -213,7 +217,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 		d.Limiter = newLimiter(d.Now)
 	}
 	return &Service{cfg: cfg, store: d.Store, ids: d.IDs, now: d.Now, log: d.Logger,
-		obs: d.Observer, limits: d.Limiter, fan: d.Fanout, pos: newPositions()}, nil
+		obs: d.Observer, limits: d.Limiter, fan: d.Fanout, pos: newPositions(), kt: d.KT}, nil
 }
 
 // storeErr turns a store failure into the client-facing error. Conditions

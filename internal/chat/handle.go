@@ -76,6 +76,8 @@ func (s *Service) handle(ctx context.Context, c Caller, f *protocol.Frame, reply
 		return s.keys(ctx, c, f)
 	case protocol.TypeConvInfo:
 		return s.convInfoFrame(ctx, c, f.ConvID)
+	case protocol.TypeKTKeys, protocol.TypeKTConsistency, protocol.TypeKTLeaves:
+		return s.ktRequest(ctx, f)
 	}
 	return nil, protocol.Errorf(protocol.CodeUnknownType, "unknown frame type %q", f.Type)
 }

@@ -35,7 +35,11 @@ func (s *Service) keys(ctx context.Context, c Caller, f *protocol.Frame) (*proto
 			out[i] = protocol.DeviceKeyInfo{DeviceID: d.DeviceID, RegistrationID: d.RegistrationID, IdentityKey: d.IdentityKey,
 				AccountKey: d.AccountKey, DeviceSig: d.DeviceSig, UpdatedAt: d.UpdatedAt}
 		}
-		return &protocol.Frame{Type: protocol.TypeDevices, UserID: f.UserID, Devices: out}, nil
+		p, perr := s.ktFor(ctx, f.UserID, devs)
+		if perr != nil {
+			return nil, perr
+		}
+		return &protocol.Frame{Type: protocol.TypeDevices, UserID: f.UserID, Devices: out, KT: p}, nil
 	case protocol.TypeKeysRemove:
 		devs, err := s.store.KeyDevices(ctx, c.User)
 		if err != nil {
@@ -46,6 +50,7 @@ func (s *Service) keys(ctx context.Context, c Caller, f *protocol.Frame) (*proto
 		}
 		for _, d := range devs {
 			if d.DeviceID == c.Device {
+				s.ktChanged(ctx, c.User)
 				s.announceKeys(ctx, c, c.Device, "device_removed")
 			}
 		}
@@ -149,6 +154,9 @@ func (s *Service) keysUpload(ctx context.Context, c Caller, k *protocol.KeyUploa
 	res, err := s.store.UploadKeys(ctx, c.User, c.Device, up)
 	if err != nil {
 		return nil, s.storeErr("upload keys", err)
+	}
+	if len(replaced) > 0 || res.NewDevice || res.IdentityChanged || !sameAccount(cur, res.Device) {
+		s.ktChanged(ctx, c.User)
 	}
 	switch {
 	case res.NewDevice:
@@ -287,7 +295,15 @@ func (s *Service) keysBundle(ctx context.Context, c Caller, user, device string)
 				KeyCounts: &protocol.KeyCounts{PreKeys: kb.PreKeys, KEMPreKeys: kb.KEMPreKeys}})
 		}
 	}
-	return &protocol.Frame{Type: protocol.TypeBundles, UserID: user, Bundles: out}, nil
+	all, perr := keyDevices()
+	if perr != nil {
+		return nil, perr
+	}
+	p, perr := s.ktFor(ctx, user, all)
+	if perr != nil {
+		return nil, perr
+	}
+	return &protocol.Frame{Type: protocol.TypeBundles, UserID: user, Bundles: out, KT: p}, nil
 }
 
 // mayTakePrekeys reports whether c may take one-time prekeys of

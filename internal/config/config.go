@@ -35,6 +35,7 @@ import (
 	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/gateway"
 	"github.com/parley-im/parley/internal/hooks"
+	"github.com/parley-im/parley/internal/kt"
 	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/settings"
 	"github.com/parley-im/parley/internal/snowflake"
@@ -93,6 +94,9 @@ type Config struct {
 	Admin    Admin           `yaml:"admin"`
 	// Cluster names the distributed engines; empty runs on embedded ones.
 	Cluster Cluster `yaml:"cluster"`
+	// KT is the key transparency log (internal/kt; docs/protocol.md,
+	// "Key transparency").
+	KT kt.Config `yaml:"kt"`
 	// Webhooks: endpoints (a list, in the file only) and their retry
 	// policy (docs/webhooks.md).
 	Webhooks hooks.Config `yaml:"webhooks"`
@@ -270,6 +274,7 @@ func defaults() Config {
 		Chat:       ch,
 		Fanout:     fanout.DefaultConfig(),
 		Webhooks:   hooks.DefaultConfig(),
+		KT:         kt.DefaultConfig(),
 		Presence:   presence.DefaultConfig(),
 		Store:      Store{BucketWidth: 240 * time.Hour, ConversationStates: 65536, ConversationIdle: 10 * time.Minute},
 		Metrics:    Metrics{Enabled: true},
@@ -286,6 +291,18 @@ func (c Config) GatewayConfig() gateway.Config {
 	g := c.Gateway
 	g.Node, g.Limits = c.NodeID, c.Limits
 	return g
+}
+
+// KTOrigin is the origin of the key transparency keys a deployment
+// creates: kt.origin, else parley, in cluster mode parley/<namespace>.
+func (c Config) KTOrigin() string {
+	switch {
+	case c.KT.Origin != "":
+		return c.KT.Origin
+	case c.Cluster.Enabled():
+		return "parley/" + c.Cluster.Namespace
+	}
+	return "parley"
 }
 
 // ChatConfig is the chat service's Config with the limits.
@@ -463,6 +480,7 @@ func (c Config) Validate() error {
 	p.Merge("fanout", c.Fanout.Validate())
 	p.Merge("webhooks", c.Webhooks.Validate())
 	p.Merge("presence", c.Presence.Validate())
+	p.Merge("kt", c.KT.Validate())
 	p.Check(c.Store.BucketWidth >= time.Second, "store.bucket_width", "must be at least 1s, got %v", c.Store.BucketWidth)
 	p.Check(c.Store.ConversationStates >= 1, "store.conversation_states", "must be at least 1, got %d", c.Store.ConversationStates)
 	p.Check(c.Store.ConversationIdle >= time.Second, "store.conversation_idle", "must be at least 1s, got %v", c.Store.ConversationIdle)

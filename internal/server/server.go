@@ -402,8 +402,12 @@ func (s *Server) startChat() error {
 	if err != nil {
 		return err
 	}
+	ktLog, err := s.openKT(chatStore)
+	if err != nil {
+		return err
+	}
 	svc, err := chat.New(cfg.ChatConfig(), chat.Deps{
-		Store: chatStore, IDs: snowflake.New(nodeNumber, nil), Logger: s.log, Limiter: lim, Fanout: fan,
+		Store: chatStore, IDs: snowflake.New(nodeNumber, nil), Logger: s.log, Limiter: lim, Fanout: fan, KT: ktLog,
 		Observer: chat.Observer{
 			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },
 			StoreFailed: func(op string) { m.StoreErrors.WithLabelValues(op).Inc() },
@@ -685,6 +689,7 @@ func (s *Server) listen() error {
 		mux.HandleFunc("GET /v1/poll", s.gw.ServePoll)
 		mux.HandleFunc("POST /v1/rpc", s.gw.ServeRPC)
 		mux.HandleFunc("GET /v1/conversations/snapshot", s.handleSnapshot)
+		s.routeKT(mux)
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", s.handleReady)
