@@ -123,7 +123,9 @@ func TestE2EThousandMemberGroupOneCiphertext(t *testing.T) {
 			wantText(t, "member", d.read(t, g.ConvID), ack.Seq, fmt.Sprint(canary, " message ", i))
 		}
 	}
-	if len(sizes) != 3 || sizes[0] > 400 || sizes[0] != sizes[1] || sizes[1] != sizes[2] {
+	// One ciphertext of the content (text, its bound metadata and the
+	// sender's key transparency head, about 60 bytes), not one per member.
+	if len(sizes) != 3 || sizes[0] > 500 || sizes[0] != sizes[1] || sizes[1] != sizes[2] {
 		t.Fatalf("group message bodies of %v bytes", sizes)
 	}
 }
