@@ -917,19 +917,12 @@ func (m *Messenger) openOwn(msg protocol.Message, o Opened) (Opened, error) {
 		o.Control = true
 		return o, nil
 	}
-	b, err := m.st.Load(own)
-	if err != nil {
-		return o, err
-	}
-	if b == nil {
-		if msg.Kind == protocol.KindRecall {
-			return o, ErrUnauthenticatedRecall
-		}
-		return o, ErrOwnUnknown
-	}
 	bad := func(field, server, sealed string) error {
 		return &MetadataError{ConvID: msg.ConvID, Seq: msg.Seq, Field: field, Server: server, Sealed: sealed}
 	}
+	// The content as sealed; a store written before it was kept has the
+	// text alone (an empty value reads as none: a recall's text is empty).
+	var text string
 	if cb, err := m.st.Load("ownc/" + own); err != nil {
 		return o, err
 	} else if cb != nil {
@@ -943,6 +936,15 @@ func (m *Messenger) openOwn(msg protocol.Message, o Opened) (Opened, error) {
 		case c.Target != msg.TargetSeq:
 			return o, bad("target", seqString(msg.TargetSeq), seqString(c.Target))
 		}
+		text = c.Text
+	} else if b, err := m.st.Load(own); err != nil {
+		return o, err
+	} else if b != nil {
+		text = string(b)
+	} else if msg.Kind == protocol.KindRecall {
+		return o, ErrUnauthenticatedRecall
+	} else {
+		return o, ErrOwnUnknown
 	}
 	if sb, err := m.st.Load("ownseq/" + own); err != nil {
 		return o, err
@@ -952,7 +954,7 @@ func (m *Messenger) openOwn(msg protocol.Message, o Opened) (Opened, error) {
 	if msg.Kind == protocol.KindRecall {
 		return o, nil // applied when it was sent
 	}
-	o.Text = string(b)
+	o.Text = text
 	return o, m.keep(msg.ConvID, msg.Seq, o.Text, &kept{From: msg.Sender, Dev: msg.SenderDevice, Kind: msg.Kind, Target: msg.TargetSeq})
 }
 

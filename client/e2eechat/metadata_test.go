@@ -363,6 +363,13 @@ func TestMaliciousServerForgesRecall(t *testing.T) {
 	if hits, err := bob.m.Search("door code"); err != nil || len(hits) != 0 {
 		t.Fatalf("search after the recall: %v %v", hits, err)
 	}
+	// alice's device opens its own recall's echo and the recalled target.
+	if o, err := alice.m.Open(msgAt(t, alice, g, rc.Seq)); err != nil || o.Kind != protocol.KindRecall {
+		t.Fatalf("alice's own recall: %+v %v", o, err)
+	}
+	if o, err := alice.m.Open(msgAt(t, alice, g, a1.Seq)); err != nil || !o.Recalled {
+		t.Fatalf("alice's own recalled message: %+v %v", o, err)
+	}
 }
 
 // The server takes a recall's body only in an E2E conversation, as an
