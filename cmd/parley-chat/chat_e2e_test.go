@@ -567,3 +567,75 @@ func TestChatCLIE2EServerForgotDevice(t *testing.T) {
 		t.Fatalf("the line went out in the plain DM\n%s", out.String())
 	}
 }
+
+// TestChatCLIE2ERecall: in an E2E conversation a recall without its
+// author's envelope (what the server's moderation or a forger sends) is a
+// warning line, not applied; the peer's sealed recall prints as a recall;
+// /recall seals one that the peer's SDK applies.
+func TestChatCLIE2ERecall(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bob := startE2EPeer(t, ctx, srv, "bob")
+	write, out, done := runE2ECLI(t, ctx, srv, "alice", t.TempDir())
+	waitOutput(t, out, "connected")
+	write("/sdm bob")
+	waitOutput(t, out, "end-to-end encrypted direct with bob")
+	write("the door code is 4711")
+	mine := regexp.MustCompile(`\[(\d+) (\d+)\] alice: the door code is 4711`)
+	waitOutput(t, out, "alice: the door code is 4711")
+	sub := mine.FindStringSubmatch(out.String())
+	if sub == nil {
+		t.Fatalf("no seq for alice's line:\n%s", out.String())
+	}
+	conv, _ := strconv.ParseUint(sub[1], 10, 64)
+	mySeq, _ := strconv.ParseUint(sub[2], 10, 64)
+
+	b1, err := bob.m.SendDirect(ctx, conv, "alice", "meet at 10")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2, err := bob.m.SendDirect(ctx, conv, "alice", "meet at 11")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, out, "bob: meet at 11")
+	bare, err := bob.c.Recall(ctx, conv, b1.Seq) // no envelope
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, out, "seq "+strconv.FormatUint(bare.Seq, 10)+" refused: e2eechat: recall not authenticated by the author")
+	if _, err := bob.m.RecallDirect(ctx, conv, b2.Seq, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, out, "bob recalled #"+strconv.FormatUint(b2.Seq, 10))
+	if strings.Contains(out.String(), "bob recalled #"+strconv.FormatUint(b1.Seq, 10)) {
+		t.Fatalf("the recall without an envelope printed as bob's:\n%s", out.String())
+	}
+
+	write("/recall " + strconv.FormatUint(mySeq, 10))
+	waitOutput(t, out, "alice recalled #"+strconv.FormatUint(mySeq, 10))
+	write("/quit")
+	if err := <-done; err != nil {
+		t.Fatalf("chat ended with %v\n%s", err, out.String())
+	}
+	msgs, _, err := bob.c.History(ctx, conv, client.HistoryQuery{Forward: true, Limit: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		if _, err := bob.m.Open(m); m.Kind == protocol.KindRecall && m.TargetSeq == mySeq && err != nil {
+			t.Fatalf("bob refuses alice's /recall: %v", err)
+		}
+	}
+	recalled := false
+	for _, m := range msgs { // the target comes before its recall: again
+		if m.Seq == mySeq {
+			o, err := bob.m.Open(m)
+			recalled = err == nil && o.Recalled
+		}
+	}
+	if !recalled {
+		t.Fatal("bob's SDK did not apply alice's /recall")
+	}
+}
