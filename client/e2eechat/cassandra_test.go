@@ -15,6 +15,7 @@ import (
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/internal/store/cassandra"
+	"github.com/parley-im/parley/protocol"
 )
 
 // E2E traffic through a node whose chat service stores in Cassandra: no
@@ -77,8 +78,36 @@ func TestE2ENoPlaintextInCassandra(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantText(t, "bob", bob.read(t, g.ConvID), g1.Seq, canary+" group")
-	if _, err := alice.m.EditGroup(ctx, g.ConvID, g1.Seq, []string{"alice", "bob"}, canary+" group edited"); err != nil {
+	ed, err := alice.m.EditGroup(ctx, g.ConvID, g1.Seq, []string{"alice", "bob"}, canary+" group edited")
+	if err != nil {
 		t.Fatal(err)
+	}
+	// The edited target as Cassandra rewrote it and the edit event check
+	// out against their sealed labels; so does the sealed recall, whose
+	// envelope the recall event keeps.
+	bobTablet := startDev(t, srv, "bob", "tablet", 3)
+	alice.read(t, g.ConvID) // device_added: alice's next distribution reaches the tablet
+	g2, err := alice.m.SendGroup(ctx, g.ConvID, []string{"alice", "bob"}, canary+" group, for the tablet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := alice.m.EditGroup(ctx, g.ConvID, g2.Seq, []string{"alice", "bob"}, canary+" group, for the tablet, edited"); err != nil {
+		t.Fatal(err)
+	}
+	wantText(t, "bob", bob.read(t, g.ConvID), ed.Seq, canary+" group edited")
+	wantText(t, "bob", bob.read(t, g.ConvID), g1.Seq, canary+" group edited") // its edit applied to the copy
+	got := bobTablet.read(t, g.ConvID)                                        // the rewritten target first, then its edit
+	wantText(t, "bob's tablet", got, g2.Seq, canary+" group, for the tablet, edited")
+	if _, err := alice.m.RecallDirect(ctx, conv.ConvID, a1.Seq, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range bob.history(t, conv.ConvID) {
+		if _, err := bob.m.Open(m); err != nil && m.Kind == protocol.KindRecall {
+			t.Fatalf("alice's recall on Cassandra: %v", err)
+		}
+	}
+	if o, err := bob.m.Open(firstMessage(t, bob, conv.ConvID, a1.Seq)); err != nil || !o.Recalled {
+		t.Fatalf("alice's recalled message on Cassandra: %+v %v", o, err)
 	}
 
 	var tables []string
