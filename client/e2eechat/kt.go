@@ -83,6 +83,51 @@ type ktState struct {
 
 	seenMu sync.Mutex
 	seen   map[kt.Checkpoint]bool // gossiped checkpoints proven consistent with head
+
+	// Verified once, under mu: the last checkpoint text opened, and each
+	// user's label with the (deterministic) VRF proof that gave it.
+	lastText string
+	last     kt.Checkpoint
+	labels   map[string]ktLabel
+}
+
+type ktLabel struct {
+	proof []byte
+	label [32]byte
+}
+
+// ktLabelsMax bounds the users whose VRF proof is remembered as verified.
+const ktLabelsMax = 10_000
+
+// ktOpen opens a signed checkpoint (a text opened before is not verified
+// again); m.kt.mu is held.
+func (m *Messenger) ktOpen(keys *ktKeys, text string) (kt.Checkpoint, error) {
+	if text == m.kt.lastText && text != "" {
+		return m.kt.last, nil
+	}
+	c, err := kt.OpenCheckpoint(keys.verifier, []byte(text))
+	if err != nil {
+		return c, err
+	}
+	m.kt.lastText, m.kt.last = text, c
+	return c, nil
+}
+
+// ktLabel checks user's VRF proof (one verified before for the user is not
+// verified again); m.kt.mu is held.
+func (m *Messenger) ktLabel(keys *ktKeys, user string, proof []byte) ([32]byte, error) {
+	if l, ok := m.kt.labels[user]; ok && bytes.Equal(l.proof, proof) {
+		return l.label, nil
+	}
+	label, err := keys.vrf.VerifyLabel(user, proof)
+	if err != nil {
+		return label, err
+	}
+	if m.kt.labels == nil || len(m.kt.labels) >= ktLabelsMax {
+		m.kt.labels = map[string]ktLabel{}
+	}
+	m.kt.labels[user] = ktLabel{proof: bytes.Clone(proof), label: label}
+	return label, nil
 }
 
 type ktKeys struct {
@@ -285,11 +330,11 @@ func (m *Messenger) ktVerifyLocked(ctx context.Context, keys *ktKeys, user strin
 	if p == nil {
 		return label, ktProofErr("the answer for %s carries no proof", user)
 	}
-	c, err := kt.OpenCheckpoint(keys.verifier, []byte(p.Checkpoint))
+	c, err := m.ktOpen(keys, p.Checkpoint)
 	if err != nil {
 		return label, ktProofErr("%s: %v", user, err)
 	}
-	if label, err = keys.vrf.VerifyLabel(user, p.VRFProof); err != nil {
+	if label, err = m.ktLabel(keys, user, p.VRFProof); err != nil {
 		return label, ktProofErr("label of %s: %v", user, err)
 	}
 	if !bytes.Equal(p.Label, label[:]) {
@@ -468,7 +513,7 @@ func (m *Messenger) ktCheckGossipHead(h *KTHead) error {
 			}
 			return fmt.Errorf("e2eechat: key transparency: %w", err)
 		}
-		cur, err := kt.OpenCheckpoint(keys.verifier, []byte(p.Checkpoint))
+		cur, err := m.ktOpen(keys, p.Checkpoint)
 		if err != nil {
 			return ktProofErr("%v", err)
 		}
