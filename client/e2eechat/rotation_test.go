@@ -11,6 +11,7 @@ import (
 
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
 
+	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/client/e2ee"
 	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
@@ -199,10 +200,17 @@ func testMaintainRotatesPreKeys(t *testing.T, srv *servertest.Server) {
 	// Maintain, even though they are not due any more.
 	spk3, kem3 := lastResortIDs(t, carol, "bob")
 	clock.advance(49 * time.Hour)
-	cancelled, cancel := context.WithCancel(ctx)
-	cancel()
-	if err := bob.m.Maintain(cancelled); err == nil {
-		t.Fatal("Maintain with a cancelled context succeeded")
+	// The same device behind a client that never connects: its upload
+	// cannot reach the server.
+	offline, err := client.New(client.Config{URL: srv.URL, Token: srv.Token("bob"), Device: "phone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer offline.Close()
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := New(offline, bob.m.Device(), bob.st).Maintain(short); err == nil {
+		t.Fatal("Maintain without a connection succeeded")
 	}
 	if spk, kem := lastResortIDs(t, carol, "bob"); spk != spk3 || kem != kem3 {
 		t.Fatalf("the server has keys whose upload failed: %d %d", spk, kem)
