@@ -26,6 +26,7 @@ commands:
   serve    run a node (every role, embedded storage under ./data, by default)
   token    mint a token for a user with the server's HS256 key
   migrate  create or upgrade the Cassandra schema of cluster mode
+  kt       kt audit: verify a server's key transparency log from outside
   version  print the version, commit and Go release of this build
 
 Run 'parley <command> -h' for a command's flags; serve, migrate and token
@@ -59,6 +60,8 @@ func run(ctx context.Context, args []string) error {
 		return runToken(rest, os.Stdout)
 	case "migrate":
 		return runMigrate(ctx, rest, os.Stdout)
+	case "kt":
+		return runKT(ctx, rest, stdout)
 	case "version":
 		bi := buildinfo.Get()
 		fmt.Fprintf(stdout, "parley %s (commit %s, %s)\n", bi.Version, bi.Commit, bi.Go)
