@@ -94,6 +94,19 @@ func testKeyDirectory(t *testing.T, e *env) {
 	if b, err := s.TakeBundle(ctx, "alice", "phone"); err != nil || b.PreKey == nil || b.PreKey.ID != 10 || string(b.PreKey.Key) != "pk10b" || b.PreKeys != 1 {
 		t.Fatalf("bundle after re-upload: %+v %v", b, err)
 	}
+	// Rotating the last-resort KEM key alone replaces it in the bundles
+	// and keeps the signed prekey and the one-time keys.
+	res, err = s.UploadKeys(ctx, "alice", "phone", store.KeyUpload{
+		LastResortKEM: &store.PreKey{ID: 1001, Key: []byte("last-resort-2"), Sig: []byte("lrsig2")}, Now: 4})
+	if err != nil || res.NewDevice || res.IdentityChanged || res.PreKeys != 1 || res.Device.SignedPreKey.ID != 2 ||
+		res.Device.LastResortKEM.ID != 1001 || string(res.Device.LastResortKEM.Key) != "last-resort-2" {
+		t.Fatalf("last-resort rotation: %+v %v", res, err)
+	}
+	if b, err := s.TakeBundle(ctx, "alice", "phone"); err != nil || b.PreKey == nil || b.PreKey.ID != 11 ||
+		!b.KEMLastResort || b.KEMPreKey == nil || b.KEMPreKey.ID != 1001 || string(b.KEMPreKey.Sig) != "lrsig2" ||
+		b.Device.SignedPreKey.ID != 2 {
+		t.Fatalf("bundle after the last-resort rotation: %+v %v", b, err)
+	}
 	// A new identity drops the prekeys signed by the old one and carries
 	// its own certificate.
 	res, err = s.UploadKeys(ctx, "alice", "phone", upload(9, 3, 0, 0))
