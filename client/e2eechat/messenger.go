@@ -85,7 +85,7 @@ type content struct {
 	SKDM []byte `json:"skdm,omitempty"`
 
 	Conv   uint64 `json:"conv,string,omitempty"`
-	Kind   string `json:"kind,omitempty"`   // the frame's kind: text, edit or recall (a distribution travels as text)
+	Kind   string `json:"kind,omitempty"`   // the stored message's kind: text, state, edit or recall (a distribution travels as text)
 	Target uint64 `json:"target,omitempty"` // an edit's or recall's target seq
 	From   string `json:"from,omitempty"`
 	Dev    string `json:"dev,omitempty"`
@@ -987,11 +987,15 @@ func (m *Messenger) decrypt(msg protocol.Message, sender e2ee.Address) (c conten
 	}
 	sum := sha256.Sum256(ct)
 	ck := "ct/" + hex.EncodeToString(sum[:])
-	plain, err := m.st.Load(ck)
-	if err != nil {
+	var rec openedCT
+	if b, err := m.st.Load(ck); err != nil {
 		return c, "", err
-	}
-	if plain == nil {
+	} else if b != nil {
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return c, "", fmt.Errorf("e2eechat: kept content: %w", err)
+		}
+	} else {
+		var plain []byte
 		if typ < 0 {
 			plain, err = m.d.GroupDecrypt(groupName(msg.ConvID), sender, ct, e2ee.FormatModern)
 		} else {
@@ -1000,30 +1004,32 @@ func (m *Messenger) decrypt(msg protocol.Message, sender e2ee.Address) (c conten
 		if err != nil {
 			return c, "", err
 		}
-		inst = "-"
+		rec = openedCT{Inst: "-", Content: plain}
 		if id, ok, err := m.d.SessionIdentity(sender); err != nil {
 			return c, "", err
 		} else if ok {
 			h := sha256.Sum256(id.Bytes())
-			inst = hex.EncodeToString(h[:8])
+			rec.Inst = hex.EncodeToString(h[:8])
 		}
-		if err := m.st.Save("ctid/"+ck, []byte(inst)); err != nil {
+		if !json.Valid(plain) {
+			return c, "", fmt.Errorf("e2eechat: content is not JSON")
+		}
+		b, _ := json.Marshal(rec)
+		if err := m.st.Save(ck, b); err != nil {
 			return c, "", err
 		}
-		if err := m.st.Save(ck, plain); err != nil {
-			return c, "", err
-		}
-	} else {
-		b, err := m.st.Load("ctid/" + ck)
-		if err != nil {
-			return c, "", err
-		}
-		inst = string(b)
 	}
+	plain, inst := rec.Content, rec.Inst
 	if err := json.Unmarshal(plain, &c); err != nil {
 		return c, "", fmt.Errorf("e2eechat: content: %w", err)
 	}
 	return c, inst, nil
+}
+
+// openedCT is what decrypt keeps of a ciphertext it opened.
+type openedCT struct {
+	Inst    string          `json:"inst"`
+	Content json.RawMessage `json:"content"`
 }
 
 // rewritten reports whether msg is an edited target shown with the
@@ -1060,7 +1066,7 @@ func (m *Messenger) verify(msg protocol.Message, c content, inst string) error {
 		return bad("target", seqString(msg.TargetSeq), seqString(c.Target))
 	}
 	switch {
-	case c.T == "text" && (c.Kind == protocol.KindText || c.Kind == protocol.KindEdit) && (c.Kind == protocol.KindEdit) == (c.Target != 0):
+	case c.T == "text" && (c.Kind == protocol.KindText || c.Kind == protocol.KindState || c.Kind == protocol.KindEdit) && (c.Kind == protocol.KindEdit) == (c.Target != 0):
 	case c.T == "skdm" && c.Kind == protocol.KindText && c.Target == 0:
 	case c.T == "recall" && c.Kind == protocol.KindRecall && c.Target != 0:
 	default:
