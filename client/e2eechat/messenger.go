@@ -103,14 +103,20 @@ type KTHead struct {
 	Root []byte `json:"root"`
 }
 
-// kept is what this device records of a message it opened: its labels as
-// verified against the content, which later deliveries of the same seq
-// must repeat. Empty fields were not verified and are not compared.
+// kept is what this device records of a message it opened or sent: its
+// labels as verified against the content, which later deliveries of the
+// same seq must repeat (empty ones were not verified and are not
+// compared), and what it shows (the text, following authenticated edits;
+// none once its author recalled it).
 type kept struct {
-	From   string `json:"from,omitempty"`
-	Dev    string `json:"dev,omitempty"`
-	Kind   string `json:"kind,omitempty"`
-	Target uint64 `json:"target,omitempty"`
+	From     string `json:"from,omitempty"`
+	Dev      string `json:"dev,omitempty"`
+	Kind     string `json:"kind,omitempty"`
+	Target   uint64 `json:"target,omitempty"`
+	Text     string `json:"text,omitempty"`
+	Recalled bool   `json:"recalled,omitempty"`
+	// Legacy: made from the text alone an older store kept.
+	Legacy bool `json:"-"`
 }
 
 // Opened is a decrypted message.
@@ -486,23 +492,30 @@ func frameKind(f protocol.Frame) string {
 	return f.Kind
 }
 
-// keep records the text of message seq and, when k is set, its labels.
-func (m *Messenger) keep(conv, seq uint64, text string, k *kept) error {
-	if err := m.st.Save(plainKey(conv, seq), []byte(text)); err != nil {
-		return err
-	}
-	if k == nil {
-		return nil
-	}
-	b, _ := json.Marshal(k)
-	return m.st.Save(metaKey(conv, seq), b)
+// keptKey is the record of message seq this device opened or sent.
+func keptKey(conv, seq uint64) string {
+	return "kept/" + strconv.FormatUint(conv, 10) + "/" + strconv.FormatUint(seq, 10)
 }
 
-// keptMeta is the record of message seq (nil if none).
-func (m *Messenger) keptMeta(conv, seq uint64) (*kept, error) {
-	b, err := m.st.Load(metaKey(conv, seq))
-	if err != nil || b == nil {
+// plainKey is where a store written before the records kept a message's
+// text alone, with no labels.
+func plainKey(conv, seq uint64) string {
+	return "plain/" + strconv.FormatUint(conv, 10) + "/" + strconv.FormatUint(seq, 10)
+}
+
+// loadKept is the record of message seq, or one made from the text an
+// older store kept (Legacy, no labels); nil if neither.
+func (m *Messenger) loadKept(conv, seq uint64) (*kept, error) {
+	b, err := m.st.Load(keptKey(conv, seq))
+	if err != nil {
 		return nil, err
+	}
+	if b == nil {
+		t, err := m.st.Load(plainKey(conv, seq))
+		if err != nil || t == nil {
+			return nil, err
+		}
+		return &kept{Text: string(t), Legacy: true}, nil
 	}
 	var k kept
 	if err := json.Unmarshal(b, &k); err != nil {
@@ -511,25 +524,49 @@ func (m *Messenger) keptMeta(conv, seq uint64) (*kept, error) {
 	return &k, nil
 }
 
-func metaKey(conv, seq uint64) string {
-	return "meta/" + strconv.FormatUint(conv, 10) + "/" + strconv.FormatUint(seq, 10)
-}
-
-func recalledKey(conv, seq uint64) string {
-	return "recalled/" + strconv.FormatUint(conv, 10) + "/" + strconv.FormatUint(seq, 10)
-}
-
-// recall applies an authenticated recall of target: its text is dropped
-// (search no longer finds it) and later openings say Recalled.
-func (m *Messenger) recall(conv, target uint64) error {
-	if err := m.st.Save(recalledKey(conv, target), []byte{1}); err != nil {
+// saveKept writes the record of message seq (replacing an older store's
+// text, which search would find twice).
+func (m *Messenger) saveKept(conv, seq uint64, k *kept) error {
+	b, _ := json.Marshal(k)
+	if err := m.st.Save(keptKey(conv, seq), b); err != nil {
 		return err
 	}
-	return m.st.Delete(plainKey(conv, target))
+	if k.Legacy {
+		k.Legacy = false
+		return m.st.Delete(plainKey(conv, seq))
+	}
+	return nil
 }
 
-func plainKey(conv, seq uint64) string {
-	return "plain/" + strconv.FormatUint(conv, 10) + "/" + strconv.FormatUint(seq, 10)
+// editKept applies an authenticated edit by author to the record of
+// target. A target never opened here is recorded as the author's: the
+// server cannot later show its text as someone else's.
+func (m *Messenger) editKept(conv, target uint64, author, text string) error {
+	k, err := m.loadKept(conv, target)
+	switch {
+	case err != nil:
+		return err
+	case k == nil:
+		k = &kept{From: author, Kind: protocol.KindText}
+	case k.Recalled:
+		return nil // a recalled message stays recalled
+	}
+	k.Text = text
+	return m.saveKept(conv, target, k)
+}
+
+// recall applies an authenticated recall of target by author: its text is
+// dropped (search no longer finds it) and later openings say Recalled.
+func (m *Messenger) recall(conv, target uint64, author string) error {
+	k, err := m.loadKept(conv, target)
+	if err != nil {
+		return err
+	}
+	if k == nil {
+		k = &kept{From: author, Kind: protocol.KindText}
+	}
+	k.Text, k.Recalled = "", true
+	return m.saveKept(conv, target, k)
 }
 
 // SendDirect encrypts text to every device of peer and to this user's
@@ -581,38 +618,45 @@ func ownKey(conv uint64, clientMsgID string) string {
 	return "own/" + strconv.FormatUint(conv, 10) + "/" + clientMsgID
 }
 
+// sent is what a device keeps of a message it sends, under its
+// client_msg_id: the content as sealed and, once acknowledged, its seq.
+type sent struct {
+	Content content `json:"content"`
+	Seq     uint64  `json:"seq,omitempty"`
+}
+
 // sendOwn sends f, keeping its content c under its client_msg_id first:
 // the echo push of this device's own message may arrive before the ack,
 // and a sender cannot decrypt its own ciphertext. Once acknowledged, the
-// text is kept under the message's seq too (and its target's, for an
-// edit), and a recall is applied here.
+// message is recorded under its seq too (and an edit applied to its
+// target's record), and a recall is applied here.
 func (m *Messenger) sendOwn(ctx context.Context, f protocol.Frame, c content) (client.Ack, error) {
 	if f.ClientMsgID == "" {
 		f.ClientMsgID = client.NewClientMsgID()
 	}
-	own := ownKey(f.ConvID, f.ClientMsgID)
-	if err := m.st.Save(own, []byte(c.Text)); err != nil {
-		return client.Ack{}, err
-	}
-	b, _ := json.Marshal(c)
-	if err := m.st.Save("ownc/"+own, b); err != nil {
+	key := "sent/" + ownKey(f.ConvID, f.ClientMsgID)
+	rec := sent{Content: c}
+	b, _ := json.Marshal(rec)
+	if err := m.st.Save(key, b); err != nil {
 		return client.Ack{}, err
 	}
 	ack, err := m.c.SendFrame(ctx, f)
 	if err != nil {
 		return ack, err
 	}
-	if err := m.st.Save("ownseq/"+own, []byte(strconv.FormatUint(ack.Seq, 10))); err != nil {
+	rec.Seq = ack.Seq
+	b, _ = json.Marshal(rec)
+	if err := m.st.Save(key, b); err != nil {
 		return ack, err
 	}
 	if c.Kind == protocol.KindRecall {
-		return ack, m.recall(f.ConvID, f.TargetSeq)
+		return ack, m.recall(f.ConvID, f.TargetSeq, c.From)
 	}
-	if err := m.keep(f.ConvID, ack.Seq, c.Text, &kept{From: c.From, Dev: c.Dev, Kind: c.Kind, Target: c.Target}); err != nil {
+	if err := m.saveKept(f.ConvID, ack.Seq, &kept{From: c.From, Dev: c.Dev, Kind: c.Kind, Target: c.Target, Text: c.Text}); err != nil {
 		return ack, err
 	}
-	if f.TargetSeq != 0 {
-		err = m.keep(f.ConvID, f.TargetSeq, c.Text, nil)
+	if c.Kind == protocol.KindEdit {
+		err = m.editKept(f.ConvID, f.TargetSeq, c.From, c.Text)
 	}
 	return ack, err
 }
@@ -790,23 +834,23 @@ func (m *Messenger) Open(msg protocol.Message) (Opened, error) {
 	m.openMu.Lock()
 	defer m.openMu.Unlock()
 	o := Opened{ConvID: msg.ConvID, Seq: msg.Seq, Sender: msg.Sender, SenderDevice: msg.SenderDevice, Kind: msg.Kind, TargetSeq: msg.TargetSeq}
-	switch {
-	case msg.Kind == protocol.KindSystem:
+	if msg.Kind == protocol.KindSystem {
 		return m.openSystem(msg, o)
-	case msg.Recalled:
-		return m.openRecalled(msg, o)
 	}
-	key := plainKey(msg.ConvID, msg.Seq) // an edited target's copy follows its edits
-	if b, err := m.st.Load(key); err != nil {
+	k, err := m.loadKept(msg.ConvID, msg.Seq) // an edited target's record follows its edits
+	switch {
+	case err != nil:
 		return o, err
-	} else if b != nil {
-		if err := m.checkKept(msg); err != nil {
+	case msg.Recalled:
+		return m.openRecalled(msg, o, k)
+	case k != nil:
+		if err := checkKept(msg, k); err != nil {
 			return o, err
 		}
-		o.Text = string(b)
+		o.Text, o.Recalled = k.Text, k.Recalled
 		return o, nil
 	}
-	if b, err := m.st.Load("ctl/" + key); err != nil {
+	if b, err := m.st.Load("ctl/" + plainKey(msg.ConvID, msg.Seq)); err != nil {
 		return o, err
 	} else if b != nil {
 		o.Control = true
@@ -819,11 +863,11 @@ func (m *Messenger) Open(msg protocol.Message) (Opened, error) {
 		return o, ErrUnauthenticatedRecall
 	}
 	sender := e2ee.Address{User: msg.Sender, Device: msg.SenderDevice}
-	c, inst, err := m.decrypt(msg, sender)
+	c, err := m.decrypt(msg, sender)
 	if err != nil {
 		return o, err
 	}
-	if err := m.verify(msg, c, inst); err != nil {
+	if err := m.verify(msg, c); err != nil {
 		if errors.Is(err, ErrUnbound) && c.T == "text" && c.Kind == "" {
 			o.Text = c.Text
 		}
@@ -863,32 +907,24 @@ func (m *Messenger) openSystem(msg protocol.Message, o Opened) (Opened, error) {
 	return o, nil
 }
 
-// openRecalled opens a message the server shows recalled: Recalled if its
-// author's recall was applied here, else the kept text (the server's flag
-// alone recalls nothing; with no copy kept there is nothing to show).
-func (m *Messenger) openRecalled(msg protocol.Message, o Opened) (Opened, error) {
-	if b, err := m.st.Load(recalledKey(msg.ConvID, msg.Seq)); err != nil || b != nil {
-		o.Recalled = b != nil
+// openRecalled opens a message the server shows recalled (k is this
+// device's record of it): Recalled if its author's recall was applied
+// here, else the kept text (the server's flag alone recalls nothing; with
+// nothing kept there is nothing to show).
+func (m *Messenger) openRecalled(msg protocol.Message, o Opened, k *kept) (Opened, error) {
+	if k == nil {
+		return o, nil
+	}
+	if err := checkKept(msg, k); err != nil {
 		return o, err
 	}
-	b, err := m.st.Load(plainKey(msg.ConvID, msg.Seq))
-	if err != nil || b == nil {
-		return o, err
-	}
-	if err := m.checkKept(msg); err != nil {
-		return o, err
-	}
-	o.Text = string(b)
+	o.Text, o.Recalled = k.Text, k.Recalled
 	return o, nil
 }
 
-// checkKept compares msg's labels with the record of the message this
+// checkKept compares msg's labels with k, the record of the message this
 // device opened at its seq.
-func (m *Messenger) checkKept(msg protocol.Message) error {
-	k, err := m.keptMeta(msg.ConvID, msg.Seq)
-	if err != nil || k == nil {
-		return err
-	}
+func checkKept(msg protocol.Message, k *kept) error {
 	bad := func(field, server, sealed string) error {
 		return &MetadataError{ConvID: msg.ConvID, Seq: msg.Seq, Field: field, Server: server, Sealed: sealed}
 	}
@@ -920,58 +956,62 @@ func (m *Messenger) openOwn(msg protocol.Message, o Opened) (Opened, error) {
 	bad := func(field, server, sealed string) error {
 		return &MetadataError{ConvID: msg.ConvID, Seq: msg.Seq, Field: field, Server: server, Sealed: sealed}
 	}
-	// The content as sealed; a store written before it was kept has the
-	// text alone (an empty value reads as none: a recall's text is empty).
-	var text string
-	if cb, err := m.st.Load("ownc/" + own); err != nil {
-		return o, err
-	} else if cb != nil {
-		var c content
-		if err := json.Unmarshal(cb, &c); err != nil {
-			return o, fmt.Errorf("e2eechat: own content: %w", err)
-		}
-		switch {
-		case c.Kind != msg.Kind:
-			return o, bad("kind", msg.Kind, c.Kind)
-		case c.Target != msg.TargetSeq:
-			return o, bad("target", seqString(msg.TargetSeq), seqString(c.Target))
-		}
-		text = c.Text
-	} else if b, err := m.st.Load(own); err != nil {
+	var rec sent
+	if b, err := m.st.Load("sent/" + own); err != nil {
 		return o, err
 	} else if b != nil {
-		text = string(b)
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return o, fmt.Errorf("e2eechat: own content: %w", err)
+		}
+	} else if b, err := m.st.Load(own); err != nil { // an older store: the text alone
+		return o, err
+	} else if b != nil {
+		rec.Content = content{T: "text", Text: string(b), Kind: msg.Kind, Target: msg.TargetSeq}
 	} else if msg.Kind == protocol.KindRecall {
 		return o, ErrUnauthenticatedRecall
 	} else {
 		return o, ErrOwnUnknown
 	}
-	if sb, err := m.st.Load("ownseq/" + own); err != nil {
-		return o, err
-	} else if sb != nil && string(sb) != seqString(msg.Seq) {
-		return o, bad("seq", seqString(msg.Seq), string(sb))
-	}
-	if msg.Kind == protocol.KindRecall {
+	c := rec.Content
+	switch {
+	case c.Kind != msg.Kind:
+		return o, bad("kind", msg.Kind, c.Kind)
+	case c.Target != msg.TargetSeq:
+		return o, bad("target", seqString(msg.TargetSeq), seqString(c.Target))
+	case rec.Seq != 0 && rec.Seq != msg.Seq:
+		return o, bad("seq", seqString(msg.Seq), seqString(rec.Seq))
+	case msg.Kind == protocol.KindRecall:
 		return o, nil // applied when it was sent
 	}
-	o.Text = text
-	return o, m.keep(msg.ConvID, msg.Seq, o.Text, &kept{From: msg.Sender, Dev: msg.SenderDevice, Kind: msg.Kind, Target: msg.TargetSeq})
+	o.Text = c.Text
+	return o, m.saveKept(msg.ConvID, msg.Seq, &kept{From: msg.Sender, Dev: msg.SenderDevice, Kind: msg.Kind, Target: msg.TargetSeq, Text: c.Text})
+}
+
+// openedCT is what Open keeps of a ciphertext it decrypted, under the
+// ciphertext's hash: its content, and the seq it was accepted under.
+type openedCT struct {
+	Content json.RawMessage `json:"content"`
+	Seq     uint64          `json:"seq,omitempty"`
+}
+
+// decrypted is a content and where Open keeps it.
+type decrypted struct {
+	content
+	key   string
+	rec   openedCT
+	saved bool // rec is stored as it is
 }
 
 // decrypt returns the content of msg's ciphertext for this device. A
 // ciphertext is decrypted once (a second decryption fails: its message key
-// is gone); its content is kept under the ciphertext's hash, so an edited
-// target that carries its edit's envelope, and a replay, are checked like
-// any delivery.
-//
-// inst is the sender's identity key as this device knew it when it first
-// decrypted the ciphertext (a short hash; "-" with no session): the
-// identity of the session that decrypted it, or through which the sender
-// key of a group came.
-func (m *Messenger) decrypt(msg protocol.Message, sender e2ee.Address) (c content, inst string, err error) {
+// is gone): Open keeps its content under its hash (see accept), so an
+// edited target that carries its edit's envelope, and a replay, are
+// checked like any delivery.
+func (m *Messenger) decrypt(msg protocol.Message, sender e2ee.Address) (decrypted, error) {
+	var d decrypted
 	env, err := protocol.ParseEnvelope(msg.Body)
 	if err != nil {
-		return c, "", err
+		return d, err
 	}
 	ct, typ := env.Group, -1
 	if len(ct) == 0 {
@@ -982,18 +1022,18 @@ func (m *Messenger) decrypt(msg protocol.Message, sender e2ee.Address) (c conten
 			}
 		}
 		if ct == nil {
-			return c, "", ErrNotForDevice
+			return d, ErrNotForDevice
 		}
 	}
 	sum := sha256.Sum256(ct)
-	ck := "ct/" + hex.EncodeToString(sum[:])
-	var rec openedCT
-	if b, err := m.st.Load(ck); err != nil {
-		return c, "", err
+	d.key = "ct/" + hex.EncodeToString(sum[:])
+	if b, err := m.st.Load(d.key); err != nil {
+		return d, err
 	} else if b != nil {
-		if err := json.Unmarshal(b, &rec); err != nil {
-			return c, "", fmt.Errorf("e2eechat: kept content: %w", err)
+		if err := json.Unmarshal(b, &d.rec); err != nil {
+			return d, fmt.Errorf("e2eechat: kept content: %w", err)
 		}
+		d.saved = true
 	} else {
 		var plain []byte
 		if typ < 0 {
@@ -1002,34 +1042,17 @@ func (m *Messenger) decrypt(msg protocol.Message, sender e2ee.Address) (c conten
 			plain, err = m.d.Decrypt(sender, e2ee.MessageType(typ), ct)
 		}
 		if err != nil {
-			return c, "", err
-		}
-		rec = openedCT{Inst: "-", Content: plain}
-		if id, ok, err := m.d.SessionIdentity(sender); err != nil {
-			return c, "", err
-		} else if ok {
-			h := sha256.Sum256(id.Bytes())
-			rec.Inst = hex.EncodeToString(h[:8])
+			return d, err
 		}
 		if !json.Valid(plain) {
-			return c, "", fmt.Errorf("e2eechat: content is not JSON")
+			return d, errors.New("e2eechat: content is not JSON")
 		}
-		b, _ := json.Marshal(rec)
-		if err := m.st.Save(ck, b); err != nil {
-			return c, "", err
-		}
+		d.rec.Content = plain
 	}
-	plain, inst := rec.Content, rec.Inst
-	if err := json.Unmarshal(plain, &c); err != nil {
-		return c, "", fmt.Errorf("e2eechat: content: %w", err)
+	if err := json.Unmarshal(d.rec.Content, &d.content); err != nil {
+		return d, fmt.Errorf("e2eechat: content: %w", err)
 	}
-	return c, inst, nil
-}
-
-// openedCT is what decrypt keeps of a ciphertext it opened.
-type openedCT struct {
-	Inst    string          `json:"inst"`
-	Content json.RawMessage `json:"content"`
+	return d, nil
 }
 
 // rewritten reports whether msg is an edited target shown with the
@@ -1039,10 +1062,26 @@ func rewritten(msg protocol.Message, c content) bool {
 	return msg.Edited && msg.Kind == protocol.KindText && c.Kind == protocol.KindEdit && c.Target == msg.Seq
 }
 
-// verify checks the server's labels of msg against content c and records
-// c's counter under msg's seq. inst names the sender's install (see
-// decrypt): a device reinstalled under the same id counts from 1 again.
-func (m *Messenger) verify(msg protocol.Message, c content, inst string) error {
+// verify checks the server's labels of msg against its content d and
+// keeps d (refused or not: its message key is spent), with msg's seq once
+// accepted.
+func (m *Messenger) verify(msg protocol.Message, d decrypted) error {
+	err := m.check(msg, d.content, d.rec.Seq)
+	if err == nil && d.rec.Seq == 0 && !rewritten(msg, d.content) {
+		d.rec.Seq, d.saved = msg.Seq, false
+	}
+	if !d.saved {
+		b, _ := json.Marshal(d.rec)
+		if serr := m.st.Save(d.key, b); serr != nil && err == nil {
+			err = serr
+		}
+	}
+	return err
+}
+
+// check compares the server's labels of msg with content c, first
+// accepted under seq first (0: not yet).
+func (m *Messenger) check(msg protocol.Message, c content, first uint64) error {
 	if c.Ctr == 0 || c.Kind == "" {
 		return ErrUnbound
 	}
@@ -1064,6 +1103,8 @@ func (m *Messenger) verify(msg protocol.Message, c content, inst string) error {
 		return bad("kind", msg.Kind, c.Kind)
 	case c.Target != msg.TargetSeq:
 		return bad("target", seqString(msg.TargetSeq), seqString(c.Target))
+	case first != 0 && first != msg.Seq:
+		return bad("seq", seqString(msg.Seq), seqString(first))
 	}
 	switch {
 	case c.T == "text" && (c.Kind == protocol.KindText || c.Kind == protocol.KindState || c.Kind == protocol.KindEdit) && (c.Kind == protocol.KindEdit) == (c.Target != 0):
@@ -1073,7 +1114,7 @@ func (m *Messenger) verify(msg protocol.Message, c content, inst string) error {
 		return fmt.Errorf("e2eechat: content %q sealed as kind %q, target %d", c.T, c.Kind, c.Target)
 	}
 	if c.Target != 0 {
-		k, err := m.keptMeta(msg.ConvID, c.Target)
+		k, err := m.loadKept(msg.ConvID, c.Target)
 		if err != nil {
 			return err
 		}
@@ -1081,26 +1122,14 @@ func (m *Messenger) verify(msg protocol.Message, c content, inst string) error {
 			return bad("author", k.From, c.From)
 		}
 	}
-	if rw {
-		return nil // the edit event's seq holds the counter
-	}
-	sk := "seen/" + strconv.FormatUint(msg.ConvID, 10) + "/" + e2ee.Address{User: c.From, Device: c.Dev}.String() + "/" + inst + "/" + strconv.FormatUint(c.Ctr, 10)
-	b, err := m.st.Load(sk)
-	switch {
-	case err != nil:
-		return err
-	case b == nil:
-		return m.st.Save(sk, []byte(seqString(msg.Seq)))
-	case string(b) != seqString(msg.Seq):
-		return bad("seq", seqString(msg.Seq), string(b))
-	}
 	return nil
 }
 
-// apply acts on a verified content: keeps a text (an edit's for its
-// target too), processes a sender key distribution, applies a recall.
-func (m *Messenger) apply(msg protocol.Message, c content, o Opened) (Opened, error) {
-	key := plainKey(msg.ConvID, msg.Seq)
+// apply acts on a verified content: records a text (an edit's in its
+// target's record too), processes a sender key distribution, applies a
+// recall.
+func (m *Messenger) apply(msg protocol.Message, d decrypted, o Opened) (Opened, error) {
+	c := d.content
 	switch c.T {
 	case "skdm":
 		sender := e2ee.Address{User: msg.Sender, Device: msg.SenderDevice}
@@ -1108,34 +1137,22 @@ func (m *Messenger) apply(msg protocol.Message, c content, o Opened) (Opened, er
 			return o, err
 		}
 		o.Control = true
-		return o, m.st.Save("ctl/"+key, []byte{1})
+		return o, m.st.Save("ctl/"+plainKey(msg.ConvID, msg.Seq), []byte{1})
 	case "recall":
-		return o, m.recall(msg.ConvID, c.Target)
+		return o, m.recall(msg.ConvID, c.Target, c.From)
 	}
 	o.Text = c.Text
 	if rewritten(msg, c) {
 		// Only the author is verified: the first version's device is not.
-		return o, m.keep(msg.ConvID, msg.Seq, c.Text, &kept{From: c.From, Kind: protocol.KindText})
+		return o, m.saveKept(msg.ConvID, msg.Seq, &kept{From: c.From, Kind: protocol.KindText, Text: c.Text})
 	}
-	if err := m.keep(msg.ConvID, msg.Seq, c.Text, &kept{From: c.From, Dev: c.Dev, Kind: c.Kind, Target: c.Target}); err != nil {
+	if err := m.saveKept(msg.ConvID, msg.Seq, &kept{From: c.From, Dev: c.Dev, Kind: c.Kind, Target: c.Target, Text: c.Text}); err != nil {
 		return o, err
 	}
 	if c.Kind != protocol.KindEdit {
 		return o, nil
 	}
-	if b, err := m.st.Load(recalledKey(msg.ConvID, c.Target)); err != nil || b != nil {
-		return o, err // a recalled message stays recalled
-	}
-	k, err := m.keptMeta(msg.ConvID, c.Target)
-	if err != nil {
-		return o, err
-	}
-	var rec *kept
-	if k == nil {
-		// The target was never opened here: it is the edit's author's.
-		rec = &kept{From: c.From, Kind: protocol.KindText}
-	}
-	return o, m.keep(msg.ConvID, c.Target, c.Text, rec)
+	return o, m.editKept(msg.ConvID, c.Target, c.From, c.Text)
 }
 
 // Hit is one local search result.
@@ -1148,24 +1165,34 @@ type Hit struct {
 // Search looks through the messages this device has decrypted or sent
 // (case-insensitive substring): the server of an E2E conversation cannot.
 func (m *Messenger) Search(query string) ([]Hit, error) {
-	keys, err := m.st.List("plain/")
-	if err != nil {
-		return nil, err
-	}
 	q := strings.ToLower(query)
 	var out []Hit
-	for _, k := range keys {
-		b, err := m.st.Load(k)
+	for _, prefix := range []string{"kept/", "plain/"} {
+		keys, err := m.st.List(prefix)
 		if err != nil {
 			return nil, err
 		}
-		if !strings.Contains(strings.ToLower(string(b)), q) {
-			continue
+		for _, key := range keys {
+			b, err := m.st.Load(key)
+			if err != nil {
+				return nil, err
+			}
+			text := string(b)
+			if prefix == "kept/" {
+				var k kept
+				if err := json.Unmarshal(b, &k); err != nil {
+					return nil, fmt.Errorf("e2eechat: record %s: %w", key, err)
+				}
+				text = k.Text
+			}
+			if !strings.Contains(strings.ToLower(text), q) {
+				continue
+			}
+			parts := strings.Split(key, "/")
+			conv, _ := strconv.ParseUint(parts[1], 10, 64)
+			seq, _ := strconv.ParseUint(parts[2], 10, 64)
+			out = append(out, Hit{ConvID: conv, Seq: seq, Text: text})
 		}
-		parts := strings.Split(k, "/")
-		conv, _ := strconv.ParseUint(parts[1], 10, 64)
-		seq, _ := strconv.ParseUint(parts[2], 10, 64)
-		out = append(out, Hit{ConvID: conv, Seq: seq, Text: string(b)})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].ConvID != out[j].ConvID {

@@ -301,8 +301,8 @@ func TestMaliciousServerRelabelsKind(t *testing.T) {
 		refused(t, tc.name, o, err, tc.field)
 	}
 	for seq, want := range map[uint64]string{first: "first", second: "second"} {
-		if b, err := bob.st.Load(plainKey(c, seq)); err != nil || string(b) != want {
-			t.Fatalf("bob's copy of seq %d: %q %v, want %q", seq, b, err, want)
+		if k, err := bob.m.loadKept(c, seq); err != nil || k == nil || k.Text != want {
+			t.Fatalf("bob's copy of seq %d: %+v %v, want %q", seq, k, err, want)
 		}
 	}
 }
