@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 
 	"golang.org/x/mod/sumdb/note"
@@ -176,6 +177,15 @@ func TestKTPublicHTTP(t *testing.T) {
 	if err != nil || cp.Size != 3 {
 		t.Fatalf("checkpoint %+v: %v", cp, err)
 	}
+	resp, err := http.Get(srv.HTTPURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(metrics), "\nparley_kt_leaves 3\n") {
+		t.Fatal("/metrics has no parley_kt_leaves 3")
+	}
 	var page protocol.KTProof
 	if code := getJSON(t, srv.HTTPURL+"/v1/kt/leaves?from=1&limit=5", &page); code != 200 || page.From != 1 || len(page.Entries) != 2 {
 		t.Fatalf("leaves: %d %+v", code, page)
@@ -207,7 +217,7 @@ func TestKTPublicHTTP(t *testing.T) {
 	if code := getJSON(t, srv.HTTPURL+"/v1/kt/keys", nil); code != 200 {
 		t.Fatalf("the burst's last request: %d", code)
 	}
-	resp, err := http.Get(srv.HTTPURL + "/v1/kt/keys")
+	resp, err = http.Get(srv.HTTPURL + "/v1/kt/keys")
 	if err != nil {
 		t.Fatal(err)
 	}

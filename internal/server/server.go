@@ -432,6 +432,11 @@ func (s *Server) startChat() error {
 	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "parley_compensation_backlog", Help: "Compensation tasks waiting for a successful retry.",
 	}, func() float64 { return float64(s.ledger.Backlog()) }))
+	if ktLog != nil {
+		s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "parley_kt_leaves", Help: "Leaves of the key transparency log this chat process has read or appended.",
+		}, func() float64 { return float64(ktLog.Size()) }))
+	}
 	if cs, ok := s.store.(interface{ ConvStates() (int, uint64) }); ok {
 		// The bounded per-conversation state (store.conversation_states).
 		s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
