@@ -85,6 +85,7 @@ func startDev(t *testing.T, srv *servertest.Server, user, device string, keys in
 	if err != nil {
 		t.Fatal(err)
 	}
+	shareAccount(t, srv, edev)
 	m := New(c, edev, st)
 	if keys > 0 {
 		if _, err := m.PublishKeys(ctxT(t), keys); err != nil {
@@ -93,6 +94,31 @@ func startDev(t *testing.T, srv *servertest.Server, user, device string, keys in
 	}
 	d.m, d.st = m, st
 	return d
+}
+
+// accounts holds each test user's account key (per server): a user's
+// devices share it, as devices linked to one account do.
+var accounts sync.Map // "<server>/<user>" → exported account key
+
+// shareAccount gives d its user's account key on srv, creating it for the
+// user's first device.
+func shareAccount(t *testing.T, srv *servertest.Server, d *e2ee.Device) {
+	t.Helper()
+	key := srv.URL + "/" + d.Address().User
+	if b, ok := accounts.Load(key); ok {
+		if _, err := d.ImportAccountKey(b.([]byte)); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if _, err := d.CreateAccountKey(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.ExportAccountKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	accounts.Store(key, b)
 }
 
 // history returns every message of conv visible to d.
@@ -245,13 +271,17 @@ func TestE2EDirectConversation(t *testing.T) {
 	if err != nil || len(hits) == 0 {
 		t.Fatalf("search: %v %v", hits, err)
 	}
-	sa, err := alice.m.SafetyNumber(ctx, e2ee.Address{User: "bob", Device: "phone"})
+	sa, err := alice.m.SafetyNumber(ctx, "bob")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := bob.m.SafetyNumber(ctx, e2ee.Address{User: "alice", Device: "phone"})
+	sb, err := bob.m.SafetyNumber(ctx, "alice")
 	if err != nil || sa != sb || len(sa) != 60 {
 		t.Fatalf("safety numbers %q %q %v", sa, sb, err)
+	}
+	// One safety number per pair of users: alice's laptop shows the same.
+	if sl, err := aliceLaptop.m.SafetyNumber(ctx, "bob"); err != nil || sl != sa {
+		t.Fatalf("safety number from alice's laptop %q, want %q (%v)", sl, sa, err)
 	}
 
 	// No plaintext anywhere on the server: data directory, logs.

@@ -100,8 +100,10 @@ func TestMaliciousServerDowngradedFirstMessage(t *testing.T) {
 	if err := alice.m.Device().ProcessBundle(b); !errors.Is(err, e2ee.ErrDowngrade) {
 		t.Fatalf("alice's device took a bundle without a KEM prekey: %v", err)
 	}
-	// A device that allows X3DH builds the downgraded first message.
-	forger, err := e2ee.OpenDevice(e2ee.NewMemoryStore(), e2ee.Address{User: "alice", Device: "phone"})
+	// alice's device, had it allowed X3DH, builds the downgraded first
+	// message (with alice's certified identity key: another identity
+	// would be ErrUncertified before the version is looked at).
+	forger, err := e2ee.OpenDevice(alice.st.Snapshot(), e2ee.Address{User: "alice", Device: "phone"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -149,6 +149,10 @@ type Messenger struct {
 	mu   sync.Mutex
 	devs map[string][]string // user → device ids with keys (cache)
 	rot  Rotation            // SetRotation
+	// onIdentity gets identity events; refused remembers the refused
+	// devices already reported.
+	onIdentity func(IdentityEvent)
+	refused    map[string]bool
 
 	// openMu makes Open atomic: a message delivered twice at once (push and
 	// sync) is decrypted once, the second call gets the kept copy.
@@ -168,7 +172,7 @@ type Messenger struct {
 
 // New returns a Messenger for device d (whose state is in st) on client c.
 func New(c *client.Client, d *e2ee.Device, st e2ee.Store) *Messenger {
-	m := &Messenger{c: c, d: d, st: st, self: d.Address(), devs: map[string][]string{}, rot: DefaultRotation}
+	m := &Messenger{c: c, d: d, st: st, self: d.Address(), devs: map[string][]string{}, rot: DefaultRotation, refused: map[string]bool{}}
 	m.ktHead, m.ktCheck = m.ktGossipHead, m.ktCheckGossip
 	return m
 }
@@ -178,13 +182,20 @@ func (m *Messenger) Device() *e2ee.Device { return m.d }
 
 // PublishKeys generates n one-time prekeys of each kind (and the signed
 // and last-resort keys on first use) and uploads them, in batches that fit
-// a frame.
+// a frame. The first batch carries the device's certificate by the
+// account key (one is created if the device has none: the account's first
+// device; the others import it, e2ee.Device.ImportAccountKey). A server
+// that holds devices of this user under another account key answers
+// account_conflict (client.Error): link the device, or ReplaceAccount.
 func (m *Messenger) PublishKeys(ctx context.Context, n int) (protocol.KeyCounts, error) {
 	up, err := m.d.GenerateKeys(n)
 	if err != nil {
 		return protocol.KeyCounts{}, err
 	}
 	first := protocol.KeyUpload{RegistrationID: up.RegistrationID, IdentityKey: up.IdentityKey.Bytes()}
+	if err := m.certify(&first); err != nil {
+		return protocol.KeyCounts{}, err
+	}
 	if up.SignedPreKey != nil {
 		first.SignedPreKey = &protocol.PreKey{ID: up.SignedPreKey.ID, Key: up.SignedPreKey.Key.Bytes(), Sig: up.SignedPreKey.Sig}
 	}
@@ -212,6 +223,65 @@ func (m *Messenger) PublishKeys(ctx context.Context, n int) (protocol.KeyCounts,
 		}
 		batch = protocol.KeyUpload{}
 	}
+}
+
+// certify adds the device's account key and certificate to k, creating
+// the account key if the device has none.
+func (m *Messenger) certify(k *protocol.KeyUpload) error {
+	if _, ok, err := m.d.AccountKey(); err != nil {
+		return err
+	} else if !ok {
+		if _, err := m.d.CreateAccountKey(); err != nil {
+			return err
+		}
+	}
+	ak, sig, err := m.d.DeviceCertificate()
+	if err != nil {
+		return err
+	}
+	k.AccountKey, k.DeviceSig = ak.Bytes(), sig
+	return nil
+}
+
+// Certify uploads the device's identity, current signed prekey and
+// last-resort KEM key with its certificate by the account key it holds
+// now: after ImportAccountKey (linking), or for a server that refused or
+// forgot the device's first upload. One-time prekeys follow with
+// PublishKeys.
+func (m *Messenger) Certify(ctx context.Context) error {
+	return m.uploadIdentity(ctx, false)
+}
+
+// ReplaceAccount starts the user's account over with this device's
+// account key (created if it has none): the server removes the user's
+// devices under any other account key, and contacts see the account key
+// change (a new safety number).
+func (m *Messenger) ReplaceAccount(ctx context.Context) error {
+	return m.uploadIdentity(ctx, true)
+}
+
+func (m *Messenger) uploadIdentity(ctx context.Context, replace bool) error {
+	up, err := m.d.PublicKeys()
+	if err != nil {
+		return err
+	}
+	if up.SignedPreKey == nil || up.LastResortKEM == nil {
+		if _, err := m.d.GenerateKeys(0); err != nil {
+			return err
+		}
+		if up, err = m.d.PublicKeys(); err != nil {
+			return err
+		}
+	}
+	k := protocol.KeyUpload{RegistrationID: up.RegistrationID, IdentityKey: up.IdentityKey.Bytes(), ReplaceAccount: replace,
+		SignedPreKey:  &protocol.PreKey{ID: up.SignedPreKey.ID, Key: up.SignedPreKey.Key.Bytes(), Sig: up.SignedPreKey.Sig},
+		LastResortKEM: &protocol.PreKey{ID: up.LastResortKEM.ID, Key: up.LastResortKEM.Key, Sig: up.LastResortKEM.Sig}}
+	if err := m.certify(&k); err != nil {
+		return err
+	}
+	_, err = m.c.UploadKeys(ctx, k)
+	m.forget(m.self.User)
+	return err
 }
 
 // KeyCounts asks the server how many one-time prekeys of this device it
@@ -365,7 +435,12 @@ func bundleFrom(b protocol.KeyBundle) (e2ee.Bundle, error) {
 }
 
 // Devices returns the devices of user with keys (fresh from the server
-// when refresh is set or nothing is cached).
+// when refresh is set or nothing is cached) that are certified by the
+// account key this device trusts for user (e2ee.Device.AcceptDevices): a
+// device the server lists without such a certificate is left out and
+// reported to OnIdentity, and so is a change of the user's account key.
+// Under e2ee.TrustStrict a changed account key is an
+// *e2ee.UntrustedAccountError until AcceptIdentity.
 func (m *Messenger) Devices(ctx context.Context, user string, refresh bool) ([]string, error) {
 	m.mu.Lock()
 	ids, ok := m.devs[user]
@@ -377,10 +452,24 @@ func (m *Messenger) Devices(ctx context.Context, user string, refresh bool) ([]s
 	if err != nil {
 		return nil, err
 	}
-	ids = make([]string, 0, len(list))
+	certs := make([]e2ee.DeviceCert, 0, len(list))
 	for _, d := range list {
-		ids = append(ids, d.DeviceID)
+		c := e2ee.DeviceCert{Address: e2ee.Address{User: user, Device: d.DeviceID}, AccountKey: d.AccountKey, Sig: d.DeviceSig}
+		if c.IdentityKey, err = e2ee.DecodePublicKey(d.IdentityKey); err != nil {
+			c.Sig = nil // refused below
+		}
+		certs = append(certs, c)
 	}
+	chk, err := m.d.AcceptDevices(user, certs)
+	m.report(user, chk)
+	if err != nil {
+		return nil, err
+	}
+	ids = make([]string, 0, len(chk.Accepted))
+	for _, c := range chk.Accepted {
+		ids = append(ids, c.Device)
+	}
+	sort.Strings(ids)
 	m.mu.Lock()
 	m.devs[user] = ids
 	m.mu.Unlock()
@@ -395,10 +484,18 @@ func (m *Messenger) forget(users ...string) {
 	}
 }
 
+// ensureSession makes sure there is a session with a whose peer identity
+// is the one certified for a: a session with an identity no longer
+// certified (the device re-keyed, the account changed) is superseded by a
+// new one from a fresh bundle, itself certified by the trusted account
+// key.
 func (m *Messenger) ensureSession(ctx context.Context, a e2ee.Address) error {
-	ok, err := m.d.HasSession(a)
-	if err != nil || ok {
+	if id, ok, err := m.d.SessionIdentity(a); err != nil {
 		return err
+	} else if ok {
+		if certified, err := m.d.Certified(a, id); err != nil || certified {
+			return err
+		}
 	}
 	bs, err := m.fetchBundles(ctx, a.User, a.Device)
 	if err != nil {
@@ -409,6 +506,10 @@ func (m *Messenger) ensureSession(ctx context.Context, a e2ee.Address) error {
 	}
 	b, err := bundleFrom(bs[0])
 	if err != nil {
+		return err
+	}
+	if err := m.d.AcceptDevice(e2ee.DeviceCert{Address: b.Address, IdentityKey: b.IdentityKey,
+		AccountKey: bs[0].AccountKey, Sig: bs[0].DeviceSig}); err != nil {
 		return err
 	}
 	return m.d.ProcessBundle(b)
@@ -425,6 +526,9 @@ func (m *Messenger) targets(ctx context.Context, users []string, refresh bool) (
 		seen[u] = true
 		ids, err := m.Devices(ctx, u, refresh)
 		if err != nil {
+			return nil, err
+		}
+		if err := m.d.MaySend(u); err != nil {
 			return nil, err
 		}
 		for _, d := range ids {
@@ -829,7 +933,11 @@ func (m *Messenger) RotateGroup(convID uint64) error {
 // another seq is refused too. The errors of e2ee pass through for
 // errors.Is: a replayed first message is e2ee.ErrReusedBaseKey, a classic
 // X3DH one for a new session e2ee.ErrDowngrade (sending to a device whose
-// bundle lacks a KEM prekey fails with it too).
+// bundle lacks a KEM prekey fails with it too). A first message from an
+// identity key the sender's account key did not certify is
+// ErrUncertified. System events about devices (device_added,
+// device_removed, identity_changed) only make the next send read the
+// device list again: they reset no session and change no trust.
 func (m *Messenger) Open(msg protocol.Message) (Opened, error) {
 	m.openMu.Lock()
 	defer m.openMu.Unlock()
@@ -888,17 +996,12 @@ func (m *Messenger) openSystem(msg protocol.Message, o Opened) (Opened, error) {
 	}
 	o.System = &ev
 	switch ev.Event {
-	case "device_added":
+	case "device_added", "device_removed", "identity_changed":
+		// The server's word only: the device list is read again at the
+		// next send and checked against the account key; sessions and
+		// trust stay as they are (ensureSession replaces a session whose
+		// identity is no longer certified).
 		m.forget(ev.Users...)
-	case "device_removed", "identity_changed":
-		// The old session cannot reach the device any more: the next
-		// message starts a new one from a fresh bundle.
-		m.forget(ev.Users...)
-		if ev.Device != "" && ev.Actor != "" && (ev.Actor != m.self.User || ev.Device != m.self.Device) {
-			if err := m.d.Reset(e2ee.Address{User: ev.Actor, Device: ev.Device}); err != nil {
-				return o, err
-			}
-		}
 	case "member_removed", "member_left":
 		if err := m.RotateGroup(msg.ConvID); err != nil {
 			return o, err
@@ -1039,6 +1142,11 @@ func (m *Messenger) decrypt(msg protocol.Message, sender e2ee.Address) (decrypte
 		if typ < 0 {
 			plain, err = m.d.GroupDecrypt(groupName(msg.ConvID), sender, ct, e2ee.FormatModern)
 		} else {
+			if e2ee.MessageType(typ) == e2ee.TypePreKey {
+				if err := m.certifiedSender(sender, ct); err != nil {
+					return d, err
+				}
+			}
 			plain, err = m.d.Decrypt(sender, e2ee.MessageType(typ), ct)
 		}
 		if err != nil {
@@ -1201,33 +1309,6 @@ func (m *Messenger) Search(query string) ([]Hit, error) {
 		return out[i].Seq < out[j].Seq
 	})
 	return out, nil
-}
-
-// SafetyNumber is the safety number between this device and peer's device
-// (as last seen: from the session or the key directory).
-func (m *Messenger) SafetyNumber(ctx context.Context, peer e2ee.Address) (string, error) {
-	key, ok, err := m.d.PeerIdentity(peer)
-	if err != nil {
-		return "", err
-	}
-	if !ok {
-		list, err := m.c.KeyDevices(ctx, peer.User)
-		if err != nil {
-			return "", err
-		}
-		for _, d := range list {
-			if d.DeviceID == peer.Device {
-				if key, err = e2ee.DecodePublicKey(d.IdentityKey); err != nil {
-					return "", err
-				}
-				ok = true
-			}
-		}
-		if !ok {
-			return "", fmt.Errorf("e2eechat: %s has no keys", peer)
-		}
-	}
-	return e2ee.SafetyNumber(m.self.User, m.d.IdentityKey(), peer.User, key), nil
 }
 
 // Send sends text to E2E conversation convID, reading its kind and members
