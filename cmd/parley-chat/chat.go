@@ -61,7 +61,9 @@ func init() {
 		{name: "/typing", help: "tell the current conversation you are typing", needConv: true, run: (*chatSession).chatTyping},
 		{name: "/sdm", args: "USER", help: "open the end-to-end encrypted direct conversation with USER", min: 1, max: 1, run: (*chatSession).chatSDM},
 		{name: "/sgroup", args: "NAME USER...", help: "create an end-to-end encrypted group", min: 2, max: -1, run: (*chatSession).chatSGroup},
-		{name: "/safety", args: "USER", help: "safety numbers with each device of USER (compare them out of band)", min: 1, max: 1, run: (*chatSession).chatSafety},
+		{name: "/safety", args: "USER", help: "the safety number with USER (compare it out of band)", min: 1, max: 1, run: (*chatSession).chatSafety},
+		{name: "/verify", args: "USER", help: "mark USER verified after comparing the safety number: a change then blocks sending", min: 1, max: 1, run: (*chatSession).chatVerify},
+		{name: "/export-account", args: "FILE", help: "write your account key to FILE (0600) to link another device (-link FILE)", min: 1, max: 1, run: (*chatSession).chatExportAccount},
 		{name: "/help", help: "this list", offline: true, run: func(s *chatSession, _ context.Context, _ []string) error {
 			s.printf("%s", strings.TrimRight(chatHelp(), "\n"))
 			return nil
@@ -105,8 +107,10 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	token := fs.String("token", "", "bearer token (default $PARLEY_TOKEN)")
 	device := fs.String("device", "cli", "device id of this client")
 	keys := fs.String("keys", defaultKeysDir(), `directory of this device's end-to-end encryption keys, one per server ("" disables E2E)`)
+	link := fs.String("link", "", "link this device to your account: import the account key from FILE (written by /export-account on another device)")
+	newAccount := fs.Bool("new-account", false, "start your E2E account over with this device's account key: the server drops your devices under another one, contacts see a new safety number")
 	fs.Usage = func() {
-		fmt.Fprintln(stdout, "usage: parley-chat [-url URL] [-token TOKEN] [-device ID] [-keys DIR]")
+		fmt.Fprintln(stdout, "usage: parley-chat [-url URL] [-token TOKEN] [-device ID] [-keys DIR] [-link FILE] [-new-account]")
 		fs.PrintDefaults()
 		fmt.Fprint(stdout, "\n"+chatHelp())
 	}
@@ -130,7 +134,8 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := &chatSession{c: c, out: stdout, url: *url, printed: make(map[[2]uint64]bool), kinds: make(map[uint64]string),
-		e2e: &e2eState{dir: *keys, server: server, device: *device, convs: map[uint64]e2eConv{}, ctx: ctx}}
+		e2e: &e2eState{dir: *keys, server: server, device: *device, convs: map[uint64]e2eConv{}, ctx: ctx,
+			link: *link, newAccount: *newAccount}}
 	s.conn.changed = make(chan struct{})
 	s.prompt = isTerminal(stdin)
 	s.printf("* connecting to %s as device %s ...", *url, *device)

@@ -16,21 +16,30 @@ import (
 	"github.com/parley-im/parley/client/e2ee"
 	"github.com/parley-im/parley/client/e2eechat"
 	"github.com/parley-im/parley/protocol"
+	"github.com/parley-im/parley/protocol/e2ekeys"
 )
 
 // End-to-end encrypted conversations in `parley-chat`: /sdm and /sgroup
 // open them, messages in them are encrypted with this device's keys (kept
 // in -keys DIR/<server>/<user>/<device>, files 0600, locked while a
 // parley-chat uses them: a second one on the same device is refused, as it
-// would reuse message keys), /safety prints
-// safety numbers. Keys are kept per server: an identity one server knows
+// would reuse message keys), /safety prints safety numbers, /verify marks
+// a peer verified. Keys are kept per server: an identity one server knows
 // is never offered to another, and a fresh server gets a fresh device.
+// The user's account key, which certifies each of the user's devices, is
+// shared by the devices under the same -keys DIR
+// (DIR/<server>/<user>/+account: '+' is in no user or device id); -link
+// FILE and /export-account FILE move it to devices elsewhere.
 
 // e2eState is the E2E side of a chat session.
 type e2eState struct {
 	dir    string // -keys
 	server string // the directory of -url's server under dir
 	device string
+	// link is -link (an account key file to import), newAccount
+	// -new-account (start the account over with this device's key).
+	link       string
+	newAccount bool
 
 	// ctx is runChat's; bg tracks the key uploads started from events.
 	ctx context.Context
@@ -105,12 +114,16 @@ func (s *chatSession) messenger(ctx context.Context) (*e2eechat.Messenger, error
 	if err != nil {
 		return nil, fmt.Errorf("e2e: %w", err)
 	}
+	if err := e.account(d, filepath.Join(e.dir, e.server, me, accountFile)); err != nil {
+		return nil, err
+	}
 	m := e2eechat.New(s.c, d, st)
+	m.OnIdentity(s.identityEvent)
 	if b, err := st.Load("published"); err != nil {
 		return nil, err
 	} else if b == nil {
-		if _, err := m.PublishKeys(ctx, 20); err != nil {
-			return nil, fmt.Errorf("e2e: publish keys: %w", err)
+		if err := s.firstUpload(ctx, m); err != nil {
+			return nil, err
 		}
 		if err := st.Save("published", []byte{1}); err != nil {
 			return nil, err
@@ -118,12 +131,29 @@ func (s *chatSession) messenger(ctx context.Context) (*e2eechat.Messenger, error
 	} else {
 		// A server whose data was reset no longer knows the device; its
 		// identity stays where it is rather than being replaced unasked.
-		devs, err := m.Devices(ctx, me, true)
+		devs, err := s.c.KeyDevices(ctx, me)
 		if err != nil {
 			return nil, fmt.Errorf("e2e: key devices: %w", err)
 		}
-		if !slices.Contains(devs, e.device) {
+		i := slices.IndexFunc(devs, func(k protocol.DeviceKeyInfo) bool { return k.DeviceID == e.device })
+		if i < 0 {
 			return nil, fmt.Errorf("e2e: %s does not know the keys of device %s (its data was reset?); to start the device afresh there, move %s away", s.url, e.device, dir)
+		}
+		// The server's certificate of the device is not by the account
+		// key the device holds (linked since, or published before account
+		// keys): upload the current one.
+		own, _, err := d.AccountKey()
+		if err != nil {
+			return nil, err
+		}
+		if e.newAccount {
+			err = m.ReplaceAccount(ctx)
+		} else if !slices.Equal(devs[i].AccountKey, own.Bytes()) ||
+			!e2ekeys.VerifyDeviceCert(devs[i].AccountKey, me, e.device, devs[i].IdentityKey, devs[i].DeviceSig) {
+			err = m.Certify(ctx)
+		}
+		if err != nil {
+			return nil, s.accountErr(err)
 		}
 		if _, err := m.Refill(ctx, 20); err != nil { // keys_low may have come while offline
 			return nil, fmt.Errorf("e2e: refill keys: %w", err)
@@ -134,6 +164,7 @@ func (s *chatSession) messenger(ctx context.Context) (*e2eechat.Messenger, error
 	if err := m.Maintain(ctx); err != nil {
 		s.printf("! e2e: key rotation: %v", err)
 	}
+	e.newAccount = false // done: a reconnect does not start over again
 	e.m = m
 	return m, nil
 }
@@ -165,6 +196,133 @@ func (s *chatSession) maintainKeys() {
 			s.printf("! e2e: key rotation: %v", err)
 		}
 		cancel()
+	}
+}
+
+// accountFile is the name of the user's account key under
+// DIR/<server>/<user>.
+const accountFile = "+account"
+
+// account gives d its user's account key: -link's file, or the one the
+// user's devices under this -keys DIR share, or (the user's first device
+// here) its own, created and shared.
+func (e *e2eState) account(d *e2ee.Device, shared string) error {
+	if e.link != "" {
+		b, err := os.ReadFile(e.link)
+		if err != nil {
+			return fmt.Errorf("e2e: -link: %w", err)
+		}
+		if _, err := d.ImportAccountKey(b); err != nil {
+			return fmt.Errorf("e2e: -link %s: %w", e.link, err)
+		}
+		e.link = ""
+		return writeSecret(shared, b)
+	}
+	if _, ok, err := d.AccountKey(); err != nil {
+		return err
+	} else if ok {
+		if _, err := os.Stat(shared); errors.Is(err, os.ErrNotExist) {
+			b, err := d.ExportAccountKey()
+			if err != nil {
+				return err
+			}
+			return writeSecret(shared, b)
+		}
+		return nil
+	}
+	if b, err := os.ReadFile(shared); err == nil {
+		if _, err := d.ImportAccountKey(b); err != nil {
+			return fmt.Errorf("e2e: account key %s: %w", shared, err)
+		}
+		return nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("e2e: account key: %w", err)
+	}
+	if _, err := d.CreateAccountKey(); err != nil {
+		return err
+	}
+	b, err := d.ExportAccountKey()
+	if err != nil {
+		return err
+	}
+	return writeSecret(shared, b)
+}
+
+// writeSecret writes b to path, 0600, its directory 0700, through a
+// temporary file and a rename so a crash leaves the old file or the new.
+func writeSecret(path string, b []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".account-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
+
+// firstUpload publishes the device's keys the first time: its identity
+// and certificate (starting the account over with -new-account), then
+// one-time prekeys. The identity goes up whole each time, so a first
+// upload refused (account_conflict) can be made again after -link.
+func (s *chatSession) firstUpload(ctx context.Context, m *e2eechat.Messenger) error {
+	up := m.Certify
+	if s.e2e.newAccount {
+		up = m.ReplaceAccount
+	}
+	if err := up(ctx); err != nil {
+		return s.accountErr(err)
+	}
+	if _, err := m.PublishKeys(ctx, 20); err != nil {
+		return s.accountErr(err)
+	}
+	return nil
+}
+
+// accountErr explains account_conflict: the server holds this user's
+// devices under another account key.
+func (s *chatSession) accountErr(err error) error {
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Code != protocol.CodeAccountConflict {
+		return fmt.Errorf("e2e: publish keys: %w", err)
+	}
+	return fmt.Errorf("e2e: %s already has devices under another account key; this device cannot join them on its own:\n"+
+		"* link it: on one of those devices run /export-account FILE, then start this one with -link FILE;\n"+
+		"* or start your account over with -new-account: those devices are dropped and your contacts see a new safety number", s.user())
+}
+
+// identityEvent prints what the E2E layer noticed about a peer's keys.
+func (s *chatSession) identityEvent(ev e2eechat.IdentityEvent) {
+	switch ev.Kind {
+	case e2eechat.AccountChanged:
+		s.printf("! SAFETY NUMBER CHANGED with %s: their account key is new (a reinstall, or someone in between)", ev.User)
+		s.printf("!   new safety number: %s", e2ee.FormatSafetyNumber(ev.SafetyNumber))
+		if ev.OldSafetyNumber != "" {
+			s.printf("!   was:               %s", e2ee.FormatSafetyNumber(ev.OldSafetyNumber))
+		}
+		if ev.WasVerified {
+			s.printf("!   you had verified %s: sending to them is blocked until you compare the new number and /verify %s", ev.User, ev.User)
+		} else {
+			s.printf("!   compare it with %s out of band, then /verify %s", ev.User, ev.User)
+		}
+	case e2eechat.DeviceRefused:
+		s.printf("! e2e: refused device %s/%s: %s's account key did not certify it (added by the server?); nothing is encrypted to it", ev.User, ev.Device, ev.User)
 	}
 }
 
@@ -240,27 +398,53 @@ func (s *chatSession) chatSGroup(ctx context.Context, args []string) (err error)
 }
 
 func (s *chatSession) chatSafety(ctx context.Context, args []string) error {
-	if len(args) != 1 {
-		return errors.New("usage: /safety USER")
-	}
 	m, err := s.messenger(ctx)
 	if err != nil {
 		return err
 	}
-	devs, err := m.Devices(ctx, args[0], true)
+	n, err := m.SafetyNumber(ctx, args[0])
 	if err != nil {
 		return fmt.Errorf("safety: %w", err)
 	}
-	if len(devs) == 0 {
-		return fmt.Errorf("safety: %s has no device with keys", args[0])
-	}
-	for _, d := range devs {
-		n, err := m.SafetyNumber(ctx, e2ee.Address{User: args[0], Device: d})
-		if err != nil {
-			return fmt.Errorf("safety: %w", err)
+	what := "not verified: compare it out of band, then /verify " + args[0]
+	if t, ok, err := m.Device().PeerAccount(args[0]); err == nil && ok {
+		switch {
+		case t.Blocked:
+			what = "CHANGED since you verified: sending is blocked until /verify " + args[0]
+		case t.Verified:
+			what = "verified"
 		}
-		s.printf("* safety number with %s/%s: %s", args[0], d, e2ee.FormatSafetyNumber(n))
 	}
+	s.printf("* safety number with %s: %s (%s)", args[0], e2ee.FormatSafetyNumber(n), what)
+	return nil
+}
+
+func (s *chatSession) chatVerify(ctx context.Context, args []string) error {
+	m, err := s.messenger(ctx)
+	if err != nil {
+		return err
+	}
+	n, err := m.Verify(ctx, args[0])
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	s.printf("* %s verified, safety number %s: if it changes, sending to %s stops until you /verify again", args[0], e2ee.FormatSafetyNumber(n), args[0])
+	return nil
+}
+
+func (s *chatSession) chatExportAccount(ctx context.Context, args []string) error {
+	m, err := s.messenger(ctx)
+	if err != nil {
+		return err
+	}
+	b, err := m.Device().ExportAccountKey()
+	if err != nil {
+		return fmt.Errorf("export-account: %w", err)
+	}
+	if err := writeSecret(args[0], b); err != nil {
+		return fmt.Errorf("export-account: %w", err)
+	}
+	s.printf("* account key written to %s (0600): start the other device with -link %s, then delete the file (whoever holds it can add devices to your account)", args[0], args[0])
 	return nil
 }
 
@@ -280,6 +464,9 @@ func (s *chatSession) sendE2E(ctx context.Context, conv uint64, body string) (ui
 	}
 	// Members are read at each send: they change.
 	ack, err := m.Send(ctx, conv, body)
+	if errors.Is(err, e2ee.ErrVerifiedChanged) {
+		err = fmt.Errorf("%w\n* not sent: the safety number of someone you verified changed; compare the new one (/safety USER) and /verify USER to send again", err)
+	}
 	return ack.Seq, true, err
 }
 

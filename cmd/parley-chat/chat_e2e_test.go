@@ -91,20 +91,26 @@ func TestChatCLIE2E(t *testing.T) {
 	write("/list")
 	waitOutput(t, out, "[e2e]")
 	write("/safety bob")
-	waitOutput(t, out, "safety number with bob/phone:")
-	want := e2ee.FormatSafetyNumber(e2ee.SafetyNumber("bob", bobDev.IdentityKey(), "alice", mustIdentity(t, bm, ctx)))
+	waitOutput(t, out, "safety number with bob:")
+	bobAccount, _, _ := bobDev.AccountKey()
+	want := e2ee.FormatSafetyNumber(e2ee.SafetyNumber("bob", bobAccount, "alice", mustAccount(t, bm, "alice")))
 	waitOutput(t, out, want)
 	write("/quit")
 	if err := <-done; err != nil {
 		t.Fatalf("chat ended with %v\n%s", err, out.String())
 	}
-	if !regexp.MustCompile(`safety number with bob/phone: (\d{5} ){11}\d{5}`).MatchString(out.String()) {
+	if !regexp.MustCompile(`safety number with bob: (\d{5} ){11}\d{5}`).MatchString(out.String()) {
 		t.Fatalf("safety number not printed as 12 groups of 5 digits:\n%s", out.String())
 	}
 	files, _ := filepath.Glob(filepath.Join(keys, "*", "alice", "cli", "*"))
 	if len(files) == 0 {
 		t.Fatal("no key files")
 	}
+	account, _ := filepath.Glob(filepath.Join(keys, "*", "alice", "+account"))
+	if len(account) != 1 {
+		t.Fatalf("account key files %v, want one", account)
+	}
+	files = append(files, account...)
 	for _, f := range files {
 		if st, err := os.Stat(f); err != nil || st.Mode().Perm() != 0o600 {
 			t.Fatalf("%s: mode %v %v", f, st.Mode(), err)
@@ -112,12 +118,14 @@ func TestChatCLIE2E(t *testing.T) {
 	}
 }
 
-func mustIdentity(t *testing.T, bm *e2eechat.Messenger, ctx context.Context) e2ee.PublicKey {
-	k, ok, err := bm.Device().PeerIdentity(e2ee.Address{User: "alice", Device: "cli"})
+// mustAccount is the account key bm trusts for user.
+func mustAccount(t *testing.T, bm *e2eechat.Messenger, user string) e2ee.PublicKey {
+	t.Helper()
+	a, ok, err := bm.Device().PeerAccount(user)
 	if err != nil || !ok {
-		t.Fatalf("alice's identity unknown to bob: %v", err)
+		t.Fatalf("%s's account key unknown: %v", user, err)
 	}
-	return k
+	return a.Key
 }
 
 // TestChatCLIE2EGroup: a CLI member of an E2E group someone else created
