@@ -149,13 +149,16 @@ func forge(t *testing.T, e *evil, from *e2ee.Device, to e2ee.Address, like proto
 	if err := from.ProcessBundle(b); err != nil {
 		t.Fatal(err)
 	}
-	plain, _ := json.Marshal(content{T: "text", Text: text})
+	// The impostor seals every label as the server shows them: the
+	// metadata checks have nothing to object to.
+	m := like
+	m.Seq += 1000
+	plain, _ := json.Marshal(content{T: "text", Text: text, Conv: m.ConvID, Kind: protocol.KindText,
+		From: from.Address().User, Dev: from.Address().Device, Ctr: m.Seq})
 	typ, ct, err := from.Encrypt(to, plain)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := like
-	m.Seq += 1000
 	m.Sender, m.SenderDevice = from.Address().User, from.Address().Device
 	m.ClientMsgID = "forged"
 	m.Body = protocol.EncodeEnvelope(protocol.Envelope{To: []protocol.EnvelopeTo{{User: to.User, Device: to.Device, Type: int(typ), Body: ct}}})
