@@ -508,8 +508,18 @@ func (m *Messenger) ensureSession(ctx context.Context, a e2ee.Address) error {
 	if err != nil {
 		return err
 	}
-	if err := m.d.AcceptDevice(e2ee.DeviceCert{Address: b.Address, IdentityKey: b.IdentityKey,
-		AccountKey: bs[0].AccountKey, Sig: bs[0].DeviceSig}); err != nil {
+	cert := e2ee.DeviceCert{Address: b.Address, IdentityKey: b.IdentityKey, AccountKey: bs[0].AccountKey, Sig: bs[0].DeviceSig}
+	if err := m.d.AcceptDevice(cert); errors.Is(err, e2ee.ErrBadCertificate) {
+		// The user's account key not seen yet, or the device re-keyed
+		// since the list was read: the whole list decides, then the
+		// bundle must fit it.
+		if _, err := m.Devices(ctx, a.User, true); err != nil {
+			return err
+		}
+		if err := m.d.AcceptDevice(cert); err != nil {
+			return err
+		}
+	} else if err != nil {
 		return err
 	}
 	return m.d.ProcessBundle(b)
