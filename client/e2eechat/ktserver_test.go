@@ -404,6 +404,9 @@ func devOn(t *testing.T, url string, srv *servertest.Server, user, device string
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, ok, _ := edev.AccountKey(); !ok { // a reopened store keeps its own
+		shareAccount(t, srv, edev)
+	}
 	return &dev{c: c, m: New(c, edev, st), st: st, pushed: map[uint64][]protocol.Message{}}
 }
 
