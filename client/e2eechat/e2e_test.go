@@ -96,15 +96,16 @@ func startDev(t *testing.T, srv *servertest.Server, user, device string, keys in
 	return d
 }
 
-// accounts holds each test user's account key (per server): a user's
+// accounts holds each test user's account key (per test, whose nodes —
+// restarted, or on a copy of the data — keep their users): a user's
 // devices share it, as devices linked to one account do.
-var accounts sync.Map // "<server>/<user>" → exported account key
+var accounts sync.Map // "<test>/<user>" → exported account key
 
-// shareAccount gives d its user's account key on srv, creating it for the
-// user's first device.
-func shareAccount(t *testing.T, srv *servertest.Server, d *e2ee.Device) {
+// shareAccount gives d its user's account key in the test, creating it
+// for the user's first device.
+func shareAccount(t *testing.T, _ *servertest.Server, d *e2ee.Device) {
 	t.Helper()
-	key := srv.URL + "/" + d.Address().User
+	key := t.Name() + "/" + d.Address().User
 	if b, ok := accounts.Load(key); ok {
 		if _, err := d.ImportAccountKey(b.([]byte)); err != nil {
 			t.Fatal(err)
