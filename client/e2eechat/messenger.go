@@ -41,9 +41,10 @@ var (
 	ErrMetadataMismatch = errors.New("e2eechat: the server's labels do not match the encrypted content")
 	// ErrUnbound: the content carries no bound metadata (it was sealed by
 	// an SDK that did not write it), so its labels are the server's word
-	// alone. For a text message Opened.Text holds the text, for the caller
-	// to show flagged as unverified; it is not kept, and a sender key
-	// distribution, edit or recall without bound metadata is not applied.
+	// alone. For a message the server labels a text (not edited)
+	// Opened.Text holds the text, for the caller to show flagged as
+	// unverified; it is not kept, and a sender key distribution, edit or
+	// recall without bound metadata is not applied.
 	ErrUnbound = errors.New("e2eechat: metadata not bound inside the encryption")
 	// ErrUnauthenticatedRecall: a recall without an envelope of its
 	// author's (sent by the server's moderation, by a client that seals
@@ -986,7 +987,7 @@ func (m *Messenger) Open(msg protocol.Message) (Opened, error) {
 		return o, err
 	}
 	if err := m.verify(msg, c); err != nil {
-		if errors.Is(err, ErrUnbound) && c.T == "text" && c.Kind == "" {
+		if errors.Is(err, ErrUnbound) && c.T == "text" && msg.Kind == protocol.KindText && !msg.Edited {
 			o.Text = c.Text
 		}
 		return o, err

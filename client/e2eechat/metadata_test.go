@@ -1,10 +1,12 @@
 package e2eechat
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 
 	"github.com/parley-im/parley/client"
+	"github.com/parley-im/parley/client/e2ee"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/protocol"
 )
@@ -427,5 +429,69 @@ func TestRecallBody(t *testing.T) {
 		if m.Kind == protocol.KindRecall && m.TargetSeq == seqs[1] && m.Body != env {
 			t.Fatalf("the recall event lost its envelope: %+v", m)
 		}
+	}
+}
+
+// A content without the bound fields (sealed by an SDK before them, or
+// so the server would like): a text is shown flagged, never kept; an edit
+// or a sender key distribution is not applied.
+func TestUnboundContent(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx := ctxT(t)
+	alice, bob, _, g := groupOf(t, srv)
+	d, err := alice.c.OpenDirectE2E(ctx, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1, err := alice.m.SendDirect(ctx, d.ConvID, "bob", "genuine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantText(t, "bob", bob.read(t, d.ConvID), a1.Seq, "genuine")
+	old := func(c content) string {
+		t.Helper()
+		plain, _ := json.Marshal(c)
+		typ, ct, err := alice.m.Device().Encrypt(e2ee.Address{User: "bob", Device: "phone"}, plain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return protocol.EncodeEnvelope(protocol.Envelope{To: []protocol.EnvelopeTo{{User: "bob", Device: "phone", Type: int(typ), Body: ct}}})
+	}
+	base := msgAt(t, bob, d.ConvID, a1.Seq)
+
+	text := base
+	text.Seq, text.Body = a1.Seq+1, old(content{T: "text", Text: "from an old SDK"})
+	o, err := bob.m.Open(text)
+	if !errors.Is(err, ErrUnbound) || o.Text != "from an old SDK" {
+		t.Fatalf("unbound text: %+v %v, want its text and ErrUnbound", o, err)
+	}
+	if k, err := bob.m.loadKept(d.ConvID, text.Seq); err != nil || k != nil {
+		t.Fatalf("unbound text kept: %+v %v", k, err)
+	}
+
+	edit := base
+	edit.Seq, edit.Kind, edit.TargetSeq, edit.Body = a1.Seq+2, protocol.KindEdit, a1.Seq, old(content{T: "text", Text: "edited by an old SDK"})
+	if o, err := bob.m.Open(edit); !errors.Is(err, ErrUnbound) || o.Text != "" {
+		t.Fatalf("unbound edit: %+v %v, want ErrUnbound and no text", o, err)
+	}
+	wantText(t, "bob after the unbound edit", bob.read(t, d.ConvID), a1.Seq, "genuine")
+
+	skdm, err := alice.m.Device().GroupDistribution(groupName(g), e2ee.FormatModern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dist := base
+	dist.ConvID, dist.Seq, dist.Body = g, 1000, old(content{T: "skdm", SKDM: skdm})
+	if o, err := bob.m.Open(dist); !errors.Is(err, ErrUnbound) || o.Control {
+		t.Fatalf("unbound distribution: %+v %v, want ErrUnbound", o, err)
+	}
+	ct, err := alice.m.Device().GroupEncrypt(groupName(g), []byte(`{"t":"text","text":"under the unbound key"}`), e2ee.FormatModern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gm := dist
+	gm.Seq, gm.Body = 1001, protocol.EncodeEnvelope(protocol.Envelope{Group: ct})
+	if o, err := bob.m.Open(gm); !errors.Is(err, e2ee.ErrNoSenderKey) {
+		t.Fatalf("a message under the unbound sender key: %+v %v, want e2ee.ErrNoSenderKey", o, err)
 	}
 }
