@@ -1337,6 +1337,19 @@ func (m *Messenger) Send(ctx context.Context, convID uint64, text string) (clien
 	return m.SendGroup(ctx, convID, members, text)
 }
 
+// Edit replaces message target of E2E conversation convID with text as
+// Send sends: EditDirect or EditGroup after reading the conversation.
+func (m *Messenger) Edit(ctx context.Context, convID, target uint64, text string) (client.Ack, error) {
+	peer, members, err := m.route(ctx, convID)
+	if err != nil {
+		return client.Ack{}, err
+	}
+	if peer != "" {
+		return m.EditDirect(ctx, convID, target, peer, text)
+	}
+	return m.EditGroup(ctx, convID, target, members, text)
+}
+
 // Recall recalls message target of E2E conversation convID as Send
 // sends: RecallDirect or RecallGroup after reading the conversation.
 func (m *Messenger) Recall(ctx context.Context, convID, target uint64) (client.Ack, error) {

@@ -753,10 +753,10 @@ func (s *chatSession) chatEdit(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if _, ok := s.e2eConv(s.current); ok {
-		return errors.New("edit: not available in end-to-end encrypted conversations from the CLI")
+	ack, ok, err := s.editE2E(ctx, s.current, seq, args[1])
+	if !ok {
+		ack, err = s.c.Edit(ctx, s.current, seq, args[1])
 	}
-	ack, err := s.c.Edit(ctx, s.current, seq, args[1])
 	if err != nil {
 		return fmt.Errorf("edit: %w", err)
 	}

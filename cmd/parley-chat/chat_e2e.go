@@ -474,19 +474,39 @@ func (s *chatSession) sendE2E(ctx context.Context, conv uint64, body string) (ui
 // receivers authenticate (they apply no other recall); it reports false
 // when the conversation is not one this session knows as E2E.
 func (s *chatSession) recallE2E(ctx context.Context, conv, seq uint64) (client.Ack, bool, error) {
+	m, ok, err := s.e2eMessenger(ctx, conv)
+	if !ok || err != nil {
+		return client.Ack{}, ok, err
+	}
+	ack, err := m.Recall(ctx, conv, seq)
+	return ack, true, err
+}
+
+// editE2E replaces seq in E2E conversation conv with text, sealed; it
+// reports false when the conversation is not one this session knows as
+// E2E.
+func (s *chatSession) editE2E(ctx context.Context, conv, seq uint64, text string) (client.Ack, bool, error) {
+	m, ok, err := s.e2eMessenger(ctx, conv)
+	if !ok || err != nil {
+		return client.Ack{}, ok, err
+	}
+	ack, err := m.Edit(ctx, conv, seq, text)
+	return ack, true, err
+}
+
+// e2eMessenger returns the messenger for conv, or false when conv is not
+// an E2E conversation (asking the server about one this session has not
+// seen yet).
+func (s *chatSession) e2eMessenger(ctx context.Context, conv uint64) (*e2eechat.Messenger, bool, error) {
 	if _, ok := s.e2eConv(conv); !ok {
 		info, err := s.c.ConvInfo(ctx, conv)
 		if err != nil || !info.E2E {
-			return client.Ack{}, false, nil // the plaintext path reports the error, if any
+			return nil, false, nil // the plaintext path reports the error, if any
 		}
 		s.setE2EConv(conv, e2eConv{group: info.Kind == protocol.ConvGroup})
 	}
 	m, err := s.messenger(ctx)
-	if err != nil {
-		return client.Ack{}, true, err
-	}
-	ack, err := m.Recall(ctx, conv, seq)
-	return ack, true, err
+	return m, true, err
 }
 
 // openE2E decrypts an E2E message for display; ok is false for a message

@@ -579,7 +579,7 @@ func TestChatCLIE2EServerForgotDevice(t *testing.T) {
 // TestChatCLIE2ERecall: in an E2E conversation a recall without its
 // author's envelope (what the server's moderation or a forger sends) is a
 // warning line, not applied; the peer's sealed recall prints as a recall;
-// /recall seals one that the peer's SDK applies.
+// /edit and /recall seal what the peer's SDK applies.
 func TestChatCLIE2ERecall(t *testing.T) {
 	srv := servertest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -621,6 +621,8 @@ func TestChatCLIE2ERecall(t *testing.T) {
 		t.Fatalf("the recall without an envelope printed as bob's:\n%s", out.String())
 	}
 
+	write("/edit " + strconv.FormatUint(mySeq, 10) + " the door code is 0815")
+	waitOutput(t, out, "alice edited #"+strconv.FormatUint(mySeq, 10)+": the door code is 0815")
 	write("/recall " + strconv.FormatUint(mySeq, 10))
 	waitOutput(t, out, "alice recalled #"+strconv.FormatUint(mySeq, 10))
 	write("/quit")
@@ -632,8 +634,12 @@ func TestChatCLIE2ERecall(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range msgs {
-		if _, err := bob.m.Open(m); m.Kind == protocol.KindRecall && m.TargetSeq == mySeq && err != nil {
+		o, err := bob.m.Open(m)
+		if m.Kind == protocol.KindRecall && m.TargetSeq == mySeq && err != nil {
 			t.Fatalf("bob refuses alice's /recall: %v", err)
+		}
+		if m.Kind == protocol.KindEdit && m.TargetSeq == mySeq && (err != nil || o.Text != "the door code is 0815") {
+			t.Fatalf("bob's SDK on alice's /edit: %+v %v", o, err)
 		}
 	}
 	recalled := false
