@@ -3,7 +3,10 @@
 // recipients and of the sender's own other devices, distributes Sender Keys
 // in groups and opens what arrives. Decrypted messages are kept in the
 // device's Store, which is also where local search looks: the server of an
-// E2E conversation cannot search.
+// E2E conversation cannot search. Each content seals the labels the server
+// shows beside it (conversation, kind, target, sender user and device, a
+// counter), and Open refuses a message whose labels differ, an edit or
+// recall by anyone but its target's author, and a replay.
 package e2eechat
 
 import (
