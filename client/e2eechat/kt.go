@@ -25,7 +25,8 @@ import (
 // checkpoint, and list only devices of that entry; every checkpoint must
 // extend the last one this device accepted; the checkpoint a sender
 // sealed into a message must be consistent with this device's own (one
-// log shown to both).
+// log shown to both); MonitorKeys reads the whole log for the entries
+// under this user's own label (kt_monitor.go).
 
 // Errors of key transparency. Each is also reported to OnKT.
 var (
@@ -40,16 +41,21 @@ var (
 	// consistent with (a split view). errors.Is also matches kt.ErrFork or
 	// kt.ErrRollback when a proof was refused.
 	ErrKTFork = errors.New("e2eechat: key transparency: the server showed a forked or rolled-back log")
+	// ErrKTGhost: the log holds an entry under this user's own label whose
+	// account key is not this account's or whose device certificates do
+	// not verify with it (MonitorKeys).
+	ErrKTGhost = errors.New("e2eechat: key transparency: the server published a key or device for you that you did not create")
 	// ErrKTUnavailable: the server keeps no key transparency log and none
-	// was pinned (every answer under RequireKT).
+	// was pinned (MonitorKeys, and every answer under RequireKT).
 	ErrKTUnavailable = errors.New("e2eechat: key transparency: the server keeps no log")
 )
 
 // KTEvent reports a key transparency failure: an answer, or the
-// checkpoint inside a message, this device refused.
+// checkpoint inside a message, this device refused, or an entry for this
+// user that MonitorKeys found.
 type KTEvent struct {
-	User string // whose keys were checked, or who sent the message
-	Err  error  // wraps ErrKTProof or ErrKTFork
+	User string // whose keys were checked, who sent the message, or this user (MonitorKeys)
+	Err  error  // wraps ErrKTProof, ErrKTFork or ErrKTGhost
 }
 
 // ktGossipTimeout bounds the proof requests Open makes for a gossiped
@@ -64,6 +70,7 @@ const (
 	ktKeysKey    = "kt/keys" // the pinned kt_keys answer (JSON)
 	ktHeadKey    = "kt/head" // the latest accepted checkpoint, as signed
 	ktVersionPfx = "kt/version/"
+	ktMonitorKey = "kt/monitor" // MonitorKeys' position (JSON ktMonitor)
 )
 
 // ktState is a Messenger's key transparency state.
@@ -83,6 +90,9 @@ type ktState struct {
 
 	seenMu sync.Mutex
 	seen   map[kt.Checkpoint]bool // gossiped checkpoints proven consistent with head
+
+	// monMu serializes MonitorKeys.
+	monMu sync.Mutex
 
 	// Verified once, under mu: the last checkpoint text opened, and each
 	// user's label with the (deterministic) VRF proof that gave it.
@@ -535,4 +545,11 @@ func (m *Messenger) ktCheckGossipHead(h *KTHead) error {
 	m.kt.seen[c] = true
 	m.kt.seenMu.Unlock()
 	return nil
+}
+
+func (m *Messenger) ktFail(user string, err error) error {
+	if errors.Is(err, ErrKTProof) || errors.Is(err, ErrKTFork) {
+		m.ktReport(user, err)
+	}
+	return err
 }

@@ -2,6 +2,9 @@ package e2eechat
 
 import (
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/parley-im/parley/client/e2ee"
@@ -44,7 +47,9 @@ func TestMaliciousServerKTAnswersRefused(t *testing.T) {
 	if _, err := alice.m.Devices(ctx, "bob", true); err != nil {
 		t.Fatal(err)
 	}
+	log.mu.Lock()
 	old := log.leaves[0] // bob's version 1
+	log.mu.Unlock()
 	if e, _ := kt.UnmarshalEntry(old); e.Version != 1 {
 		t.Fatalf("leaf 0 is version %d", e.Version)
 	}
@@ -297,5 +302,150 @@ func TestKTGossipOneLog(t *testing.T) {
 	}
 	if o, err := bob.m.Open(firstMessage(t, bob, conv.ConvID, a2.Seq)); err != nil || o.Text != "three" {
 		t.Fatalf("bob: %+v %v", o, err)
+	}
+}
+
+// The server adds a device for bob — its own, under an account key it
+// made, shown to alice, who never saw bob before and so takes it — and
+// logs it, as it must for alice's client to accept it. Alice's message
+// reaches the ghost and nothing on alice's side can tell; bob's own client,
+// monitoring the log, finds the entry it did not publish.
+func TestMaliciousServerKTGhostDevice(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx := ctxT(t)
+	log := newEvilLog(newEvilKeys(t))
+	evA := startEvilServer(t, srv.URL, log)
+	evB := startEvilServer(t, srv.URL, log)
+	alice := devOn(t, evA.URL, srv, "alice", "phone", e2ee.NewMemoryStore())
+	bob := devOn(t, evB.URL, srv, "bob", "phone", e2ee.NewMemoryStore())
+	for _, d := range []*dev{alice, bob} {
+		if _, err := d.m.PublishKeys(ctx, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	alertsA, alertsB := watchKT(alice.m), watchKT(bob.m)
+	if err := bob.m.MonitorKeys(ctx); err != nil {
+		t.Fatalf("bob's first monitoring, nothing forged yet: %v", err)
+	}
+
+	ghost, ghostB := ghostBundle(t, "bob", "ghost")
+	evA.show(log, newEvilAccount().impersonate("bob", ghostB))
+	evA.setAnswer(serveGhost("bob", ghostB))
+	conv, err := alice.c.OpenDirectE2E(ctx, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1, err := alice.m.SendDirect(ctx, conv.ConvID, "bob", "the door code is 4711")
+	if err != nil {
+		t.Fatalf("alice's send: %v", err)
+	}
+	msg := firstMessage(t, bob, conv.ConvID, a1.Seq)
+	if got := ghostReads(t, ghost, msg); got != "the door code is 4711" {
+		t.Fatalf("the ghost read %q: the attack did not happen", got)
+	}
+	if evs := alertsA.list(); len(evs) != 0 {
+		t.Fatalf("alice's events %+v: one log, nothing for her to see", evs)
+	}
+	// One log: bob reads alice's message, the gossiped heads agree.
+	if o, err := bob.m.Open(msg); err != nil || o.Text != "the door code is 4711" {
+		t.Fatalf("bob: %+v %v", o, err)
+	}
+
+	err = bob.m.MonitorKeys(ctx)
+	if !errors.Is(err, ErrKTGhost) || !strings.Contains(err.Error(), `"ghost"`) || !strings.Contains(err.Error(), "account key that is not yours") {
+		t.Fatalf("bob's monitoring: %v, want ErrKTGhost naming the ghost and the account key", err)
+	}
+	if evs := alertsB.list(); len(evs) != 1 || evs[0].User != "bob" || !errors.Is(evs[0].Err, ErrKTGhost) {
+		t.Fatalf("bob's events %+v, want one ErrKTGhost", evs)
+	}
+	// Reported once; the next pass reads only what came after.
+	if err := bob.m.MonitorKeys(ctx); err != nil {
+		t.Fatalf("bob's next monitoring: %v", err)
+	}
+}
+
+// Monitoring the real node's log: bob's own devices, as he publishes them,
+// are found and nothing is reported.
+func TestKTMonitorRealNode(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx := ctxT(t)
+	bob := startDev(t, srv, "bob", "phone", 5)
+	events := watchKT(bob.m)
+	if err := bob.m.MonitorKeys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// bob's laptop, under bob's account key, and other users' changes.
+	startDev(t, srv, "bob", "laptop", 5)
+	for i := range 30 {
+		startDev(t, srv, fmt.Sprintf("u%02d", i), "phone", 1)
+	}
+	if err := bob.m.MonitorKeys(ctx); err != nil {
+		t.Fatalf("after bob's laptop and 30 other users: %v", err)
+	}
+	if evs := events.list(); len(evs) != 0 {
+		t.Fatalf("events %+v", evs)
+	}
+}
+
+// The server hides the ghost's entry from bob's monitoring: it serves
+// bob's pages without that leaf, or with an older entry of bob's in its
+// place, but the pages must rebuild the checkpoint's root.
+func TestMaliciousServerKTMonitorHiddenEntry(t *testing.T) {
+	for _, hide := range []struct {
+		name string
+		page func(entries [][]byte, ghost int, old []byte) [][]byte
+	}{
+		{"leaf left out", func(entries [][]byte, ghost int, _ []byte) [][]byte {
+			return append(entries[:ghost:ghost], entries[ghost+1:]...)
+		}},
+		{"an older entry in its place", func(entries [][]byte, ghost int, old []byte) [][]byte {
+			out := slices.Clone(entries)
+			out[ghost] = old
+			return out
+		}},
+	} {
+		t.Run(hide.name, func(t *testing.T) {
+			srv := servertest.Start(t)
+			ctx := ctxT(t)
+			log := newEvilLog(newEvilKeys(t))
+			evA := startEvilServer(t, srv.URL, log)
+			evB := startEvilServer(t, srv.URL, log)
+			alice := devOn(t, evA.URL, srv, "alice", "phone", e2ee.NewMemoryStore())
+			bob := devOn(t, evB.URL, srv, "bob", "phone", e2ee.NewMemoryStore())
+			for _, d := range []*dev{alice, bob} {
+				if _, err := d.m.PublishKeys(ctx, 5); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := bob.m.MonitorKeys(ctx); err != nil {
+				t.Fatal(err)
+			}
+			log.mu.Lock()
+			bobsOwn := log.leaves[log.latest["bob"]]
+			log.mu.Unlock()
+			_, ghostB := ghostBundle(t, "bob", "ghost")
+			evA.show(log, newEvilAccount().impersonate("bob", ghostB))
+			evA.setAnswer(serveGhost("bob", ghostB))
+			if _, err := alice.c.OpenDirectE2E(ctx, "bob"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := alice.m.Devices(ctx, "bob", true); err != nil {
+				t.Fatal(err)
+			}
+			ghost := int(log.size()) - 1 // the entry with the ghost
+			evB.setPages(func(ans *protocol.Frame) {
+				from := int(ans.KT.From)
+				if ghost >= from && ghost < from+len(ans.KT.Entries) {
+					ans.KT.Entries = hide.page(ans.KT.Entries, ghost-from, bobsOwn)
+				}
+			})
+			events := watchKT(bob.m)
+			if err := bob.m.MonitorKeys(ctx); !errors.Is(err, ErrKTFork) && !errors.Is(err, ErrKTProof) {
+				t.Fatalf("bob's monitoring of doctored pages: %v, want ErrKTFork or ErrKTProof", err)
+			}
+			if evs := events.list(); len(evs) != 1 {
+				t.Fatalf("events %+v, want one", evs)
+			}
+		})
 	}
 }

@@ -234,6 +234,8 @@ type evilServer struct {
 	// answer, when set, may answer a keys request instead of the node (a
 	// bundle of a device the node does not have).
 	answer func(req protocol.Frame) (protocol.Frame, bool)
+	// pages, when set, changes a kt_leaves answer of the log.
+	pages func(ans *protocol.Frame)
 }
 
 func startEvilServer(t testing.TB, target string, log *evilLog) *evilServer {
@@ -261,6 +263,12 @@ func (e *evilServer) setAnswer(f func(req protocol.Frame) (protocol.Frame, bool)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.answer = f
+}
+
+func (e *evilServer) setPages(f func(ans *protocol.Frame)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.pages = f
 }
 
 func (e *evilServer) setTamper(f func(req protocol.Frame, ans *protocol.Frame)) {
@@ -333,7 +341,14 @@ relay:
 			switch f.Type {
 			case protocol.TypeKTKeys, protocol.TypeKTConsistency, protocol.TypeKTLeaves:
 				log, _ := e.current()
-				b, _ := json.Marshal(log.answer(f))
+				ans := log.answer(f)
+				e.mu.Lock()
+				pages := e.pages
+				e.mu.Unlock()
+				if pages != nil && ans.Type == protocol.TypeKTLeaves {
+					pages(&ans)
+				}
+				b, _ := json.Marshal(ans)
 				if write(b) != nil {
 					break relay
 				}

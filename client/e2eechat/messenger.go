@@ -1,7 +1,9 @@
 // Package e2eechat connects an e2ee.Device to a Parley client: it publishes
 // the device's keys (and rotates them, Maintain), fetches bundles, encrypts to every device of the
 // recipients and of the sender's own other devices, distributes Sender Keys
-// in groups and opens what arrives. Decrypted messages are kept in the
+// in groups and opens what arrives. Every key answer is checked against
+// the server's key transparency log, and this user's own entries in it
+// are monitored (kt.go, kt_monitor.go). Decrypted messages are kept in the
 // device's Store, which is also where local search looks: the server of an
 // E2E conversation cannot search. Each content seals the labels the server
 // shows beside it (conversation, kind, target, sender user and device, a
