@@ -11,10 +11,14 @@ import (
 	"github.com/parley-im/parley/protocol/kt"
 )
 
-// Key transparency against the real node's log: every answer verified,
-// checkpoints compared through messages.
+// Key transparency against the real node's log, on both store engines:
+// every answer verified, checkpoints compared through messages.
 func TestKTRealNode(t *testing.T) {
-	srv := servertest.Start(t)
+	t.Run("pebble", func(t *testing.T) { testKTRealNode(t, servertest.Start(t)) })
+	t.Run("cassandra", func(t *testing.T) { testKTRealNode(t, cassandraServer(t)) })
+}
+
+func testKTRealNode(t *testing.T, srv *servertest.Server) {
 	ctx := ctxT(t)
 	alice := startDev(t, srv, "alice", "phone", 5)
 	bob := startDev(t, srv, "bob", "phone", 5)

@@ -364,10 +364,14 @@ func TestMaliciousServerKTGhostDevice(t *testing.T) {
 	}
 }
 
-// Monitoring the real node's log: bob's own devices, as he publishes them,
-// are found and nothing is reported.
+// Monitoring the real node's log, on both store engines: bob's own
+// devices, as he publishes them, are found and nothing is reported.
 func TestKTMonitorRealNode(t *testing.T) {
-	srv := servertest.Start(t)
+	t.Run("pebble", func(t *testing.T) { testKTMonitorRealNode(t, servertest.Start(t)) })
+	t.Run("cassandra", func(t *testing.T) { testKTMonitorRealNode(t, cassandraServer(t)) })
+}
+
+func testKTMonitorRealNode(t *testing.T, srv *servertest.Server) {
 	ctx := ctxT(t)
 	bob := startDev(t, srv, "bob", "phone", 5)
 	events := watchKT(bob.m)
