@@ -5,12 +5,13 @@
 // serves to clients and outside auditors.
 //
 // Every chat process keeps the whole tree in memory (protocol/kt's Tree,
-// about 64 bytes a leaf, plus the latest entry of each label), rebuilt from
-// the store when it opens and caught up from the store before each answer,
-// so processes that append to one store answer from one log. An append
-// writes leaf n only if index n is free (store.KTAppend's conditional
-// write): of two processes appending at once one wins, the other catches
-// up and appends after it, so the log cannot fork.
+// about 64 bytes a leaf, plus the latest entry's encoding of each label:
+// about 500 bytes a user of two devices, 0.5 GB a million users), rebuilt
+// from the store when it opens and caught up from the store before each
+// answer, so processes that append to one store answer from one log. An
+// append writes leaf n only if index n is free (store.KTAppend's
+// conditional write): of two processes appending at once one wins, the
+// other catches up and appends after it, so the log cannot fork.
 //
 // A Log is safe for concurrent use.
 package kt
@@ -72,10 +73,10 @@ type keySet struct {
 	VRFSeed  []byte `json:"vrf_seed"`
 }
 
-// latest is a label's last entry in the log.
+// latest is a label's last entry in the log: its index and encoding
+// (decoded when compared, to keep a process's memory at the encodings).
 type latest struct {
 	index uint64
-	entry pkt.Entry
 	leaf  []byte
 }
 
@@ -211,7 +212,7 @@ func (l *Log) add(leaf []byte) error {
 		return fmt.Errorf("kt: leaf %d in the store: %w", l.tree.Size(), err)
 	}
 	index := l.tree.Append(leaf)
-	l.labels[e.Label] = latest{index: index, entry: e, leaf: leaf}
+	l.labels[e.Label] = latest{index: index, leaf: leaf}
 	l.lastTime = max(l.lastTime, e.Time)
 	return nil
 }
@@ -295,7 +296,14 @@ func (l *Log) Ensure(ctx context.Context, user string, devs []store.DeviceKeys, 
 	reread := false
 	for try := 0; ; try++ {
 		cur, found := l.labels[ul.label]
-		if (found && sameState(cur.entry, account, devices)) || (!found && len(devices) == 0) {
+		var last pkt.Entry
+		if found {
+			var err error
+			if last, err = pkt.UnmarshalEntry(cur.leaf); err != nil {
+				return nil, fmt.Errorf("kt: leaf %d: %w", cur.index, err)
+			}
+		}
+		if (found && sameState(last, account, devices)) || (!found && len(devices) == 0) {
 			break
 		}
 		if !reread {
@@ -310,7 +318,7 @@ func (l *Log) Ensure(ctx context.Context, user string, devs []store.DeviceKeys, 
 		e := pkt.Entry{Label: ul.label, Version: 1, Time: max(l.now().UnixMilli(), l.lastTime),
 			Account: account, Devices: devices}
 		if found {
-			e.Version, e.Prev = cur.entry.Version+1, pkt.EntryHash(cur.leaf)
+			e.Version, e.Prev = last.Version+1, pkt.EntryHash(cur.leaf)
 		}
 		if err := e.Validate(); err != nil {
 			return nil, fmt.Errorf("kt: %s's state is no valid entry: %w", user, err)
@@ -319,7 +327,7 @@ func (l *Log) Ensure(ctx context.Context, user string, devs []store.DeviceKeys, 
 		err := l.st.KTAppend(ctx, l.tree.Size(), leaf)
 		if err == nil {
 			index := l.tree.Append(leaf)
-			l.labels[e.Label] = latest{index: index, entry: e, leaf: leaf}
+			l.labels[e.Label] = latest{index: index, leaf: leaf}
 			l.lastTime = e.Time
 			break
 		}
