@@ -119,6 +119,7 @@ func (s *chatSession) messenger(ctx context.Context) (*e2eechat.Messenger, error
 	}
 	m := e2eechat.New(s.c, d, st)
 	m.OnIdentity(s.identityEvent)
+	m.OnKT(s.ktEvent)
 	if b, err := st.Load("published"); err != nil {
 		return nil, err
 	} else if b == nil {
@@ -166,6 +167,7 @@ func (s *chatSession) messenger(ctx context.Context) (*e2eechat.Messenger, error
 	}
 	e.newAccount = false // done: a reconnect does not start over again
 	e.m = m
+	e.bg.Go(func() { s.monitorKeys(m) })
 	return m, nil
 }
 
@@ -196,6 +198,42 @@ func (s *chatSession) maintainKeys() {
 			s.printf("! e2e: key rotation: %v", err)
 		}
 		cancel()
+		s.monitorKeys(m)
+	}
+}
+
+// monitorTimeout bounds one pass of key transparency monitoring (the first
+// reads the whole log: 1,000 entries a request).
+const monitorTimeout = 5 * time.Minute
+
+// monitorKeys reads the key transparency log for entries of this user the
+// user's devices did not publish (at start and with the hourly key
+// maintenance); what it finds is reported by ktEvent.
+func (s *chatSession) monitorKeys(m *e2eechat.Messenger) {
+	ctx, cancel := context.WithTimeout(s.e2e.ctx, monitorTimeout)
+	defer cancel()
+	err := m.MonitorKeys(ctx)
+	switch {
+	case err == nil, s.e2e.ctx.Err() != nil, errors.Is(err, e2eechat.ErrKTUnavailable),
+		errors.Is(err, e2eechat.ErrKTGhost), errors.Is(err, e2eechat.ErrKTFork), errors.Is(err, e2eechat.ErrKTProof):
+		// nothing to say, or ktEvent said it
+	default:
+		s.printf("! key transparency: monitoring: %v", err)
+	}
+}
+
+// ktEvent warns of a key answer or message the key transparency checks
+// refused, and of keys the server published for this user.
+func (s *chatSession) ktEvent(ev e2eechat.KTEvent) {
+	switch {
+	case errors.Is(ev.Err, e2eechat.ErrKTGhost):
+		s.printf("! KEY TRANSPARENCY: the server published keys or devices for you that none of your devices created")
+		s.printf("!   %v", ev.Err)
+	case errors.Is(ev.Err, e2eechat.ErrKTFork):
+		s.printf("! KEY TRANSPARENCY: the server showed a key log that contradicts what you or %s saw before (a forked or rolled-back log); nothing from it is used", ev.User)
+		s.printf("!   %v", ev.Err)
+	default:
+		s.printf("! key transparency: a key answer for %s was refused: %v", ev.User, ev.Err)
 	}
 }
 
