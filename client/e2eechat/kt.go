@@ -59,8 +59,9 @@ type KTEvent struct {
 }
 
 // ktGossipTimeout bounds the proof requests Open makes for a gossiped
-// checkpoint (Open takes no context).
-const ktGossipTimeout = 30 * time.Second
+// checkpoint new to this device: Open takes no context, and other Opens
+// wait for it.
+const ktGossipTimeout = 10 * time.Second
 
 // ktSeenMax bounds the gossiped checkpoints remembered as proven.
 const ktSeenMax = 1024
