@@ -35,8 +35,12 @@ func TestKeyDirectoryFrames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ak, sig, err := bob.m.Device().DeviceCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
 	toFrame := func(up e2ee.KeyUpload) protocol.KeyUpload {
-		k := protocol.KeyUpload{RegistrationID: up.RegistrationID, IdentityKey: up.IdentityKey.Bytes(),
+		k := protocol.KeyUpload{RegistrationID: up.RegistrationID, IdentityKey: up.IdentityKey.Bytes(), AccountKey: ak.Bytes(), DeviceSig: sig,
 			SignedPreKey:  &protocol.PreKey{ID: up.SignedPreKey.ID, Key: up.SignedPreKey.Key.Bytes(), Sig: up.SignedPreKey.Sig},
 			LastResortKEM: &protocol.PreKey{ID: up.LastResortKEM.ID, Key: up.LastResortKEM.Key, Sig: up.LastResortKEM.Sig}}
 		for _, p := range up.PreKeys {
@@ -57,6 +61,11 @@ func TestKeyDirectoryFrames(t *testing.T) {
 	}
 	if _, err := bob.c.UploadKeys(ctx, protocol.KeyUpload{PreKeys: toFrame(up).PreKeys}); code(err) != protocol.CodeInvalidArgument {
 		t.Fatalf("first upload without identity: %v", err)
+	}
+	uncertified := toFrame(up)
+	uncertified.AccountKey, uncertified.DeviceSig = nil, nil
+	if _, err := bob.c.UploadKeys(ctx, uncertified); code(err) != protocol.CodeInvalidArgument {
+		t.Fatalf("first upload without the account key's certificate: %v", err)
 	}
 	other, _ := mallory.m.Device().GenerateKeys(1)
 	bad = toFrame(up)
@@ -142,7 +151,17 @@ func TestKeyDirectoryFrames(t *testing.T) {
 	st := e2ee.NewMemoryStore()
 	fresh, _ := e2ee.OpenDevice(st, e2ee.Address{User: "bob", Device: "phone"})
 	up2, _ := fresh.GenerateKeys(1)
-	if _, err := bob.c.UploadKeys(ctx, toFrame(up2)); err != nil {
+	k2 := toFrame(up2)
+	if _, err := bob.c.UploadKeys(ctx, k2); code(err) != protocol.CodeBadKey {
+		t.Fatalf("a new identity with the old identity's certificate: %v", err)
+	}
+	shareAccount(t, srv, fresh)
+	_, sig2, err := fresh.DeviceCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k2.DeviceSig = sig2
+	if _, err := bob.c.UploadKeys(ctx, k2); err != nil {
 		t.Fatal(err)
 	}
 	hist, _, err := alice.c.History(ctx, conv.ConvID, client.HistoryQuery{Forward: true, Limit: 50})

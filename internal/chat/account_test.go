@@ -1,10 +1,12 @@
 package chat
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 
 	"github.com/parley-im/parley/client/e2ee"
+	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 	"github.com/parley-im/parley/protocol/e2ekeys"
 	"github.com/parley-im/parley/protocol/schema"
@@ -124,6 +126,11 @@ func TestAccountKeyRules(t *testing.T) {
 		t.Fatalf("open_direct: %s %s", open.Code, open.Error)
 	}
 
+	// A first upload without a certificate, and an identity change of a
+	// device stored before account keys.
+	if got := upload(t, s, tablet, firstUpload(t, tablet, nil)); got.Code != protocol.CodeInvalidArgument {
+		t.Fatalf("first upload without account fields: %s %s; want invalid_argument", got.Type, got.Code)
+	}
 	// A device certified by another account key.
 	if got := upload(t, s, tablet, firstUpload(t, tablet, &a2)); got.Code != protocol.CodeAccountConflict {
 		t.Fatalf("another account key: %s %s; want account_conflict", got.Type, got.Code)
@@ -191,4 +198,28 @@ func devIdentity(t *testing.T, s *Service, c Caller) []byte {
 	}
 	t.Fatalf("%s/%s has no keys", c.User, c.Device)
 	return nil
+}
+
+// A device stored before account keys (no account fields) may still
+// refill, but a new identity needs a certificate.
+func TestLegacyDeviceNeedsCertificateForNewIdentity(t *testing.T) {
+	r := newPrekeyRig(t)
+	s := r.service(DefaultConfig(), nil, 1)
+	old := Caller{User: "carol", Device: "old"}
+	k := firstUpload(t, old, nil)
+	if _, err := r.st.UploadKeys(context.Background(), old.User, old.Device, store.KeyUpload{RegistrationID: k.RegistrationID,
+		IdentityKey: k.IdentityKey, SignedPreKey: &store.PreKey{ID: k.SignedPreKey.ID, Key: k.SignedPreKey.Key, Sig: k.SignedPreKey.Sig},
+		LastResortKEM: &store.PreKey{ID: k.LastResortKEM.ID, Key: k.LastResortKEM.Key, Sig: k.LastResortKEM.Sig}, Now: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := upload(t, s, old, &protocol.KeyUpload{}); got.Type != protocol.TypeKeys {
+		t.Fatalf("refill of a device without an account key: %s %s", got.Code, got.Error)
+	}
+	if got := upload(t, s, old, firstUpload(t, old, nil)); got.Code != protocol.CodeInvalidArgument {
+		t.Fatalf("new identity without a certificate: %s %s; want invalid_argument", got.Type, got.Code)
+	}
+	account := e2ee.GenerateKeyPair()
+	if got := upload(t, s, old, firstUpload(t, old, &account)); got.Type != protocol.TypeKeys {
+		t.Fatalf("new identity with a certificate: %s %s", got.Code, got.Error)
+	}
 }

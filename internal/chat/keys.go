@@ -97,8 +97,9 @@ func (s *Service) keysUpload(ctx context.Context, c Caller, k *protocol.KeyUploa
 	}
 	identity := k.IdentityKey
 	switch {
-	case cur == nil && (k.IdentityKey == nil || k.SignedPreKey == nil || k.LastResortKEM == nil || k.RegistrationID == 0):
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "a device's first keys_upload needs registration_id, identity_key, signed_prekey and last_resort_kem")
+	case cur == nil && (k.IdentityKey == nil || k.SignedPreKey == nil || k.LastResortKEM == nil || k.RegistrationID == 0 ||
+		k.AccountKey == nil || k.DeviceSig == nil):
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "a device's first keys_upload needs registration_id, identity_key, account_key, device_sig, signed_prekey and last_resort_kem")
 	case cur == nil && len(devs) >= protocol.MaxKeyDevices:
 		return nil, protocol.Errorf(protocol.CodeTooLarge, "a user has at most %d devices with keys", protocol.MaxKeyDevices)
 	case cur != nil && identity == nil:
@@ -184,6 +185,11 @@ func (s *Service) checkAccount(c Caller, k *protocol.KeyUpload, cur *store.Devic
 	if account == nil {
 		if k.DeviceSig != nil {
 			return nil, protocol.Errorf(protocol.CodeBadKey, "device_sig without an account_key")
+		}
+		// A device stored before account keys may refill; a new identity
+		// comes certified.
+		if cur == nil || !bytes.Equal(identity, cur.IdentityKey) {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "a new identity_key needs account_key and device_sig certifying the device")
 		}
 		return nil, nil
 	}

@@ -77,7 +77,14 @@ func publish(t *testing.T, s *Service, c Caller, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch := protocol.KeyUpload{RegistrationID: up.RegistrationID, IdentityKey: up.IdentityKey.Bytes(),
+	if _, err := d.CreateAccountKey(); err != nil {
+		t.Fatal(err)
+	}
+	ak, sig, err := d.DeviceCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := protocol.KeyUpload{RegistrationID: up.RegistrationID, IdentityKey: up.IdentityKey.Bytes(), AccountKey: ak.Bytes(), DeviceSig: sig,
 		SignedPreKey:  &protocol.PreKey{ID: up.SignedPreKey.ID, Key: up.SignedPreKey.Key.Bytes(), Sig: up.SignedPreKey.Sig},
 		LastResortKEM: &protocol.PreKey{ID: up.LastResortKEM.ID, Key: up.LastResortKEM.Key, Sig: up.LastResortKEM.Sig}}
 	for len(up.PreKeys) > 0 || len(up.KEMPreKeys) > 0 {

@@ -16,7 +16,11 @@ import (
 	pkt "github.com/parley-im/parley/protocol/kt"
 )
 
-// firstUpload is a device's first keys_upload (no one-time keys).
+// ktAccounts holds each user's account key: a user's devices share it.
+var ktAccounts sync.Map // user → exported account key
+
+// firstUpload is a device's first keys_upload (no one-time keys),
+// certified by its user's account key.
 func firstUpload(user, device string) (protocol.KeyUpload, error) {
 	d, err := e2ee.OpenDevice(e2ee.NewMemoryStore(), e2ee.Address{User: user, Device: device})
 	if err != nil {
@@ -26,7 +30,15 @@ func firstUpload(user, device string) (protocol.KeyUpload, error) {
 	if err != nil {
 		return protocol.KeyUpload{}, err
 	}
-	return protocol.KeyUpload{RegistrationID: up.RegistrationID, IdentityKey: up.IdentityKey.Bytes(),
+	b, _ := ktAccounts.LoadOrStore(user, e2ee.MarshalAccountKey(e2ee.GenerateKeyPair()))
+	if _, err := d.ImportAccountKey(b.([]byte)); err != nil {
+		return protocol.KeyUpload{}, err
+	}
+	ak, sig, err := d.DeviceCertificate()
+	if err != nil {
+		return protocol.KeyUpload{}, err
+	}
+	return protocol.KeyUpload{RegistrationID: up.RegistrationID, IdentityKey: up.IdentityKey.Bytes(), AccountKey: ak.Bytes(), DeviceSig: sig,
 		SignedPreKey:  &protocol.PreKey{ID: up.SignedPreKey.ID, Key: up.SignedPreKey.Key.Bytes(), Sig: up.SignedPreKey.Sig},
 		LastResortKEM: &protocol.PreKey{ID: up.LastResortKEM.ID, Key: up.LastResortKEM.Key, Sig: up.LastResortKEM.Sig}}, nil
 }

@@ -24,7 +24,14 @@ func TestPrekeyBoundAcrossChatProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := protocol.KeyUpload{RegistrationID: up.RegistrationID, IdentityKey: up.IdentityKey.Bytes(),
+	if _, err := d.CreateAccountKey(); err != nil {
+		t.Fatal(err)
+	}
+	ak, sig, err := d.DeviceCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := protocol.KeyUpload{RegistrationID: up.RegistrationID, IdentityKey: up.IdentityKey.Bytes(), AccountKey: ak.Bytes(), DeviceSig: sig,
 		SignedPreKey:  &protocol.PreKey{ID: up.SignedPreKey.ID, Key: up.SignedPreKey.Key.Bytes(), Sig: up.SignedPreKey.Sig},
 		LastResortKEM: &protocol.PreKey{ID: up.LastResortKEM.ID, Key: up.LastResortKEM.Key, Sig: up.LastResortKEM.Sig}}
 	for _, p := range up.PreKeys {

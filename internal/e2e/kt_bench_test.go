@@ -56,7 +56,14 @@ func uploadTB(b *testing.B, c *rawConn, user, device string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	k := protocol.KeyUpload{RegistrationID: up.RegistrationID, IdentityKey: up.IdentityKey.Bytes(),
+	if _, err := d.CreateAccountKey(); err != nil {
+		b.Fatal(err)
+	}
+	ak, sig, err := d.DeviceCertificate()
+	if err != nil {
+		b.Fatal(err)
+	}
+	k := protocol.KeyUpload{RegistrationID: up.RegistrationID, IdentityKey: up.IdentityKey.Bytes(), AccountKey: ak.Bytes(), DeviceSig: sig,
 		SignedPreKey:  &protocol.PreKey{ID: up.SignedPreKey.ID, Key: up.SignedPreKey.Key.Bytes(), Sig: up.SignedPreKey.Sig},
 		LastResortKEM: &protocol.PreKey{ID: up.LastResortKEM.ID, Key: up.LastResortKEM.Key, Sig: up.LastResortKEM.Sig}}
 	mustOK(b, c.call(protocol.Frame{Type: protocol.TypeKeysUpload, Keys: &k}), protocol.TypeKeys)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,8 +14,13 @@ import (
 	"github.com/parley-im/parley/protocol/schema"
 )
 
+// testAccounts holds each test user's account key: a user's devices
+// share it, as devices linked to one account do.
+var testAccounts sync.Map // "<test>/<user>" → exported account key
+
 // publishKeys uploads n one-time prekeys of each kind for c's device,
-// signed by a real identity key, in uploads that fit the frame limits.
+// signed by a real identity key and certified by its user's account key,
+// in uploads that fit the frame limits.
 func publishKeys(t *testing.T, c *rawConn, user, device string, n int) {
 	t.Helper()
 	d, err := e2ee.OpenDevice(e2ee.NewMemoryStore(), e2ee.Address{User: user, Device: device})
@@ -25,7 +31,20 @@ func publishKeys(t *testing.T, c *rawConn, user, device string, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch := protocol.KeyUpload{RegistrationID: up.RegistrationID, IdentityKey: up.IdentityKey.Bytes(),
+	if b, ok := testAccounts.Load(t.Name() + "/" + user); ok {
+		_, err = d.ImportAccountKey(b.([]byte))
+	} else if _, err = d.CreateAccountKey(); err == nil {
+		b, _ := d.ExportAccountKey()
+		testAccounts.Store(t.Name()+"/"+user, b)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ak, sig, err := d.DeviceCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := protocol.KeyUpload{RegistrationID: up.RegistrationID, IdentityKey: up.IdentityKey.Bytes(), AccountKey: ak.Bytes(), DeviceSig: sig,
 		SignedPreKey:  &protocol.PreKey{ID: up.SignedPreKey.ID, Key: up.SignedPreKey.Key.Bytes(), Sig: up.SignedPreKey.Sig},
 		LastResortKEM: &protocol.PreKey{ID: up.LastResortKEM.ID, Key: up.LastResortKEM.Key, Sig: up.LastResortKEM.Sig}}
 	for len(up.PreKeys) > 0 || len(up.KEMPreKeys) > 0 {
