@@ -405,7 +405,7 @@ func systemText(m *protocol.Message) string {
 	case "device_removed":
 		return ev.Actor + " removed device " + ev.Device
 	case "identity_changed":
-		return ev.Actor + "'s device " + ev.Device + " has a new identity key (compare /safety " + ev.Actor + ")"
+		return ev.Actor + "'s device " + ev.Device + " has a new identity key (checked against " + ev.Actor + "'s account key when used)"
 	}
 	return fmt.Sprintf("%s: %s %s", ev.Event, ev.Actor, users)
 }
