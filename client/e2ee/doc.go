@@ -41,7 +41,11 @@
 //
 // Each Device has its own identity key (one identity per device): a message
 // to a user is encrypted to each of their devices and to the sender's own
-// other devices. State lives behind the Store interface; FileStore (files
+// other devices. A user's devices share an account key that certifies each
+// device's identity key (account.go: CreateAccountKey, ExportAccountKey,
+// ImportAccountKey, DeviceCertificate); AcceptDevices and AcceptDevice
+// take a peer's device only if the account key trusted for its user
+// certified it, and SafetyNumber is computed over account keys. State lives behind the Store interface; FileStore (files
 // 0600 in a 0700 directory, each write fsynced with its directory, the
 // directory locked so that a second process gets ErrLocked) is the default.
 //

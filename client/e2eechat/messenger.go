@@ -8,7 +8,11 @@
 // E2E conversation cannot search. Each content seals the labels the server
 // shows beside it (conversation, kind, target, sender user and device, a
 // counter), and Open refuses a message whose labels differ, an edit or
-// recall by anyone but its target's author, and a replay.
+// recall by anyone but its target's author, and a replay. Every device,
+// bundle and first-message sender must be certified by the account key
+// this device trusts for its user (identity.go): a change of a user's
+// account key is reported (OnIdentity), refused under e2ee.TrustStrict,
+// and blocks sending to a verified user until Verify.
 package e2eechat
 
 import (
