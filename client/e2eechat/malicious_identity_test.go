@@ -489,3 +489,51 @@ func TestMaliciousServerVerifiedPeerBlocksSending(t *testing.T) {
 		}
 	})
 }
+
+// In a group the sender key goes only to certified devices, and a
+// verified member's changed account key blocks sending to the group.
+func TestMaliciousServerGroupIdentity(t *testing.T) {
+	engines(t, func(t *testing.T, e *evil) {
+		ctx := ctxT(t)
+		alice := startDev(t, e.srv, "alice", "phone", 5)
+		bob := startDev(t, e.srv, "bob", "phone", 5)
+		startDev(t, e.srv, "carol", "phone", 5)
+		g, err := alice.c.CreateGroupE2E(ctx, "g", []string{"bob", "carol"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		members := []string{"alice", "bob", "carol"}
+		// A ghost for bob before the first group message: the sender key
+		// distributions skip it.
+		e.plant(t, impostor(t, e2ee.Address{User: "bob", Device: "ghost"}, false))
+		bobAccount, _, _ := bob.m.Device().AccountKey()
+		if _, err := e.st.UploadKeys(ctx, "bob", "ghost", store.KeyUpload{AccountKey: bobAccount.Bytes(), DeviceSig: make([]byte, 64), Now: 1}); err != nil {
+			t.Fatal(err)
+		}
+		g1, err := alice.m.SendGroup(ctx, g.ConvID, members, "to the group")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range alice.history(t, g.ConvID) {
+			env, err := protocol.ParseEnvelope(m.Body)
+			if err != nil {
+				continue
+			}
+			for _, x := range env.To {
+				if x.Device == "ghost" {
+					t.Fatalf("a sender key distribution for the ghost device: %+v", env.To)
+				}
+			}
+		}
+		wantText(t, "bob", bob.read(t, g.ConvID), g1.Seq, "to the group")
+		// carol, verified by alice, is substituted by the operator.
+		if _, err := alice.m.Verify(ctx, "carol"); err != nil {
+			t.Fatal(err)
+		}
+		e.plant(t, impostor(t, e2ee.Address{User: "carol", Device: "phone"}, true))
+		alice.m.forget("carol") // as a device_removed or identity_changed event does
+		if _, err := alice.m.SendGroup(ctx, g.ConvID, members, "secret"); !errors.Is(err, e2ee.ErrVerifiedChanged) {
+			t.Fatalf("group send with a changed verified member: %v; want e2ee.ErrVerifiedChanged", err)
+		}
+	})
+}
