@@ -131,16 +131,18 @@ type Device struct {
 	now   func() time.Time // SetClock
 }
 
-// TrustPolicy decides what happens when a peer device's identity key is not
-// the one seen before.
+// TrustPolicy decides what happens when a user's account key (AcceptDevices)
+// or a peer device's identity key is not the one seen before.
 type TrustPolicy uint8
 
 const (
-	// TrustOnFirstUse accepts a changed identity (the new key replaces the
-	// old; the safety number changes). The default, as in Signal.
+	// TrustOnFirstUse accepts a changed key (the new key replaces the old;
+	// the safety number changes; AcceptDevices reports it). The default,
+	// as in Signal.
 	TrustOnFirstUse TrustPolicy = iota
-	// TrustStrict refuses a changed identity with ErrUntrusted until
-	// TrustIdentity accepts it.
+	// TrustStrict refuses a changed key with ErrUntrusted (for an account
+	// key an *UntrustedAccountError) until TrustAccount or TrustIdentity
+	// accepts it.
 	TrustStrict
 )
 
