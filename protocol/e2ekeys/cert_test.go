@@ -61,3 +61,16 @@ func TestVerifyDeviceCert(t *testing.T) {
 		t.Fatal("a signature over the bare identity key passes as a certificate")
 	}
 }
+
+// BenchmarkVerifyDeviceCert is the server's cost per certified upload and
+// a client's per device of a user's list.
+func BenchmarkVerifyDeviceCert(b *testing.B) {
+	account, dev := e2ee.GenerateKeyPair(), e2ee.GenerateKeyPair()
+	ak, idk := account.Public.Bytes(), dev.Public.Bytes()
+	sig := account.Private.Sign(e2ekeys.DeviceCertMessage("alice", "phone", idk))
+	for b.Loop() {
+		if !e2ekeys.VerifyDeviceCert(ak, "alice", "phone", idk, sig[:]) {
+			b.Fatal("does not verify")
+		}
+	}
+}
