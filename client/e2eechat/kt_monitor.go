@@ -20,14 +20,20 @@ type ktMonitor struct {
 	// Version and Hash: the last entry under this user's label.
 	Version uint64 `json:"version,omitempty"`
 	Hash    []byte `json:"hash,omitempty"`
+	// Before: no entry under this account's key was read yet. Entries
+	// under the label until then are a replaced account's (a reinstall
+	// without the old key starts over with ReplaceAccount), published
+	// before this account existed: not this account's to judge.
+	Before bool `json:"before,omitempty"`
 }
 
 // MonitorKeys reads the key transparency log from where it stopped last
 // time to the current checkpoint, checks that the leaves rebuild the
-// checkpoint's root, and looks at every entry under this user's own label:
-// one whose account key is not this account's, or with a device whose
-// certificate does not verify with it, is something this user's devices
-// did not publish. Such entries are reported to OnKT and the error wraps
+// checkpoint's root, and looks at every entry under this user's own label
+// from the first one under this account's key on (the entries before it
+// are those of an account this one replaced): one whose account key is not
+// this account's, or with a device whose certificate does not verify with
+// it, is something this user's devices did not publish. Such entries are reported to OnKT and the error wraps
 // ErrKTGhost and names them (each is reported once: the next call starts
 // after it). A log that does not rebuild the checkpoint, or does not
 // extend the head, is ErrKTFork; a malformed page ErrKTProof. Call it on
@@ -65,10 +71,11 @@ func (m *Messenger) MonitorKeys(ctx context.Context) error {
 		return ErrKTUnavailable
 	}
 
-	var st ktMonitor
+	st := ktMonitor{Before: true}
 	if b, err := m.st.Load(ktMonitorKey); err != nil {
 		return err
 	} else if b != nil {
+		st = ktMonitor{}
 		if err := json.Unmarshal(b, &st); err != nil {
 			return fmt.Errorf("e2eechat: key transparency: monitor state: %w", err)
 		}
@@ -117,6 +124,10 @@ func (m *Messenger) MonitorKeys(ctx context.Context) error {
 			}
 			h := kt.EntryHash(b)
 			st.Version, st.Hash = e.Version, h[:]
+			if st.Before && !bytes.Equal(e.Account, accountKey) {
+				continue
+			}
+			st.Before = false
 			ghosts = append(ghosts, ghostFindings(index, e, user, accountKey)...)
 		}
 		if st.Next == cur.Size {

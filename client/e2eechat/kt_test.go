@@ -453,3 +453,45 @@ func TestMaliciousServerKTMonitorHiddenEntry(t *testing.T) {
 		})
 	}
 }
+
+// A user who starts over under a new account key (a reinstall without the
+// old key, ReplaceAccount) finds the old account's entries under its label:
+// they were published by the devices it replaced, before its account
+// existed, and are not the server's doing. A ghost after it still is.
+func TestKTMonitorAfterReplacedAccount(t *testing.T) {
+	ctx := ctxT(t)
+	srv := servertest.Start(t)
+	old := startDev(t, srv, "bob", "phone", 5)
+	if err := old.m.MonitorKeys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	startDev(t, srv, "bob", "laptop", 5)
+	accounts.Delete(t.Name() + "/bob")
+	bob := startDev(t, srv, "bob", "tablet", 0)
+	if err := bob.m.ReplaceAccount(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bob.m.PublishKeys(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	events := watchKT(bob.m)
+	if err := bob.m.MonitorKeys(ctx); err != nil {
+		t.Fatalf("the new account's first monitoring: %v", err)
+	}
+	startDev(t, srv, "bob", "watch", 5) // under the new account key
+	if err := bob.m.MonitorKeys(ctx); err != nil {
+		t.Fatalf("after a device of the new account: %v", err)
+	}
+	if evs := events.list(); len(evs) != 0 {
+		t.Fatalf("events %+v", evs)
+	}
+	// The old account's device uploads again under its key: the server
+	// takes it only with replace_account, which an attacker holding the
+	// old key could do; the new account must see it.
+	if err := old.m.ReplaceAccount(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := bob.m.MonitorKeys(ctx); !errors.Is(err, ErrKTGhost) {
+		t.Fatalf("an entry under another account key after ours: %v, want ErrKTGhost", err)
+	}
+}
