@@ -21,26 +21,11 @@ import (
 // E2E traffic through a node whose chat service stores in Cassandra: no
 // plaintext canary in any Cassandra table afterwards.
 func TestE2ENoPlaintextInCassandra(t *testing.T) {
-	addr := os.Getenv("PARLEY_TEST_CASSANDRA")
-	if addr == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI requires Cassandra: set PARLEY_TEST_CASSANDRA")
-		}
-		t.Skip("PARLEY_TEST_CASSANDRA not set")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	ks := fmt.Sprintf("parley_e2ee_%d", time.Now().UnixNano()%1_000_000_000)
-	cfg := cassandra.Config{Hosts: []string{addr}, Keyspace: ks}
-	if err := cassandra.Migrate(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	cs, err := cassandra.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs, cfg := cassandraStore(t)
+	ctx := ctxT(t)
+	ks := cfg.Keyspace
 	admin, err := func() (*gocql.Session, error) {
-		c := gocql.NewCluster(addr)
+		c := gocql.NewCluster(cfg.Hosts...)
 		c.Keyspace = ks
 		c.Timeout = 30 * time.Second
 		return c.CreateSession()
@@ -48,11 +33,7 @@ func TestE2ENoPlaintextInCassandra(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		cs.Close()
-		admin.Query(`DROP KEYSPACE IF EXISTS ` + ks).Exec()
-		admin.Close()
-	})
+	t.Cleanup(func() { admin.Close() })
 	logs := &syncBuf{}
 	srv := servertest.Start(t, servertest.WithDeps(func(d *server.Deps) {
 		d.WrapStore = func(store.Store) store.Store { return cs }
@@ -142,4 +123,48 @@ func TestE2ENoPlaintextInCassandra(t *testing.T) {
 	}
 	srv.Close()
 	assertNoCanary(t, srv.DataDir, logs.String())
+}
+
+// cassandraStore is a store on a fresh keyspace of PARLEY_TEST_CASSANDRA
+// (skipped without it, except under CI), dropped after the test; cfg
+// names the keyspace.
+func cassandraStore(t *testing.T) (store.Store, cassandra.Config) {
+	t.Helper()
+	addr := os.Getenv("PARLEY_TEST_CASSANDRA")
+	if addr == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI requires Cassandra: set PARLEY_TEST_CASSANDRA")
+		}
+		t.Skip("PARLEY_TEST_CASSANDRA not set")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cfg := cassandra.Config{Hosts: []string{addr}, Keyspace: fmt.Sprintf("parley_e2ee_%d", time.Now().UnixNano()%1_000_000_000)}
+	if err := cassandra.Migrate(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := cassandra.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cs.Close()
+		c := gocql.NewCluster(addr)
+		c.Timeout = 30 * time.Second
+		if admin, err := c.CreateSession(); err == nil {
+			admin.Query(`DROP KEYSPACE IF EXISTS ` + cfg.Keyspace).Exec()
+			admin.Close()
+		}
+	})
+	return cs, cfg
+}
+
+// cassandraServer starts a node whose chat service stores in a fresh
+// Cassandra keyspace (see cassandraStore).
+func cassandraServer(t *testing.T) *servertest.Server {
+	t.Helper()
+	cs, _ := cassandraStore(t)
+	return servertest.Start(t, servertest.WithDeps(func(d *server.Deps) {
+		d.WrapStore = func(store.Store) store.Store { return cs }
+	}))
 }

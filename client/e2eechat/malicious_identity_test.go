@@ -4,18 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"os"
 	"testing"
 	"time"
-
-	gocql "github.com/apache/cassandra-gocql-driver/v2"
 
 	"github.com/parley-im/parley/client/e2ee"
 	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/internal/store"
-	"github.com/parley-im/parley/internal/store/cassandra"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -42,47 +37,13 @@ func engines(t *testing.T, f func(t *testing.T, e *evil)) {
 		f(t, e)
 	})
 	t.Run("cassandra", func(t *testing.T) {
-		cs := cassandraStore(t)
+		cs, _ := cassandraStore(t)
 		e := &evil{st: cs}
 		e.srv = servertest.Start(t, servertest.WithDeps(func(d *server.Deps) {
 			d.WrapStore = func(store.Store) store.Store { return cs }
 		}))
 		f(t, e)
 	})
-}
-
-// cassandraStore is a store on a fresh keyspace of PARLEY_TEST_CASSANDRA,
-// dropped after the test.
-func cassandraStore(t *testing.T) store.Store {
-	t.Helper()
-	addr := os.Getenv("PARLEY_TEST_CASSANDRA")
-	if addr == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI requires Cassandra: set PARLEY_TEST_CASSANDRA")
-		}
-		t.Skip("PARLEY_TEST_CASSANDRA not set")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	ks := fmt.Sprintf("parley_e2eid_%d", time.Now().UnixNano()%1_000_000_000)
-	cfg := cassandra.Config{Hosts: []string{addr}, Keyspace: ks}
-	if err := cassandra.Migrate(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	cs, err := cassandra.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cs.Close()
-		c := gocql.NewCluster(addr)
-		c.Timeout = 30 * time.Second
-		if admin, err := c.CreateSession(); err == nil {
-			admin.Query(`DROP KEYSPACE IF EXISTS ` + ks).Exec()
-			admin.Close()
-		}
-	})
-	return cs
 }
 
 // impostor is the operator's own device for addr: its own identity key

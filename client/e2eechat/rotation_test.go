@@ -3,20 +3,13 @@ package e2eechat
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
-	gocql "github.com/apache/cassandra-gocql-driver/v2"
-
 	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/client/e2ee"
-	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/internal/servertest"
-	"github.com/parley-im/parley/internal/store"
-	"github.com/parley-im/parley/internal/store/cassandra"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -57,42 +50,6 @@ func TestMaintainRotatesPreKeys(t *testing.T) {
 	}
 	t.Run("pebble", func(t *testing.T) { testMaintainRotatesPreKeys(t, servertest.Start(t)) })
 	t.Run("cassandra", func(t *testing.T) { testMaintainRotatesPreKeys(t, cassandraServer(t)) })
-}
-
-// cassandraServer starts a node whose chat service stores in a fresh
-// Cassandra keyspace (PARLEY_TEST_CASSANDRA; skipped without it, except
-// under CI).
-func cassandraServer(t *testing.T) *servertest.Server {
-	t.Helper()
-	addr := os.Getenv("PARLEY_TEST_CASSANDRA")
-	if addr == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI requires Cassandra: set PARLEY_TEST_CASSANDRA")
-		}
-		t.Skip("PARLEY_TEST_CASSANDRA not set")
-	}
-	ctx := ctxT(t)
-	ks := fmt.Sprintf("parley_e2ee_rot_%d", time.Now().UnixNano()%1_000_000_000)
-	cfg := cassandra.Config{Hosts: []string{addr}, Keyspace: ks}
-	if err := cassandra.Migrate(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	cs, err := cassandra.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cs.Close()
-		c := gocql.NewCluster(addr)
-		c.Timeout = 30 * time.Second
-		if admin, err := c.CreateSession(); err == nil {
-			admin.Query(`DROP KEYSPACE IF EXISTS ` + ks).Exec()
-			admin.Close()
-		}
-	})
-	return servertest.Start(t, servertest.WithDeps(func(d *server.Deps) {
-		d.WrapStore = func(store.Store) store.Store { return cs }
-	}))
 }
 
 func testMaintainRotatesPreKeys(t *testing.T, srv *servertest.Server) {
