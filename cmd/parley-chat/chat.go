@@ -134,6 +134,7 @@ func runChat(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := &chatSession{c: c, out: stdout, url: *url, printed: make(map[[2]uint64]bool), kinds: make(map[uint64]string),
+		incoming: make(chan uint64, 16),
 		e2e: &e2eState{dir: *keys, server: server, device: *device, convs: map[uint64]e2eConv{}, ctx: ctx,
 			link: *link, newAccount: *newAccount}}
 	s.conn.changed = make(chan struct{})
@@ -213,6 +214,12 @@ func chatLoop(ctx context.Context, s *chatSession, lines <-chan string, runErr c
 			if !ok || !s.command(ctx, strings.TrimSpace(line)) {
 				return
 			}
+		case id := <-s.incoming:
+			if s.current == 0 {
+				if err := s.chatUse(ctx, []string{strconv.FormatUint(id, 10)}); err != nil {
+					s.printf("! %v", err)
+				}
+			}
 		}
 	}
 }
@@ -243,8 +250,12 @@ type chatSession struct {
 	c       *client.Client
 	url     string
 	current uint64
-	e2e     *e2eState
-	prompt  bool // input is a terminal: a prompt names the current conversation
+	// incoming carries the conversations of messages from others to the
+	// input loop (which owns current): with none current, the first
+	// becomes current, so a line typed next answers it.
+	incoming chan uint64
+	e2e      *e2eState
+	prompt   bool // input is a terminal: a prompt names the current conversation
 
 	// conn is the connection state, set by the event printer.
 	conn struct {
@@ -435,6 +446,12 @@ func (s *chatSession) event(ev client.Event) {
 		m, _ := s.openE2E(ev.Message)
 		if m != nil {
 			s.printOnce(m)
+		}
+		if ev.Message.Sender != s.user() && ev.Message.Kind != protocol.KindSystem {
+			select {
+			case s.incoming <- ev.ConvID:
+			default: // the loop has plenty to adopt already
+			}
 		}
 	case client.EventReceipt:
 		if ev.Receipt.State == protocol.StateRead && ev.Receipt.UserID != s.user() {

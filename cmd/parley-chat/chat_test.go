@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"regexp"
@@ -423,4 +424,42 @@ func FuzzChatText(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A message arriving while no conversation is current makes its
+// conversation current, so the next line typed answers it.
+func TestChatCLIIncomingBecomesCurrent(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bob := startSDKUser(t, ctx, srv, "bob")
+	cli := startChatCLI(t, ctx, srv.URL, srv.Token("alice"))
+	cli.do("/list", "no conversations") // connected, nothing current
+	conv, err := bob.OpenDirect(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bob.Send(ctx, conv.ConvID, "are you there?"); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, cli.out, fmt.Sprintf("* conv %d: direct with bob (not encrypted)", conv.ConvID))
+	cli.write("yes, here")
+	bob.wait(t, "alice's answer", func(ev client.Event) bool {
+		return ev.Kind == client.EventMessage && ev.ConvID == conv.ConvID && ev.Message.Body == "yes, here"
+	})
+	// A conversation chosen stays current when another one speaks.
+	carol := startSDKUser(t, ctx, srv, "carol")
+	other, err := carol.OpenDirect(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := carol.Send(ctx, other.ConvID, "hello alice"); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, cli.out, "carol: hello alice")
+	cli.write("still for bob")
+	bob.wait(t, "alice's second answer", func(ev client.Event) bool {
+		return ev.Kind == client.EventMessage && ev.ConvID == conv.ConvID && ev.Message.Body == "still for bob"
+	})
+	cli.quit()
 }
