@@ -43,7 +43,7 @@ func init() {
 	chatCommands = []chatCmd{
 		{name: "/dm", args: "USER", help: "open the direct conversation with USER and make it current", min: 1, max: 1, run: (*chatSession).chatDM},
 		{name: "/group", args: "NAME USER...", help: "create a group with USERs and make it current", min: 2, max: -1, run: (*chatSession).chatGroup},
-		{name: "/use", args: "CONV", help: "make conversation CONV (one of yours, see /list) current", min: 1, max: 1, run: (*chatSession).chatUse},
+		{name: "/use", args: "CONV", help: "make conversation CONV current: its id, its index in /list, or a name (the peer of a direct conversation, a group's name)", min: 1, max: 1, run: (*chatSession).chatUse},
 		{name: "/list", help: "your conversations with unread counts (@ = you were mentioned)", run: (*chatSession).chatList},
 		{name: "/info", help: "members, your role and the tier of the current conversation", needConv: true, run: (*chatSession).chatInfo},
 		{name: "/history", args: "[N]", help: "the last N messages of the current conversation (default 20)", max: 1, needConv: true, run: (*chatSession).chatHistory},
@@ -254,8 +254,11 @@ type chatSession struct {
 	// input loop (which owns current): with none current, the first
 	// becomes current, so a line typed next answers it.
 	incoming chan uint64
-	e2e      *e2eState
-	prompt   bool // input is a terminal: a prompt names the current conversation
+	// listed holds the conversation ids the last /list printed, in its
+	// order: /use N takes the Nth.
+	listed []uint64
+	e2e    *e2eState
+	prompt bool // input is a terminal: a prompt names the current conversation
 
 	// conn is the connection state, set by the event printer.
 	conn struct {
@@ -635,21 +638,19 @@ func (s *chatSession) chatGroup(ctx context.Context, args []string) error {
 }
 
 // chatUse accepts only a conversation of the user's (current or former:
-// a former member still reads its history).
+// a former member still reads its history), named by its id, its index in
+// the last /list or a name.
 func (s *chatSession) chatUse(ctx context.Context, args []string) error {
-	id, err := strconv.ParseUint(args[0], 10, 64)
-	if err != nil || id == 0 {
-		return fmt.Errorf("use: %q is not a conversation id (see /list)", args[0])
-	}
 	list, err := s.c.Conversations(ctx)
 	if err != nil {
 		return fmt.Errorf("use: %w", err)
 	}
-	i := slices.IndexFunc(list, func(cv protocol.ConvSummary) bool { return cv.ConvID == id })
-	if i < 0 {
-		return fmt.Errorf("use: conversation %d is not one of yours (see /list)", id)
+	i, err := s.pickConv(list, args[0])
+	if err != nil {
+		return fmt.Errorf("use: %w", err)
 	}
 	cv := list[i]
+	id := cv.ConvID
 	s.setKind(id, cv.Kind)
 	if cv.E2E {
 		s.setE2EConv(id, e2eConv{group: cv.Kind == protocol.ConvGroup})
@@ -664,6 +665,44 @@ func (s *chatSession) chatUse(ctx context.Context, args []string) error {
 	}
 	s.printf("* conv %d: %s%s", id, convTitle(cv), note)
 	return nil
+}
+
+// pickConv finds arg in list: a conversation id, an index of the last
+// /list (ids are far larger than any index), or the peer of a direct
+// conversation or a group's name, which must name exactly one.
+func (s *chatSession) pickConv(list []protocol.ConvSummary, arg string) (int, error) {
+	if n, err := strconv.ParseUint(arg, 10, 64); err == nil {
+		if i := slices.IndexFunc(list, func(cv protocol.ConvSummary) bool { return cv.ConvID == n }); i >= 0 {
+			return i, nil
+		}
+		if n >= 1 && n <= uint64(len(s.listed)) {
+			id := s.listed[n-1]
+			if i := slices.IndexFunc(list, func(cv protocol.ConvSummary) bool { return cv.ConvID == id }); i >= 0 {
+				return i, nil
+			}
+		}
+		if len(s.listed) == 0 {
+			return 0, fmt.Errorf("conversation %d is not one of yours (see /list; an index needs a /list first)", n)
+		}
+		return 0, fmt.Errorf("conversation %d is not one of yours nor an index of the last /list (1–%d)", n, len(s.listed))
+	}
+	var found []int
+	for i, cv := range list {
+		if cv.Kind == protocol.ConvDirect && cv.Peer == arg || cv.Kind == protocol.ConvGroup && cv.Name == arg {
+			found = append(found, i)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return 0, fmt.Errorf("%q is not a conversation id nor the name of one of yours (see /list)", arg)
+	case 1:
+		return found[0], nil
+	}
+	var which []string
+	for _, i := range found {
+		which = append(which, fmt.Sprintf("%d (%s)", list[i].ConvID, convTitle(list[i])))
+	}
+	return 0, fmt.Errorf("%q names %d conversations: %s; use the id or the /list index", arg, len(found), strings.Join(which, ", "))
 }
 
 func convTitle(cv protocol.ConvSummary) string {
@@ -685,7 +724,9 @@ func (s *chatSession) chatList(ctx context.Context, _ []string) error {
 	if len(list) == 0 {
 		s.printf("* no conversations")
 	}
-	for _, cv := range list {
+	s.listed = s.listed[:0]
+	for n, cv := range list {
+		s.listed = append(s.listed, cv.ConvID)
 		s.setKind(cv.ConvID, cv.Kind)
 		mark := " "
 		if cv.ConvID == s.current {
@@ -703,7 +744,7 @@ func (s *chatSession) chatList(ctx context.Context, _ []string) error {
 		if cv.LeaveSeq != 0 {
 			extra += "  (left)"
 		}
-		s.printf("%s %d  %s  unread %d  last %d%s", mark, cv.ConvID, convTitle(cv), cv.Unread, cv.LastSeq, extra)
+		s.printf("%s [%d] %d  %s  unread %d  last %d%s", mark, n+1, cv.ConvID, convTitle(cv), cv.Unread, cv.LastSeq, extra)
 	}
 	return nil
 }

@@ -463,3 +463,35 @@ func TestChatCLIIncomingBecomesCurrent(t *testing.T) {
 	})
 	cli.quit()
 }
+
+// /use takes a conversation id, a name (the peer of a direct
+// conversation, a group's name) or the index /list printed.
+func TestChatCLIUseByNameOrIndex(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	startSDKUser(t, ctx, srv, "bob")
+	startSDKUser(t, ctx, srv, "carol")
+	cli := startChatCLI(t, ctx, srv.URL, srv.Token("alice"))
+	cli.do("/dm bob", "direct with bob")
+	cli.do("/group team bob carol", "group team")
+	cli.do("/group carol bob", "group carol")
+	cli.do("/dm carol", "direct with carol")
+
+	mark := len(cli.out.String())
+	cli.do("/list", "direct with carol")
+	listed := regexp.MustCompile(`(?m)^. \[(\d+)\] (\d+)  (.*?)  unread`).FindAllStringSubmatch(cli.out.String()[mark:], -1)
+	if len(listed) != 4 {
+		t.Fatalf("/list printed %d indexed lines:\n%s", len(listed), cli.out.String()[mark:])
+	}
+	for _, l := range listed {
+		cli.do("/use "+l[1], "* conv "+l[2]+": "+l[3])
+		cli.do("/use "+l[2], "* conv "+l[2]+": "+l[3])
+	}
+	cli.do("/use bob", ": direct with bob")
+	cli.do("/use team", ": group team")
+	cli.do("/use carol", `! use: "carol" names 2 conversations`)
+	cli.do("/use dave", `! use: "dave" is not a conversation id nor the name of one of yours`)
+	cli.do("/use 9", "! use: conversation 9 is not one of yours nor an index of the last /list (1–4)")
+	cli.quit()
+}
