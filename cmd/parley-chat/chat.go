@@ -778,10 +778,18 @@ func (s *chatSession) chatHistory(ctx context.Context, args []string) error {
 		return fmt.Errorf("history: %w", err)
 	}
 	me := s.user()
+	// A target in the page already shows its final text (edited) or
+	// (recalled): its edit and recall events would show it twice.
+	inPage := make(map[uint64]bool, len(msgs))
+	for _, m := range msgs {
+		inPage[m.Seq] = true
+	}
 	for i := range msgs {
-		if m, _ := s.openE2E(&msgs[i]); m != nil {
-			s.printf("%s", chatFormat(m, me))
+		m, _ := s.openE2E(&msgs[i])
+		if m == nil || (m.Kind == protocol.KindEdit || m.Kind == protocol.KindRecall) && inPage[m.TargetSeq] {
+			continue
 		}
+		s.printf("%s", chatFormat(m, me))
 	}
 	return nil
 }

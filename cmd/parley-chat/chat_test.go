@@ -495,3 +495,40 @@ func TestChatCLIUseByNameOrIndex(t *testing.T) {
 	cli.do("/use 9", "! use: conversation 9 is not one of yours nor an index of the last /list (1–4)")
 	cli.quit()
 }
+
+// /history shows an edited or recalled message once, in its final form,
+// not also as the edit or recall event after it; an event whose target
+// is older than the page still shows.
+func TestChatCLIHistoryEditOnce(t *testing.T) {
+	srv := servertest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	startSDKUser(t, ctx, srv, "bob")
+	cli := startChatCLI(t, ctx, srv.URL, srv.Token("alice"))
+	cli.do("/dm bob", "direct with bob")
+	cli.do("first", "alice: first")
+	cli.do("second draft", "alice: second draft")
+	cli.do("third", "alice: third")
+	out := cli.out.String()
+	seqs := regexp.MustCompile(`\[\d+ (\d+)\] alice: (second draft|third)`).FindAllStringSubmatch(out, -1)
+	if len(seqs) != 2 {
+		t.Fatalf("seqs of the messages: %v\n%s", seqs, out)
+	}
+	cli.do("/edit "+seqs[0][1]+" second, final", "edited #"+seqs[0][1])
+	cli.do("/recall "+seqs[1][1], "recalled #"+seqs[1][1])
+
+	mark := len(cli.out.String())
+	cli.do("/history 10", "second, final (edited)")
+	time.Sleep(200 * time.Millisecond) // the whole page
+	page := cli.out.String()[mark:]
+	if n := strings.Count(page, "second, final"); n != 1 {
+		t.Fatalf("/history shows the edit %d times:\n%s", n, page)
+	}
+	if strings.Contains(page, "recalled #") || !strings.Contains(page, "(recalled)") {
+		t.Fatalf("/history shows the recall as an event, or not at all:\n%s", page)
+	}
+	// A page that holds the edit but not its target shows the event.
+	mark = len(cli.out.String())
+	cli.do("/history 2", "edited #"+seqs[0][1]+": second, final")
+	cli.quit()
+}
