@@ -170,3 +170,22 @@ func TestClusterDeadAndStoppingNodesAreLeft(t *testing.T) {
 		t.Fatalf("disconnect events %+v, want one 1001 close", dis)
 	}
 }
+
+// With one URL there is no next gateway: a client leaving a draining node
+// says it reconnects, and still leaves as a cluster client does.
+func TestDrainOneURLSaysReconnecting(t *testing.T) {
+	srv := servertest.Start(t, servertest.WithGateway(func(g *gateway.Config) { g.DrainTimeout = 2 * time.Second }))
+	c, err := New(testConfig(t, srv.URL, srv.Token("alice"), "d1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := run(t, c, true)
+	eventually(t, "connected", func() bool { return rc.rec.count(EventConnected) == 1 })
+	go srv.Drain(context.Background())
+	eventually(t, "left", func() bool { return rc.rec.count(EventDisconnected) == 1 })
+	dis, _ := rc.rec.all(EventDisconnected)
+	msg := dis[0].Err.Error()
+	if !errors.Is(dis[0].Err, errMoving) || strings.Contains(msg, "next gateway") || !strings.Contains(msg, "reconnecting") {
+		t.Fatalf("the one-URL client left with %q, want a goaway that says it reconnects", msg)
+	}
+}

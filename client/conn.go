@@ -26,8 +26,9 @@ var (
 	errAttemptTimeout = errors.New("no answer in time")
 	errClientStopping = errors.New("client stopping")
 	// errMoving ends a connection whose node sent goaway, once the delay it
-	// asked for is over; the next attempt goes to the next gateway.
-	errMoving = errors.New("node is draining (goaway): moving to the next gateway")
+	// asked for is over; the next attempt goes to the next gateway (with
+	// one URL, to the same one, which a balancer may route elsewhere).
+	errMoving = errors.New("node is draining (goaway)")
 )
 
 // pushQueue is how many pushes wait for the dispatcher before the reader
@@ -187,6 +188,9 @@ type pendingReq struct {
 // goroutine draining out and sending heartbeats, and the pending requests.
 // fail ends it exactly once; after stop is closed, err says why.
 type conn struct {
+	// leaving ends the connection after a goaway (errMoving, saying where
+	// the client goes next: another gateway, or the same URL again).
+	leaving error
 	ws      *websocket.Conn
 	hello   protocol.Hello
 	log     *slog.Logger
@@ -220,6 +224,7 @@ type conn struct {
 
 func newConn(ws *websocket.Conn, hello protocol.Hello, cfg Config, bo backoff) *conn {
 	cn := &conn{
+		leaving: fmt.Errorf("%w: reconnecting", errMoving),
 		ws:      ws,
 		hello:   hello,
 		log:     cfg.Logger,
@@ -229,6 +234,9 @@ func newConn(ws *websocket.Conn, hello protocol.Hello, cfg Config, bo backoff) *
 		pushes:  make(chan *protocol.Frame, pushQueue),
 		leave:   make(chan time.Duration, 1),
 		stop:    make(chan struct{}),
+	}
+	if len(cfg.URLs) > 1 {
+		cn.leaving = fmt.Errorf("%w: moving to the next gateway", errMoving)
 	}
 	cn.mu.pending = make(map[string]*pendingReq)
 	return cn
@@ -385,7 +393,7 @@ func (cn *conn) writeLoop() {
 			leaveC = leaveT.C
 			continue
 		case <-leaveC:
-			cn.fail(errMoving)
+			cn.fail(cn.leaving)
 			return
 		case data = <-cn.out:
 		case <-t.C:
