@@ -140,6 +140,20 @@ type Frame struct {
 	Devices   []DeviceKeyInfo `json:"devices,omitzero"`
 	KeyCounts *KeyCounts      `json:"counts,omitempty"`
 
+	// Attachments (attach.go): upload_create declares conv_id, size,
+	// sha256, media_type and name; upload_status, upload_part (part) and
+	// upload_complete name the attachment_id; send of kind file names it
+	// too; attachment_url names the message (conv_id, seq) and asks for
+	// the thumbnail with thumbnail. Answers: upload, attachment.
+	AttachmentID uint64          `json:"attachment_id,omitempty,string"`
+	Size         int64           `json:"size,omitempty"`
+	SHA256       string          `json:"sha256,omitempty"`
+	MediaType    string          `json:"media_type,omitempty"`
+	Part         int             `json:"part,omitempty"`
+	Thumbnail    bool            `json:"thumbnail,omitempty"`
+	Upload       *UploadInfo     `json:"upload,omitempty"`
+	Attachment   *AttachmentInfo `json:"attachment,omitempty"`
+
 	// Key transparency (ktframes.go): the leaf range of kt_consistency
 	// (from, to: log sizes) and kt_leaves (from: the first leaf index,
 	// with limit), the kt object of bundles, devices, kt_proof and
@@ -223,6 +237,8 @@ type Message struct {
 	// Superseded marks a state message whose coalesce_key has a later
 	// message; its body is left out.
 	Superseded bool `json:"superseded,omitempty"`
+	// AttachmentID is the file of a kind "file" message (0 once recalled).
+	AttachmentID uint64 `json:"attachment_id,omitempty,string"`
 }
 
 // PresenceState is one user's presence.

@@ -155,6 +155,9 @@ type Message struct {
 	// Superseded is set on reads (never stored) when a later message of
 	// the conversation has the same CoalesceKey; its Body is then empty.
 	Superseded bool
+	// Attachment is the attachment record a kind "file" message names (0:
+	// none, and once recalled).
+	Attachment uint64
 }
 
 // Append is one message to persist. The store assigns Seq (the conversation's
