@@ -31,6 +31,11 @@
 //     distributed over the pairwise sessions and rotated (RotateGroup) when
 //     a member leaves.
 //   - SafetyNumber is libsignal's 60-digit displayable fingerprint.
+//   - EncryptAttachment and DecryptAttachment are Signal's attachment
+//     scheme (attachment.go): a fresh 64-byte key per file, padding to
+//     size buckets (PaddedSize), IV ‖ AES-256-CBC ‖ HMAC-SHA256 and a
+//     SHA-256 digest of the whole, streamed both ways; decryption checks
+//     digest and MAC before it writes a byte of plaintext.
 //
 // Messages are byte-compatible with libsignal's SignalMessage,
 // PreKeySignalMessage (with the PQXDH fields), SenderKeyMessage and
