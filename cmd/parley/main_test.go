@@ -28,22 +28,45 @@ func captureStdout(t *testing.T) *bytes.Buffer {
 	return &b
 }
 
-// TestHelpListsEverySetting: serve, migrate and token print, for -h and
-// --help, every setting with its YAML key, variable, flag and default,
-// and end with flag.ErrHelp (exit status 0).
+// TestHelpListsEverySetting: serve prints, for -h and --help, every
+// setting with its YAML key, variable, flag and default; migrate and token
+// print only the settings they read (a page, not serve's hundred tuning
+// knobs) and say the others are accepted; all end with flag.ErrHelp (exit
+// status 0).
 func TestHelpListsEverySetting(t *testing.T) {
 	var c config.Config
 	fields := config.Fields(&c)
-	for _, cmd := range []string{"serve", "migrate", "token"} {
+	for cmd, uses := range map[string][]string{"serve": nil, "migrate": migrateSettings, "token": tokenSettings} {
+		keep := map[string]bool{}
+		for _, u := range uses {
+			keep[u] = true
+		}
 		for _, h := range []string{"-h", "--help"} {
 			out := captureStdout(t)
 			err := run(context.Background(), []string{cmd, h})
 			if !errors.Is(err, flag.ErrHelp) {
 				t.Fatalf("%s %s: err %v, want flag.ErrHelp", cmd, h, err)
 			}
+			listed := 0
 			for _, f := range fields {
-				if !strings.Contains(out.String(), "  "+f.Path+" ("+f.Kind()+", default ") || !strings.Contains(out.String(), f.Env()+"  --"+f.Flag()) {
-					t.Errorf("%s %s: no line for %s", cmd, h, f.Path)
+				line := strings.Contains(out.String(), "  "+f.Path+" ("+f.Kind()+", default ") && strings.Contains(out.String(), f.Env()+"  --"+f.Flag())
+				want := uses == nil || keep[f.Path]
+				if line {
+					listed++
+				}
+				if line != want {
+					t.Errorf("%s %s: line for %s: %v, want %v", cmd, h, f.Path, line, want)
+				}
+			}
+			if uses != nil {
+				if listed != len(uses) {
+					t.Errorf("%s %s: %d settings listed, want %d (a name in its list is no setting?)", cmd, h, listed, len(uses))
+				}
+				if n := strings.Count(out.String(), "\n"); n > 60 {
+					t.Errorf("%s %s: %d lines of help, want at most 60:\n%s", cmd, h, n, out)
+				}
+				if !strings.Contains(out.String(), "parley serve -h") {
+					t.Errorf("%s %s: does not say where the other settings are listed:\n%s", cmd, h, out)
 				}
 			}
 			if !strings.Contains(out.String(), "usage: parley "+cmd) {
@@ -157,12 +180,24 @@ func TestServeConfigReachesServer(t *testing.T) {
 	}
 }
 
-// TestStartedLine: only a node with the gateway role announces a ws:// URL.
+// TestStartedLine: only a node with the gateway role announces a ws:// URL,
+// and the web page's URL when it serves the page.
 func TestStartedLine(t *testing.T) {
 	cfg := config.Default()
 	if got := startedLine(cfg, "127.0.0.1:7480"); !strings.HasPrefix(got, "parley: serving on ws://127.0.0.1:7480/v1/ws") {
 		t.Errorf("all roles: %q", got)
 	}
+	if got := startedLine(cfg, "127.0.0.1:7480"); cfg.Web.Page != strings.Contains(got, "web chat page on http://127.0.0.1:7480/") {
+		t.Errorf("all roles, page %v: %q", cfg.Web.Page, got)
+	}
+	if !cfg.Web.Page {
+		t.Error("the default node serves no web page")
+	}
+	cfg.Web.Page = false
+	if got := startedLine(cfg, "127.0.0.1:7480"); strings.Contains(got, "http://") {
+		t.Errorf("page off: %q", got)
+	}
+	cfg.Web.Page = true
 	cfg.Roles = config.RoleChat
 	if got := startedLine(cfg, "127.0.0.1:7481"); strings.Contains(got, "ws://") || !strings.Contains(got, "http://127.0.0.1:7481/healthz") {
 		t.Errorf("chat only: %q", got)

@@ -45,11 +45,15 @@ func runServe(ctx context.Context, args []string) error {
 }
 
 // startedLine is what serve prints once it listens: the client URL on a
-// gateway; a chat-only node serves no clients, only /healthz, /readyz and
+// gateway, and the web page's when it serves one; a chat-only node serves no clients, only /healthz, /readyz and
 // /metrics.
 func startedLine(cfg config.Config, addr string) string {
 	if cfg.RoleSet()[config.RoleGateway] {
-		return fmt.Sprintf("parley: serving on ws://%s/v1/ws (node %s, data %s)", addr, cfg.NodeID, cfg.DataDir)
+		line := fmt.Sprintf("parley: serving on ws://%s/v1/ws (node %s, data %s)", addr, cfg.NodeID, cfg.DataDir)
+		if cfg.Web.Page {
+			line += fmt.Sprintf("\nparley: web chat page on http://%s/", addr)
+		}
+		return line
 	}
 	return fmt.Sprintf("parley: chat node %s up (no client endpoints); health and metrics on http://%s/healthz, /readyz, /metrics", cfg.NodeID, addr)
 }
@@ -61,9 +65,15 @@ var stdout io.Writer = os.Stdout
 // --help it prints the command's usage and every setting to stdout and
 // returns flag.ErrHelp (exit status 0).
 func loadConfig(fs *flag.FlagSet, usageLine string, args []string) (config.Config, error) {
+	return loadConfigOf(fs, usageLine, args, nil)
+}
+
+// loadConfigOf is loadConfig for a command whose help lists only the
+// settings in uses (config.UsageOf).
+func loadConfigOf(fs *flag.FlagSet, usageLine string, args []string, uses []string) (config.Config, error) {
 	cfg, err := config.Parse(fs, args, os.Environ())
 	if errors.Is(err, flag.ErrHelp) {
-		config.Usage(stdout, usageLine, fs)
+		config.UsageOf(stdout, usageLine, fs, uses)
 	}
 	return cfg, err
 }

@@ -14,6 +14,9 @@ import (
 
 const tokenUsage = "parley token -user ID [-device ID] [-ttl 24h] [--config FILE] [--<setting> VALUE ...]"
 
+// tokenSettings are the settings token reads: where the server's key is.
+var tokenSettings = []string{"data_dir", "auth.hs256_key", "auth.hs256_key_file", "auth.ed25519_public_key_file"}
+
 // runToken mints a token signed with the HS256 key the server would use,
 // read from the same configuration as `parley serve` (--config,
 // PARLEY_CONFIG, PARLEY_* variables, setting flags): auth.hs256_key,
@@ -25,7 +28,7 @@ func runToken(args []string, out io.Writer) error {
 	user := flags.String("user", "", "user id (sub claim), required")
 	device := flags.String("device", "", "bind the token to this device id (optional)")
 	ttl := flags.Duration("ttl", 24*time.Hour, "token lifetime")
-	cfg, err := loadConfig(flags, tokenUsage, args)
+	cfg, err := loadConfigOf(flags, tokenUsage, args, tokenSettings)
 	if err != nil {
 		return err
 	}

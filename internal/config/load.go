@@ -153,6 +153,14 @@ func (r recorder) IsBoolFlag() bool { return r.f.Kind() == "bool" }
 // settings; pass nil for none) and every setting with its YAML key,
 // environment variable, flag and default.
 func Usage(w io.Writer, usageLine string, fs *flag.FlagSet) {
+	UsageOf(w, usageLine, fs, nil)
+}
+
+// UsageOf is Usage for a command that reads only some settings: it lists
+// those whose path is in uses (every one when uses is nil) and says that
+// the others are accepted too, so that one --config file serves every
+// command.
+func UsageOf(w io.Writer, usageLine string, fs *flag.FlagSet, uses []string) {
 	fmt.Fprintf(w, "usage: %s\n", usageLine)
 	if fs != nil {
 		own := flag.NewFlagSet("", flag.ContinueOnError)
@@ -181,8 +189,18 @@ which beat the file, which beats the defaults. Durations are Go durations
 (500ms, 25s, 1h30m). docs/parley.example.yaml lists them all as a file.
 
 `, EnvConfigFile)
+	if uses != nil {
+		fmt.Fprint(w, "This command reads the settings below; it accepts every other setting of\n`parley serve` too (`parley serve -h` lists them), so one file serves both.\n\n")
+	}
+	keep := make(map[string]bool, len(uses))
+	for _, u := range uses {
+		keep[u] = true
+	}
 	c := defaults()
 	for _, f := range Fields(&c) {
+		if uses != nil && !keep[f.Path] {
+			continue
+		}
 		def := f.Value.String()
 		if f.Kind() == "string" {
 			def = fmt.Sprintf("%q", def)
@@ -192,7 +210,7 @@ which beat the file, which beats the defaults. Durations are Go durations
 		}
 		fmt.Fprintf(w, "  %s (%s, default %s)\n      %s\n      %s  --%s\n", f.Path, f.Kind(), def, f.Help, f.Env(), f.Flag())
 	}
-	if lists := settings.Lists(&c); len(lists) > 0 {
+	if lists := settings.Lists(&c); len(lists) > 0 && uses == nil {
 		fmt.Fprintf(w, "\nLists, set in the --config file only (docs/ describes each): %s\n", strings.Join(lists, ", "))
 	}
 }
