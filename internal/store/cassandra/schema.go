@@ -154,8 +154,22 @@ const (
 // wait at least a minute for an answer (cfg.Timeout if longer): schema
 // changes are slow on a busy node.
 func Migrate(ctx context.Context, cfg Config) error {
+	_, err := MigrateReport(ctx, cfg)
+	return err
+}
+
+// Applied is one migration a MigrateReport applied.
+type Applied struct {
+	Version     int
+	Description string
+}
+
+// MigrateReport is Migrate, and says which migrations it applied (none:
+// the keyspace was up to date), so `parley migrate` can tell a new
+// keyspace from an upgraded or an unchanged one.
+func MigrateReport(ctx context.Context, cfg Config) ([]Applied, error) {
 	if err := cfg.Validate(); err != nil {
-		return err
+		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	// A schema change waits for Cassandra to write its schema tables,
@@ -164,20 +178,25 @@ func Migrate(ctx context.Context, cfg Config) error {
 	cfg.Timeout = max(cfg.Timeout, ddlTimeout)
 	cluster, err := newCluster(cfg, "")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sess, err := cluster.CreateSession()
 	if err != nil {
-		return fmt.Errorf("cassandra: migrate: connect: %w", err)
+		return nil, fmt.Errorf("cassandra: migrate: connect: %w", err)
 	}
 	defer sess.Close()
-	if err := migrate(ctx, sess, cfg); err != nil {
-		return fmt.Errorf("cassandra: migrate %s: %w", cfg.Keyspace, err)
+	applied, err := migrate(ctx, sess, cfg)
+	if err != nil {
+		return applied, fmt.Errorf("cassandra: migrate %s: %w", cfg.Keyspace, err)
 	}
-	return nil
+	return applied, nil
 }
 
-func migrate(ctx context.Context, sess *gocql.Session, cfg Config) error {
+// SchemaVersion is the highest migration this build knows: what a keyspace
+// Migrate brought up to date holds.
+func SchemaVersion() int { return migrations[len(migrations)-1].version }
+
+func migrate(ctx context.Context, sess *gocql.Session, cfg Config) (applied []Applied, _ error) {
 	ks := cfg.Keyspace // validated: a plain identifier, safe to splice
 	ddl := []string{
 		fmt.Sprintf(`CREATE KEYSPACE IF NOT EXISTS %s WITH replication = {'class': 'SimpleStrategy', 'replication_factor': %d}`,
@@ -187,27 +206,27 @@ func migrate(ctx context.Context, sess *gocql.Session, cfg Config) error {
 	}
 	for _, stmt := range ddl {
 		if err := execDDL(ctx, sess, stmt); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	owner := gocql.TimeUUID().String()
 	if err := lockMigrations(ctx, sess, ks, owner); err != nil {
-		return err
+		return nil, err
 	}
 	defer func() {
 		// Best effort: the TTL frees the lock if this fails.
 		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		var applied = map[string]any{}
+		cur := map[string]any{}
 		_, err := sess.Query(fmt.Sprintf(`DELETE FROM %s.schema_migrations WHERE version = ? IF owner = ?`, ks),
-			lockVersion, owner).WithContext(unlockCtx).MapScanCAS(applied)
+			lockVersion, owner).WithContext(unlockCtx).MapScanCAS(cur)
 		if err != nil {
 			cfg.Logger.Warn("cassandra: migrate: releasing the lock failed", logKeyErr, err)
 		}
 	}()
 	done, err := appliedVersions(ctx, sess, ks)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, m := range migrations {
 		if done[m.version] {
@@ -215,17 +234,18 @@ func migrate(ctx context.Context, sess *gocql.Session, cfg Config) error {
 		}
 		for _, stmt := range m.stmts {
 			if err := execDDL(ctx, sess, qualify(ks, stmt)); err != nil {
-				return fmt.Errorf("migration %d: %w", m.version, err)
+				return applied, fmt.Errorf("migration %d: %w", m.version, err)
 			}
 		}
 		err := sess.Query(fmt.Sprintf(`INSERT INTO %s.schema_migrations (version, description, applied_at) VALUES (?, ?, ?)`, ks),
 			m.version, m.desc, time.Now()).WithContext(ctx).Exec()
 		if err != nil {
-			return fmt.Errorf("migration %d: record: %w", m.version, err)
+			return applied, fmt.Errorf("migration %d: record: %w", m.version, err)
 		}
+		applied = append(applied, Applied{Version: m.version, Description: m.desc})
 		cfg.Logger.Info("cassandra: migrated", "version", m.version, "keyspace", ks)
 	}
-	return nil
+	return applied, nil
 }
 
 // qualify prefixes the table of a CREATE TABLE IF NOT EXISTS statement with
