@@ -146,10 +146,22 @@ func Start(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err // "config: ..."
+	}
+	// Bind before anything is written: a node that cannot listen leaves
+	// no development key or empty data directories behind.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("server: listen: %w", err)
+	}
 	s, err := newServer(cfg, d)
 	if err != nil {
+		_ = ln.Close()
 		return nil, err
 	}
+	s.ln = ln
+	s.onClose(func() error { _ = ln.Close(); return nil })
 	setNBIOLogger(d.Logger)
 	s.bgCtx, s.bgCancel = context.WithCancel(context.Background())
 	defer func() {
@@ -677,12 +689,7 @@ func nonce() string {
 
 func (s *Server) listen() error {
 	gcfg := s.cfg.GatewayConfig()
-	ln, err := net.Listen("tcp", s.cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("server: listen: %w", err)
-	}
-	s.ln = ln
-	s.onClose(func() error { _ = ln.Close(); return nil })
+	var ln net.Listener = s.ln // bound by Start
 	if s.gw != nil {
 		// Per-source pacing before anything reads the connection.
 		ln = gateway.PaceSources(ln, gcfg, s.log)
