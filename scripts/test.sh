@@ -3,7 +3,69 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# What the run covers depends on the machine: the engine suites run only
+# where PARLEY_TEST_* name running engines, the Autobahn cases only with
+# kosoku, the browser tests only with Chromium, the alert rules only with
+# promtool. The summary at the end (and `scripts/test.sh --summary`, which
+# prints it and runs nothing) says which ran and which were skipped.
+steps=()    # "name: outcome" of each step, in order
+started=$SECONDS
+coverage() {
+	local v
+	for v in PARLEY_TEST_REDIS PARLEY_TEST_NATS PARLEY_TEST_CASSANDRA PARLEY_TEST_S3; do
+		if [[ -n "${!v:-}" ]]; then
+			echo "  ran      the suites on ${v#PARLEY_TEST_} ($v=${!v})"
+		else
+			echo "  SKIPPED  the suites on ${v#PARLEY_TEST_}: $v is unset (scripts/engines/up.sh start, then source its env file)"
+		fi
+	done
+	if [[ -n "${PARLEY_KOSOKU:-}" ]]; then
+		echo "  ran      the Autobahn|Testsuite cases (PARLEY_KOSOKU=$PARLEY_KOSOKU)"
+	else
+		echo "  SKIPPED  the Autobahn|Testsuite cases: PARLEY_KOSOKU is unset (.ci/run installs kosoku)"
+	fi
+	if [[ -n "${PARLEY_CHROMIUM:-}" ]] || command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1; then
+		echo "  ran      the browser tests (web/, real Chromium)"
+	else
+		echo "  SKIPPED  the browser tests: no Chromium (apt-get install chromium, or set PARLEY_CHROMIUM)"
+	fi
+	if command -v promtool >/dev/null 2>&1; then
+		echo "  ran      the alert rules' checks (promtool)"
+	else
+		echo "  SKIPPED  the alert rules' checks: no promtool (apt-get install prometheus)"
+	fi
+	if command -v systemd-analyze >/dev/null 2>&1; then
+		echo "  ran      systemd-analyze verify of deploy/systemd/parley.service"
+	else
+		echo "  SKIPPED  the systemd unit's check: no systemd-analyze"
+	fi
+	echo "  not here the TypeScript SDK and web page build (scripts/web.sh, which .ci/run runs)"
+}
+if [[ "${1:-}" == --summary ]]; then
+	echo "== what scripts/test.sh runs on this machine"
+	coverage
+	exit 0
+fi
+summary() {
+	local rc=$?
+	echo
+	echo "== test summary ($((SECONDS - started)) s)"
+	local s
+	for s in "${steps[@]}"; do
+		echo "  step     $s"
+	done
+	coverage
+	if ((rc == 0)); then
+		echo "== PASS"
+	else
+		echo "== FAIL (exit status $rc)"
+	fi
+}
+trap summary EXIT
+step() { steps+=("$1"); }
+
 go vet ./...
+step "go vet ./...: passed"
 
 unformatted="$(gofmt -l .)"
 if [[ -n "$unformatted" ]]; then
@@ -11,6 +73,7 @@ if [[ -n "$unformatted" ]]; then
 	echo "$unformatted" >&2
 	exit 1
 fi
+step "gofmt -l: passed"
 
 # The operations kit (deploy/): the Prometheus alert rules must load and
 # pass their unit tests (promtool, Debian package prometheus, which .ci/run
@@ -20,6 +83,7 @@ fi
 if command -v promtool >/dev/null 2>&1; then
 	promtool check rules deploy/prometheus/alerts.yml
 	(cd deploy/prometheus && promtool test rules alerts_test.yml)
+	step "promtool check and test of the alert rules: passed"
 elif [[ "${CI:-}" == true ]]; then
 	echo "test: promtool not found (Debian package prometheus); the alert rules cannot be checked" >&2
 	exit 1
@@ -32,6 +96,7 @@ if command -v systemd-analyze >/dev/null 2>&1; then
 	sed "s#/usr/local/bin/parley#$(command -v true)#" deploy/systemd/parley.service >"$unit_dir/parley.service"
 	systemd-analyze verify "$unit_dir/parley.service"
 	rm -rf "$unit_dir"
+	step "systemd-analyze verify: passed"
 fi
 
 # go_test FLAGS... -- PACKAGES...: go test; a package that fails is run
@@ -55,6 +120,7 @@ go_test() {
 	set -e
 	if ((rc == 0)); then
 		rm -f "$log"
+		step "go test ${flags[*]} $*: passed"
 		return 0
 	fi
 	local failed=()
@@ -66,6 +132,7 @@ go_test() {
 	echo "test: ${failed[*]} failed; running once more" >&2
 	go test "${flags[@]}" "${failed[@]}"
 	echo "test: FLAKY: ${failed[*]} failed, then passed when run again (see the first run above)" >&2
+	step "go test ${flags[*]} $*: passed, FLAKY: ${failed[*]} passed only when run again"
 }
 
 # -timeout: the cluster packages start real processes against real engines;
@@ -89,3 +156,4 @@ fi
 # -mod=mod: go.sum may lack lines for requirements the main module added
 # since (the replace makes its go.mod part of this module graph).
 (cd interop/libsignal && export GOFLAGS=-mod=mod && go vet ./... && go test -race -count=1 ./...)
+step "interop/libsignal (vet, go test -race): passed"
