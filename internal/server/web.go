@@ -4,7 +4,10 @@ import (
 	"encoding/json"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"strings"
 	"time"
 
@@ -37,6 +40,10 @@ type devTokenRequest struct {
 // anyone with access to the data directory can mint anyway
 // (docs/protocol.md, "Development tokens").
 func (s *Server) handleDevToken(w http.ResponseWriter, r *http.Request) {
+	if !s.knownHost(r.Host) {
+		writeError(w, protocol.Errorf(protocol.CodeForbidden, "the development token endpoint answers requests to an IP address, localhost or a configured origin's host, not %q", r.Host))
+		return
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, 1025))
 	if err != nil {
 		writeError(w, protocol.Errorf(protocol.CodeBadFrame, "read body: %v", err))
@@ -72,6 +79,33 @@ func (s *Server) handleDevToken(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(DevToken{Token: tok, User: req.User, Expires: exp.UnixMilli()})
 }
 
+// knownHost reports whether host (a request's Host header) names this node
+// in a way no other site can: an IP address, localhost, or the host of an
+// origin configured in web.cors_origins or web.ws_origins. A page on a
+// foreign name that resolves to the node's address (DNS rebinding) sends
+// its own name as Host and is refused.
+func (s *Server) knownHost(host string) bool {
+	name := host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		name = h
+	}
+	name = strings.ToLower(strings.TrimSuffix(strings.Trim(name, "[]"), "."))
+	if name == "localhost" || strings.HasSuffix(name, ".localhost") {
+		return true
+	}
+	if _, err := netip.ParseAddr(name); err == nil {
+		return true
+	}
+	for _, origins := range []Origins{s.corsOrigins, s.wsOrigins} {
+		for _, o := range origins {
+			if u, err := url.Parse(o); err == nil && u.Hostname() != "" && strings.EqualFold(u.Hostname(), name) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // DevToken is the answer of POST /v1/dev/token.
 type DevToken struct {
 	Token   string `json:"token"`
@@ -87,7 +121,7 @@ func (s *Server) routePage(mux *http.ServeMux) {
 	if err != nil {
 		panic(err) // embedded at build time
 	}
-	assets := http.StripPrefix("/web/", http.FileServerFS(files))
+	assets := http.StripPrefix("/web/", http.FileServerFS(noDirs{files}))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		pageHeaders(w)
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -99,12 +133,31 @@ func (s *Server) routePage(mux *http.ServeMux) {
 	})
 }
 
-// pageHeaders: the page loads only its own scripts and talks only to its
-// own origin; assets are revalidated so a new binary's page is picked up.
+// noDirs is the page's file system without directories: the file server
+// then answers a directory's URL 404 instead of listing it.
+type noDirs struct{ fs.FS }
+
+func (n noDirs) Open(name string) (fs.File, error) {
+	f, err := n.FS.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	if st, err := f.Stat(); err != nil || st.IsDir() {
+		_ = f.Close()
+		return nil, fs.ErrNotExist
+	}
+	return f, nil
+}
+
+// pageHeaders: the page loads only its own scripts, connects only to its
+// own origin ('self' covers its ws:// and wss:// URLs) and may not be
+// framed by another site; assets are revalidated so a new binary's page
+// is picked up.
 func pageHeaders(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Content-Security-Policy", "default-src 'self'; connect-src 'self' ws: wss:; img-src 'self' data:; style-src 'self'; base-uri 'none'; form-action 'self'")
+	h.Set("Content-Security-Policy", "default-src 'self'; connect-src 'self'; img-src 'self' data: blob:; media-src 'self' blob:; style-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "no-referrer")
 }
