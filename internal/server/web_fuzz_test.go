@@ -51,7 +51,7 @@ func FuzzDevTokenBody(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body string) {
 		w := httptest.NewRecorder()
-		s.handleDevToken(w, httptest.NewRequest(http.MethodPost, "/v1/dev/token", strings.NewReader(body)))
+		s.handleDevToken(w, httptest.NewRequest(http.MethodPost, "http://127.0.0.1:7480/v1/dev/token", strings.NewReader(body)))
 		if w.Code != http.StatusOK {
 			var e struct{ Code protocol.Code }
 			if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil {
