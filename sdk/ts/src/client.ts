@@ -4,6 +4,12 @@ import type {
   SPresence, SReceipt, SSnapshot, ServerFrame, SyncConv,
 } from "./frames.js";
 import { ConvOrder } from "./order.js";
+import { ParleyError, parleyError } from "./errors.js";
+import {
+  attachmentUrl, download, resume, sendFileFrame, upload,
+  type AttachConn, type AttachmentInfo, type Download, type DownloadOptions, type ResumeOptions, type SendFileOptions,
+  type UploadData, type UploadInfo, type UploadOptions,
+} from "./attach.js";
 import { HandshakeError, openPoll, openWebSocket, type CloseInfo, type Transport, type WebSocketCtor } from "./transport.js";
 
 /** Persists, per conversation, the highest seq handed to the application. */
@@ -56,17 +62,6 @@ export interface ClientOptions {
   positions?: PositionStore;
   /** Uniform random in [0,1); injected by tests. */
   random?: () => number;
-}
-
-/** An error answer from the server (or a local failure with a code). */
-export class ParleyError extends Error {
-  constructor(readonly code: string, message: string, readonly retryAfterMs = 0) {
-    super(`${code}: ${message}`);
-  }
-  /** Whether the same request may be retried (docs/protocol.md, Error codes). */
-  get retryable(): boolean {
-    return ["store_unavailable", "internal", "timeout", "overloaded", "rate_limited", "connection_lost", "request_timeout"].includes(this.code);
-  }
 }
 
 export interface Receipt { conv_id: string; user_id: string; device_id?: string; seq: number; state: "delivered" | "read" }
@@ -379,7 +374,7 @@ export class Client {
       const p = this.pending.get(f.rid)!;
       this.pending.delete(f.rid);
       clearTimeout(p.timer);
-      if (f.type === "error") p.reject(new ParleyError(f.code, f.error, f.retry_after_ms ?? 0));
+      if (f.type === "error") p.reject(parleyError(f.code, f.error, f.retry_after_ms ?? 0));
       else p.resolve(f);
       return;
     }
@@ -684,8 +679,52 @@ export class Client {
   leave(convId: string): Promise<ConvInfo> { return this.conv({ type: "leave", conv_id: convId }, false); }
   setRole(convId: string, userId: string, role: "member" | "admin"): Promise<ConvInfo> { return this.conv({ type: "set_role", conv_id: convId, user_id: userId, role }, true); }
   mute(convId: string, userId: string, muted: boolean): Promise<ConvInfo> { return this.conv({ type: "mute", conv_id: convId, user_id: userId, muted }, true); }
+
+  private attachConn(): AttachConn {
+    return { request: (f, retry, attempts) => this.request(f, retry, attempts), fetch: this.fetchFn(), httpBase: this.httpBase(), xhr: !this.o.fetch };
+  }
+
+  /**
+   * The server's attachment limits from the current connection's hello:
+   * maxFileBytes 0 means attachments are off.
+   */
+  get attachmentLimits(): { maxFileBytes: number; partBytes: number } | null {
+    const h = this.connection?.hello as { max_file_bytes?: number; part_bytes?: number } | undefined;
+    return h ? { maxFileBytes: h.max_file_bytes ?? 0, partBytes: h.part_bytes ?? 0 } : null;
+  }
+
+  /**
+   * Uploads a file to a conversation: SHA-256 first, then upload_create and
+   * every part (upload_part, then a PUT to the URL it names), then
+   * upload_complete. Resolves with the complete upload, whose attachment_id
+   * sendFile names. A failed or aborted upload can be resumed with resume().
+   */
+  upload(convId: string, data: UploadData, opts?: UploadOptions): Promise<UploadInfo> {
+    return upload(this.attachConn(), convId, data, opts);
+  }
+
+  /** Sends the rest of an upload (after a restart, a lost connection or an abort), from the parts the server has. */
+  resume(attachmentId: string, data: UploadData, opts?: ResumeOptions): Promise<UploadInfo> {
+    return resume(this.attachConn(), attachmentId, data, opts);
+  }
+
+  /** Stores a message of kind file naming a complete upload (retried with one client_msg_id, like send). */
+  sendFile(convId: string, attachmentId: string, opts: SendFileOptions = {}): Promise<Ack> {
+    return this.stored(sendFileFrame(convId, attachmentId, opts, opts.clientMsgId ?? newClientMsgId()));
+  }
+
+  /** A short-lived URL (absolute) of the file of message seq, or of its thumbnail: for <img src>, <audio src>, a link. */
+  attachmentUrl(convId: string, seq: number, opts?: { thumbnail?: boolean }): Promise<AttachmentInfo> {
+    return attachmentUrl(this.attachConn(), convId, seq, opts);
+  }
+
+  /** Downloads the file (or its thumbnail, or a byte range) of message seq. */
+  download(convId: string, seq: number, opts?: DownloadOptions): Promise<Download> {
+    return download(this.attachConn(), convId, seq, opts);
+  }
 }
 
 function sleep(ms: number): Promise<void> { return new Promise((r) => setTimeout(r, ms)); }
 
 export type { SError };
+

@@ -1,5 +1,7 @@
 import { Backoff } from "./backoff.js";
 import { ConvOrder } from "./order.js";
+import { ParleyError, parleyError } from "./errors.js";
+import { attachmentUrl, download, resume, sendFileFrame, upload, } from "./attach.js";
 import { HandshakeError, openPoll, openWebSocket } from "./transport.js";
 /** In-memory positions (the default). */
 export class MemoryPositions {
@@ -30,20 +32,6 @@ export class StoragePositions {
             p[convId] = seq;
             this.storage.setItem(this.key, JSON.stringify(p));
         }
-    }
-}
-/** An error answer from the server (or a local failure with a code). */
-export class ParleyError extends Error {
-    code;
-    retryAfterMs;
-    constructor(code, message, retryAfterMs = 0) {
-        super(`${code}: ${message}`);
-        this.code = code;
-        this.retryAfterMs = retryAfterMs;
-    }
-    /** Whether the same request may be retried (docs/protocol.md, Error codes). */
-    get retryable() {
-        return ["store_unavailable", "internal", "timeout", "overloaded", "rate_limited", "connection_lost", "request_timeout"].includes(this.code);
     }
 }
 export function newClientMsgId() {
@@ -320,7 +308,7 @@ export class Client {
             this.pending.delete(f.rid);
             clearTimeout(p.timer);
             if (f.type === "error")
-                p.reject(new ParleyError(f.code, f.error, f.retry_after_ms ?? 0));
+                p.reject(parleyError(f.code, f.error, f.retry_after_ms ?? 0));
             else
                 p.resolve(f);
             return;
@@ -644,5 +632,41 @@ export class Client {
     leave(convId) { return this.conv({ type: "leave", conv_id: convId }, false); }
     setRole(convId, userId, role) { return this.conv({ type: "set_role", conv_id: convId, user_id: userId, role }, true); }
     mute(convId, userId, muted) { return this.conv({ type: "mute", conv_id: convId, user_id: userId, muted }, true); }
+    attachConn() {
+        return { request: (f, retry, attempts) => this.request(f, retry, attempts), fetch: this.fetchFn(), httpBase: this.httpBase(), xhr: !this.o.fetch };
+    }
+    /**
+     * The server's attachment limits from the current connection's hello:
+     * maxFileBytes 0 means attachments are off.
+     */
+    get attachmentLimits() {
+        const h = this.connection?.hello;
+        return h ? { maxFileBytes: h.max_file_bytes ?? 0, partBytes: h.part_bytes ?? 0 } : null;
+    }
+    /**
+     * Uploads a file to a conversation: SHA-256 first, then upload_create and
+     * every part (upload_part, then a PUT to the URL it names), then
+     * upload_complete. Resolves with the complete upload, whose attachment_id
+     * sendFile names. A failed or aborted upload can be resumed with resume().
+     */
+    upload(convId, data, opts) {
+        return upload(this.attachConn(), convId, data, opts);
+    }
+    /** Sends the rest of an upload (after a restart, a lost connection or an abort), from the parts the server has. */
+    resume(attachmentId, data, opts) {
+        return resume(this.attachConn(), attachmentId, data, opts);
+    }
+    /** Stores a message of kind file naming a complete upload (retried with one client_msg_id, like send). */
+    sendFile(convId, attachmentId, opts = {}) {
+        return this.stored(sendFileFrame(convId, attachmentId, opts, opts.clientMsgId ?? newClientMsgId()));
+    }
+    /** A short-lived URL (absolute) of the file of message seq, or of its thumbnail: for <img src>, <audio src>, a link. */
+    attachmentUrl(convId, seq, opts) {
+        return attachmentUrl(this.attachConn(), convId, seq, opts);
+    }
+    /** Downloads the file (or its thumbnail, or a byte range) of message seq. */
+    download(convId, seq, opts) {
+        return download(this.attachConn(), convId, seq, opts);
+    }
 }
 function sleep(ms) { return new Promise((r) => setTimeout(r, ms)); }
