@@ -2,7 +2,7 @@
 // SDK (sdk/ts) as compiled ES modules; no framework. Tokens: on the
 // development key the user picks a name and POST /v1/dev/token mints one;
 // otherwise the embedding application passes one as /#token=<JWT>.
-import { Client, StoragePositions } from "../../sdk/ts/src/index.js";
+import { Client, StoragePositions, } from "../../sdk/ts/src/index.js";
 const $ = (id) => document.getElementById(id);
 let client;
 let me = "";
@@ -13,6 +13,14 @@ let editing = null;
 const typingUntil = new Map(); // conv/user → until
 const presence = new Map();
 let lastTypingSent = 0;
+const uploads = new Map();
+let uploadSeq = 0;
+// The rendered attachment of each file message (conv/seq), kept across
+// renders so that an image does not reload and a playing audio goes on.
+const fileViews = new Map();
+// Signed URLs (conv/seq/thumb) until shortly before they expire.
+const urls = new Map();
+let recorder = null;
 function deviceId() {
     let d = sessionStorage.getItem("parley.device");
     if (!d) {
@@ -82,6 +90,7 @@ function start(token) {
         if (countdown)
             clearInterval(countdown);
         status("connected", transport === "http" ? "Connected (HTTP fallback)" : "Connected");
+        renderComposerTools();
         void refreshList();
     });
     client.on("disconnected", () => status("reconnecting", "Disconnected"));
@@ -129,8 +138,9 @@ function fromSummary(s) {
     const old = convs.get(s.conv_id);
     const c = old ?? {
         id: s.conv_id, kind: s.kind, name: "", lastSeq: 0, readSeq: 0, joinSeq: 0, mentioned: false,
-        msgs: new Map(), loaded: false, oldest: 0, hasOlder: false, peerDelivered: 0, peerRead: 0,
+        msgs: new Map(), loaded: false, oldest: 0, hasOlder: false, peerDelivered: 0, peerRead: 0, e2e: false,
     };
+    c.e2e = c.e2e || !!s.e2e;
     c.kind = s.kind;
     c.peer = s.peer;
     c.name = s.kind === "direct" ? (s.peer ?? "?") : (s.name || "group");
@@ -212,6 +222,8 @@ async function openConv(id, focus) {
     $("chat").hidden = false;
     $("title").textContent = (c.kind === "group" ? "# " : "") + c.name;
     $("add-members").hidden = c.kind !== "group";
+    renderComposerTools();
+    renderUploads();
     renderList();
     renderPresence();
     if (!c.loaded) {
@@ -263,6 +275,7 @@ function addMessage(c, m) {
             else {
                 t.body = "";
                 t.recalled = true;
+                fileViews.delete(`${c.id}/${t.seq}`);
             }
         }
         c.msgs.set(m.seq, m);
@@ -373,7 +386,12 @@ function renderMessages(stick) {
             li.classList.add("mine");
         const body = document.createElement("div");
         body.className = "body" + (m.recalled ? " recalled" : "");
-        body.textContent = m.recalled ? "message recalled" : (m.kind === "state" ? `[${m.coalesce_key}] ` : "") + (m.body ?? "");
+        if (m.recalled)
+            body.textContent = "message recalled";
+        else if (isFile(m))
+            body.append(fileView(c, m));
+        else
+            body.textContent = (m.kind === "state" ? `[${m.coalesce_key}] ` : "") + (m.body ?? "");
         const meta = document.createElement("div");
         meta.className = "meta";
         const who = document.createElement("span");
@@ -384,8 +402,9 @@ function renderMessages(stick) {
             st.className = "state";
             st.textContent = stateOf(c, m);
             meta.append(st);
-            if (m.kind === "text" && !m.recalled) {
+            if (m.kind === "text" && !m.recalled)
                 meta.append(button("Edit", `Edit message ${m.seq}`, () => startEdit(c, m)));
+            if ((m.kind === "text" || isFile(m)) && !m.recalled) {
                 meta.append(button("Recall", `Recall message ${m.seq}`, () => void client.recall(c.id, m.seq).catch(alertError)));
             }
         }
@@ -550,6 +569,397 @@ function wire() {
         void loadOlder(); });
     document.addEventListener("visibilitychange", () => { if (current)
         markRead(current); });
+    wireAttachments();
+}
+// --- attachments ------------------------------------------------------------
+const safeImages = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
+function isFile(m) { return m.kind === "file"; }
+/** The FileBody of a file message of a plain conversation, or null when the body is not one. */
+function fileBody(m) {
+    try {
+        const b = JSON.parse(m.body ?? "");
+        if (b && typeof b === "object" && typeof b.name === "string" && typeof b.media_type === "string" && typeof b.size === "number")
+            return b;
+    }
+    catch { /* not JSON: an envelope or something else this page cannot read */ }
+    return null;
+}
+function humanSize(n) {
+    if (n < 1024)
+        return `${n} B`;
+    const units = ["KB", "MB", "GB"];
+    let v = n / 1024, i = 0;
+    while (v >= 1024 && i < units.length - 1) {
+        v /= 1024;
+        i++;
+    }
+    return `${v < 10 ? v.toFixed(1) : Math.round(v)} ${units[i]}`;
+}
+function clock(ms) {
+    const s = Math.round(ms / 1000);
+    return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, "0")}`;
+}
+/** A signed URL of the file (or thumbnail) of conv/seq, reused until 30 s before it expires. */
+function fileURL(conv, seq, thumbnail) {
+    const key = `${conv}/${seq}/${thumbnail ? 1 : 0}`;
+    const cached = urls.get(key);
+    if (cached)
+        return cached;
+    const p = client.attachmentUrl(conv, seq, { thumbnail });
+    urls.set(key, p);
+    p.then((info) => {
+        setTimeout(() => { if (urls.get(key) === p)
+            urls.delete(key); }, Math.max(0, info.url_expires_at - Date.now() - 30000));
+    }, () => urls.delete(key));
+    return p;
+}
+/** The attachment of a file message: an image preview, an audio player, a video, or a download link; a placeholder when unreadable. */
+function fileView(c, m) {
+    const key = `${c.id}/${m.seq}`;
+    const cached = fileViews.get(key);
+    if (cached)
+        return cached;
+    const el = document.createElement("div");
+    el.className = "file";
+    const fb = c.e2e ? null : fileBody(m);
+    if (!fb) {
+        el.classList.add("placeholder");
+        el.textContent = c.e2e
+            ? "🔒 Encrypted attachment — this page cannot decrypt it; open it in an app that holds this conversation's keys."
+            : "📎 An attachment this page cannot show.";
+        fileViews.set(key, el);
+        return el;
+    }
+    const type = fb.media_type.toLowerCase();
+    if (safeImages.has(type) && fb.thumbnail !== "none" && fb.thumbnail !== "refused")
+        el.append(imageView(c, m, fb));
+    else if (type.startsWith("audio/"))
+        el.append(mediaView(c, m, fb, "audio"));
+    else if (type.startsWith("video/"))
+        el.append(mediaView(c, m, fb, "video"));
+    el.append(downloadLink(c, m, fb));
+    if (fb.caption) {
+        const cap = document.createElement("div");
+        cap.className = "caption";
+        cap.textContent = fb.caption;
+        el.append(cap);
+    }
+    fileViews.set(key, el);
+    return el;
+}
+/** The thumbnail in a button that opens the full image. */
+function imageView(c, m, fb) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "thumb";
+    b.setAttribute("aria-label", `Open image ${fb.name}${fb.width && fb.height ? ` (${fb.width}×${fb.height})` : ""}`);
+    const img = document.createElement("img");
+    img.alt = fb.name;
+    if (fb.width && fb.height) {
+        // Reserve the thumbnail's box (320 px on the longest side at most) so the list does not jump when it loads.
+        const k = Math.min(1, 320 / Math.max(fb.width, fb.height));
+        img.width = Math.max(1, Math.round(fb.width * k));
+        img.height = Math.max(1, Math.round(fb.height * k));
+    }
+    img.dataset.state = "loading";
+    img.addEventListener("load", () => { img.dataset.state = "loaded"; });
+    img.addEventListener("error", () => { img.dataset.state = "error"; });
+    fileURL(c.id, m.seq, true).then((info) => { img.src = info.url; }, () => {
+        img.dataset.state = "none";
+        b.hidden = true; // no thumbnail (yet or at all): the download link stays
+    });
+    b.append(img);
+    b.addEventListener("click", () => void openViewer(c, m, fb));
+    return b;
+}
+async function openViewer(c, m, fb) {
+    const d = $("viewer");
+    const img = $("viewer-img");
+    $("viewer-title").textContent = fb.name;
+    img.alt = fb.name;
+    img.removeAttribute("src");
+    d.showModal();
+    try {
+        img.src = (await fileURL(c.id, m.seq, false)).url;
+    }
+    catch (e) {
+        d.close();
+        alertError(e);
+    }
+}
+function mediaView(c, m, fb, kind) {
+    const wrap = document.createElement("div");
+    wrap.className = kind;
+    const el = document.createElement(kind);
+    el.controls = true;
+    el.preload = "metadata";
+    el.setAttribute("aria-label", `${kind === "audio" ? "Audio" : "Video"} ${fb.name}${fb.duration_ms ? `, ${clock(fb.duration_ms)}` : ""}`);
+    let refreshed = 0;
+    const load = () => fileURL(c.id, m.seq, false).then((info) => { el.src = info.url; }, alertError);
+    // The URL is short-lived: a player used after it expired asks for a fresh one (once a minute at most).
+    el.addEventListener("error", () => {
+        if (Date.now() - refreshed < 60000)
+            return;
+        refreshed = Date.now();
+        const at = el.currentTime;
+        urls.delete(`${c.id}/${m.seq}/0`);
+        void load().then(() => { el.currentTime = at; });
+    });
+    void load();
+    wrap.append(el);
+    if (fb.duration_ms) {
+        const d = document.createElement("span");
+        d.className = "duration";
+        d.textContent = clock(fb.duration_ms);
+        wrap.append(d);
+    }
+    return wrap;
+}
+/** name · size, downloading the file (Content-Disposition names it) with a fresh URL on each click. */
+function downloadLink(c, m, fb) {
+    const a = document.createElement("a");
+    a.className = "download";
+    a.href = "#";
+    a.textContent = `${fb.name} · ${humanSize(fb.size)}`;
+    a.setAttribute("aria-label", `Download ${fb.name}, ${humanSize(fb.size)}`);
+    a.addEventListener("click", async (ev) => {
+        ev.preventDefault();
+        try {
+            const info = await fileURL(c.id, m.seq, false);
+            const go = document.createElement("a");
+            go.href = info.url;
+            go.download = fb.name;
+            go.rel = "noopener";
+            document.body.append(go);
+            go.click();
+            go.remove();
+        }
+        catch (e) {
+            alertError(e);
+        }
+    });
+    return a;
+}
+/** Attach and record are there while the server takes files and the conversation is not end-to-end encrypted (the page cannot encrypt). */
+function renderComposerTools() {
+    const lim = client?.attachmentLimits;
+    const on = !!lim && lim.maxFileBytes > 0;
+    const e2e = !!current?.e2e;
+    $("attach").hidden = !on;
+    $("record").hidden = !on || !navigator.mediaDevices?.getUserMedia || typeof MediaRecorder === "undefined";
+    for (const id of ["attach", "record"])
+        $(id).disabled = e2e;
+    $("attach").title = e2e ? "This page cannot encrypt files for an end-to-end encrypted conversation" : "";
+}
+function canAttach(c, size) {
+    if (!c)
+        return false;
+    if (c.e2e) {
+        alertError("this conversation is end-to-end encrypted: this page cannot encrypt files");
+        return false;
+    }
+    const lim = client.attachmentLimits;
+    if (!lim || lim.maxFileBytes === 0) {
+        alertError("this server does not take files");
+        return false;
+    }
+    if (size > lim.maxFileBytes) {
+        alertError(`the file is ${humanSize(size)}; this server takes at most ${humanSize(lim.maxFileBytes)}`);
+        return false;
+    }
+    return true;
+}
+function sendFiles(files) {
+    for (const f of Array.from(files))
+        void sendAttachment(current, f, f.name || "file", f.type);
+}
+async function sendAttachment(c, file, name, mediaType, durationMs) {
+    if (!canAttach(c, file.size))
+        return;
+    const job = {
+        id: ++uploadSeq, conv: c.id, file, name, mediaType: mediaType.split(";")[0].trim() || "application/octet-stream",
+        durationMs, cmid: crypto.randomUUID(), sent: 0, state: "uploading", ctl: new AbortController(),
+    };
+    uploads.set(job.id, job);
+    await runUpload(job);
+}
+async function runUpload(job) {
+    job.state = "uploading";
+    job.error = undefined;
+    job.ctl = new AbortController();
+    renderUploads();
+    const onProgress = (p) => { job.sent = p.sent; renderProgress(job); };
+    try {
+        const up = job.attachmentId
+            ? await client.resume(job.attachmentId, job.file, { onProgress, signal: job.ctl.signal })
+            : await client.upload(job.conv, job.file, {
+                name: job.name, mediaType: job.mediaType, onProgress, signal: job.ctl.signal,
+                onCreate: (u) => { job.attachmentId = u.attachment_id; },
+            });
+        job.state = "sending";
+        renderUploads();
+        await client.sendFile(job.conv, up.attachment_id, { durationMs: job.durationMs, clientMsgId: job.cmid });
+        uploads.delete(job.id);
+    }
+    catch (e) {
+        if (job.ctl.signal.aborted)
+            uploads.delete(job.id);
+        else {
+            job.state = "failed";
+            job.error = e instanceof Error ? e.message : String(e);
+        }
+    }
+    renderUploads();
+}
+function renderProgress(job) {
+    const li = document.querySelector(`#uploads li[data-upload="${job.id}"]`);
+    if (!li)
+        return;
+    const pct = job.file.size ? Math.floor((job.sent / job.file.size) * 100) : 100;
+    const bar = li.querySelector("progress");
+    bar.value = pct;
+    li.querySelector(".pct").textContent = `${pct}%`;
+}
+function renderUploads() {
+    const ul = $("uploads");
+    const jobs = [...uploads.values()].filter((j) => j.conv === current?.id);
+    ul.replaceChildren(...jobs.map((job) => {
+        const li = document.createElement("li");
+        li.dataset.upload = String(job.id);
+        li.dataset.state = job.state;
+        const label = document.createElement("span");
+        label.className = "name";
+        label.textContent = `${job.durationMs !== undefined ? "Voice note" : job.name} · ${humanSize(job.file.size)}`;
+        const bar = document.createElement("progress");
+        bar.max = 100;
+        bar.setAttribute("aria-label", `Uploading ${job.name}`);
+        const pct = document.createElement("span");
+        pct.className = "pct";
+        li.append(label, bar, pct);
+        if (job.state === "failed") {
+            const err = document.createElement("span");
+            err.className = "error";
+            err.textContent = `Failed: ${job.error}`;
+            li.append(err, button("Retry", `Retry uploading ${job.name}`, () => void runUpload(job)), button("Dismiss", `Dismiss ${job.name}`, () => { uploads.delete(job.id); renderUploads(); }));
+        }
+        else if (job.state === "uploading") {
+            li.append(button("Cancel", `Cancel uploading ${job.name}`, () => job.ctl.abort("cancelled")));
+        }
+        else {
+            pct.textContent = "sending…";
+        }
+        return li;
+    }));
+    for (const job of jobs)
+        if (job.state !== "sending")
+            renderProgress(job);
+}
+async function toggleRecording() {
+    if (recorder) {
+        recorder.rec.stop();
+        return;
+    }
+    const c = current;
+    if (!canAttach(c, 0))
+        return;
+    let stream;
+    try {
+        stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+    }
+    catch (e) {
+        alertError(`microphone: ${e instanceof Error ? e.message : e}`);
+        return;
+    }
+    const mime = ["audio/webm;codecs=opus", "audio/ogg;codecs=opus", "audio/webm", "audio/mp4"].find((t) => MediaRecorder.isTypeSupported(t));
+    const rec = new MediaRecorder(stream, mime ? { mimeType: mime } : undefined);
+    const chunks = [];
+    rec.addEventListener("dataavailable", (ev) => { if (ev.data.size)
+        chunks.push(ev.data); });
+    const r = { rec, stream, started: Date.now(), cancelled: false, conv: c, timer: setInterval(() => renderRecording(), 250) };
+    recorder = r;
+    rec.addEventListener("stop", () => {
+        clearInterval(r.timer);
+        for (const t of stream.getTracks())
+            t.stop();
+        recorder = null;
+        renderRecording();
+        if (r.cancelled || !chunks.length)
+            return;
+        const type = rec.mimeType || mime || "audio/webm";
+        const blob = new Blob(chunks, { type });
+        const ext = type.includes("ogg") ? "ogg" : type.includes("mp4") ? "m4a" : "webm";
+        const stamp = new Date(r.started).toISOString().slice(0, 19).replace(/[:T]/g, "-");
+        void sendAttachment(r.conv, blob, `voice-note-${stamp}.${ext}`, type, Date.now() - r.started);
+    });
+    rec.start(250);
+    renderRecording();
+}
+function renderRecording() {
+    const b = $("record");
+    const on = !!recorder;
+    b.setAttribute("aria-pressed", String(on));
+    b.setAttribute("aria-label", on ? "Stop recording and send the voice note" : "Record a voice note");
+    b.textContent = on ? "■" : "🎤";
+    $("recording").hidden = !on;
+    if (recorder)
+        $("recording-time").textContent = clock(Date.now() - recorder.started);
+}
+function wireAttachments() {
+    const input = $("file");
+    $("attach").addEventListener("click", () => input.click());
+    input.addEventListener("change", () => {
+        sendFiles(input.files ?? []);
+        input.value = "";
+    });
+    $("record").addEventListener("click", () => void toggleRecording());
+    $("cancel-recording").addEventListener("click", () => {
+        if (!recorder)
+            return;
+        recorder.cancelled = true;
+        recorder.rec.stop();
+    });
+    // Drag and drop onto the conversation.
+    const chat = $("chat");
+    let depth = 0;
+    const hasFiles = (ev) => !!ev.dataTransfer && [...ev.dataTransfer.types].includes("Files");
+    chat.addEventListener("dragenter", (ev) => {
+        if (!hasFiles(ev) || !current)
+            return;
+        ev.preventDefault();
+        depth++;
+        chat.classList.add("drop");
+    });
+    chat.addEventListener("dragover", (ev) => {
+        if (!hasFiles(ev) || !current)
+            return;
+        ev.preventDefault();
+        ev.dataTransfer.dropEffect = current.e2e ? "none" : "copy";
+    });
+    chat.addEventListener("dragleave", () => {
+        if (--depth <= 0) {
+            depth = 0;
+            chat.classList.remove("drop");
+        }
+    });
+    chat.addEventListener("drop", (ev) => {
+        if (!hasFiles(ev))
+            return;
+        ev.preventDefault();
+        depth = 0;
+        chat.classList.remove("drop");
+        sendFiles(ev.dataTransfer.files);
+    });
+    // Pasting an image (a screenshot, a copied picture) into the composer sends it.
+    $("text").addEventListener("paste", (ev) => {
+        const files = Array.from(ev.clipboardData?.files ?? []);
+        if (!files.length)
+            return;
+        ev.preventDefault();
+        sendFiles(files);
+    });
+    $("viewer-close").addEventListener("click", () => $("viewer").close());
+    $("viewer").addEventListener("click", (ev) => { if (ev.target === $("viewer"))
+        $("viewer").close(); });
 }
 function split(s) {
     return s.split(/[\s,]+/).map((x) => x.trim()).filter(Boolean);
