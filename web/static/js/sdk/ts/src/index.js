@@ -1,7 +1,9 @@
 export * from "./client.js";
 export * from "./frames.js";
 export * from "./errors.js";
-export * from "./attach.js";
+// Named, not starred: frames.ts (generated from the schema) has types of the
+// same names, and an explicit export is the one that counts.
+export { resolveURL, } from "./attach.js";
 export { Sha256 } from "./sha256.js";
 export { Backoff } from "./backoff.js";
 export { ConvOrder } from "./order.js";
