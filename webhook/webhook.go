@@ -45,12 +45,12 @@ const (
 
 // Event types.
 const (
-	// MessageCreated: a message took a seq (kinds text, state, edit,
-	// recall, and system notices of the server API). In an end-to-end
-	// encrypted conversation the event carries no body.
+	// MessageCreated: a message took a seq (kinds text, state, file,
+	// edit, recall, and system notices of the server API). In an
+	// end-to-end encrypted conversation the event carries no body.
 	MessageCreated = "message.created"
 	// RecipientOffline: the members of the conversation who should see a
-	// text message and had no device reached by its push.
+	// text or file message and had no device reached by its push.
 	RecipientOffline = "recipient.offline"
 	// Membership changes, one per membership event the conversation
 	// records (its kind "system" message).
@@ -95,6 +95,23 @@ type MessageData struct {
 	// always empty then (the server holds only ciphertext for devices).
 	E2E     bool             `json:"e2e,omitempty"`
 	Message protocol.Message `json:"message"`
+	// Attachment describes the file of a kind "file" message of a plain
+	// conversation (Message.AttachmentID names it in E2E conversations
+	// too, where the server knows only the ciphertext's size: no
+	// attachment object, and never a key).
+	Attachment *Attachment `json:"attachment,omitempty"`
+}
+
+// Attachment is the file a message names, as its sender uploaded it.
+type Attachment struct {
+	AttachmentID uint64 `json:"attachment_id,string"`
+	Name         string `json:"name"`
+	Size         int64  `json:"size"`
+	MediaType    string `json:"media_type"`
+	SHA256       string `json:"sha256"` // lowercase hex
+	Width        int    `json:"width,omitempty"`
+	Height       int    `json:"height,omitempty"`
+	DurationMS   int64  `json:"duration_ms,omitempty"`
 }
 
 // OfflineData is the data of recipient.offline.
@@ -113,10 +130,12 @@ type OfflineData struct {
 	Preview *Preview `json:"preview,omitempty"`
 }
 
-// Preview is what a push notification may show.
+// Preview is what a push notification may show: for a file message, its
+// caption as Body and the file's name as File.
 type Preview struct {
 	Sender string `json:"sender"`
 	Body   string `json:"body,omitempty"`
+	File   string `json:"file,omitempty"`
 }
 
 // MemberData is the data of the member.* events: Actor changed the

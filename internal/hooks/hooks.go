@@ -243,8 +243,14 @@ func (h *Hooks) Fanned(ctx context.Context, f fanout.Fanned) error {
 		if f.Conv.E2E {
 			wm.Body = "" // never a body of an E2E conversation, even ciphertext
 		}
-		err = add(webhook.MessageCreated, webhook.MessageData{ConvKind: convKind(f.Conv.Kind), E2E: f.Conv.E2E, Message: wm}, nil)
-		if err == nil && m.Kind == protocol.KindText && h.wantOffline {
+		d := webhook.MessageData{ConvKind: convKind(f.Conv.Kind), E2E: f.Conv.E2E, Message: wm}
+		fb, isFile := fileBody(m, f.Conv.E2E)
+		if isFile {
+			d.Attachment = &webhook.Attachment{AttachmentID: m.Attachment, Name: fb.Name, Size: fb.Size,
+				MediaType: fb.MediaType, SHA256: fb.SHA256, Width: fb.Width, Height: fb.Height, DurationMS: fb.DurationMS}
+		}
+		err = add(webhook.MessageCreated, d, nil)
+		if err == nil && (m.Kind == protocol.KindText || m.Kind == protocol.KindFile) && h.wantOffline {
 			var offline []string
 			if offline, err = h.offline(ctx, f); err == nil && len(offline) > 0 {
 				d := webhook.OfflineData{ConvKind: convKind(f.Conv.Kind), E2E: f.Conv.E2E, MsgID: m.MsgID, Sender: m.Sender, Users: offline}
@@ -254,6 +260,8 @@ func (h *Hooks) Fanned(ctx context.Context, f fanout.Fanned) error {
 					case f.Conv.E2E || ep.Preview == PreviewNone:
 					case ep.Preview == PreviewSender:
 						d.Preview = &webhook.Preview{Sender: m.Sender}
+					case ep.Preview == PreviewFull && m.Kind == protocol.KindFile:
+						d.Preview = &webhook.Preview{Sender: m.Sender, Body: fb.Caption, File: fb.Name}
 					case ep.Preview == PreviewFull:
 						d.Preview = &webhook.Preview{Sender: m.Sender, Body: m.Body}
 					}
@@ -312,6 +320,21 @@ func (h *Hooks) offline(ctx context.Context, f fanout.Fanned) ([]string, error) 
 	return slices.Compact(out), nil
 }
 
+// fileBody is the body of a plain conversation's file message: the
+// FileBody the server composed from the upload when it stored the message
+// (a recalled one has none). An E2E conversation's body is ciphertext,
+// and its file's key never reaches the server.
+func fileBody(m store.Message, e2e bool) (protocol.FileBody, bool) {
+	var fb protocol.FileBody
+	if e2e || m.Kind != protocol.KindFile || m.Attachment == 0 || m.Body == "" {
+		return fb, false
+	}
+	if json.Unmarshal([]byte(m.Body), &fb) != nil {
+		return fb, false
+	}
+	return fb, true
+}
+
 func nonNil(s []string) []string {
 	if s == nil {
 		return []string{}
@@ -324,6 +347,7 @@ func wire(m store.Message) protocol.Message {
 		ConvID: m.ConvID, Seq: m.Seq, MsgID: m.MsgID, Sender: m.Sender, SenderDevice: m.SenderDevice,
 		ClientMsgID: m.ClientMsgID, Kind: m.Kind, Body: m.Body, TargetSeq: m.TargetSeq, ServerTime: m.ServerTime,
 		Edited: m.Edited, Recalled: m.Recalled, Mentions: m.Mentions, MentionAll: m.MentionAll, CoalesceKey: m.CoalesceKey,
+		AttachmentID: m.Attachment,
 	}
 }
 

@@ -17,9 +17,10 @@ CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized",
 defs={
  "ConvID":U64S,"MsgID":U64S,"UserID":ID,
  "Message":obj({"conv_id":ref("ConvID"),"seq":SEQ,"msg_id":ref("MsgID"),"sender":ID,"sender_device":ID,
-   "client_msg_id":{"type":"string","minLength":1},"kind":{"enum":["text","edit","recall","system","state"]},
+   "client_msg_id":{"type":"string","minLength":1},"kind":{"enum":["text","edit","recall","system","state","file"]},
    "body":STR,"target_seq":SEQ,"server_time":MS,"edited":BOOL,"recalled":BOOL,"mentions":arr(ID),
-   "mention_all":BOOL,"coalesce_key":STR,"superseded":BOOL},
+   "mention_all":BOOL,"coalesce_key":STR,"superseded":BOOL,
+   "attachment_id":{**U64S,"description":"kind file: the attachment the message names (absent once recalled)"}},
    ["conv_id","seq","msg_id","sender","kind","server_time"],"a stored message or event"),
  "SyncConv":obj({"conv_id":ref("ConvID"),"after_seq":SEQ},["conv_id","after_seq"]),
  "ConvSnapshot":obj({"conv_id":ref("ConvID"),"kind":{"enum":["direct","group"]},"last_seq":SEQ,"read_seq":SEQ,
@@ -54,6 +55,16 @@ defs={
    "heartbeat_ms":{"type":"integer","minimum":1},"idle_timeout_ms":{"type":"integer","minimum":1},"limits":ref("Limits")},
    ["protocol","session_id","user_id","device_id","node","server_time","heartbeat_ms","idle_timeout_ms","limits"]),
  "Code":{"enum":CODES},
+ "AttachmentInfo":obj({"attachment_id":U64S,"conv_id":ref("ConvID"),"seq":{"type":"integer","minimum":1},"size":{"type":"integer","minimum":0},
+   "sha256":{"type":"string","pattern":"^[0-9a-f]{64}$"},"media_type":STR,"name":STR,"width":{"type":"integer","minimum":0},
+   "height":{"type":"integer","minimum":0},"thumbnail":{"enum":["pending","ready","none","refused"]},
+   "url":{"type":"string","minLength":1,"description":"GET (Range requests work): Parley's /v1/files/<id>?... relative to the server's origin, or a presigned S3 URL"},
+   "url_expires_at":MS},
+   ["attachment_id","conv_id","seq","size","sha256","media_type","name","url","url_expires_at"],"a file and the URL to download it (or its thumbnail)"),
+ "FileBody":obj({"attachment_id":U64S,"name":STR,"size":{"type":"integer","minimum":0},"media_type":STR,
+   "sha256":{"type":"string","pattern":"^[0-9a-f]{64}$"},"width":{"type":"integer","minimum":0},"height":{"type":"integer","minimum":0},
+   "duration_ms":{"type":"integer","minimum":0},"thumbnail":{"enum":["pending","ready","refused"]},"caption":STR},
+   ["attachment_id","name","size","media_type","sha256"],"the body (JSON text) of a kind file message in a plain conversation, composed by the server"),
 }
 def frame(t, props, required, desc):
     p={"type":{"const":t}}; p.update(props)
@@ -79,6 +90,7 @@ server={
  "kt_keys":frame("kt_keys",{"rid":RID,"kt_keys":ref("KTKeys")},["kt_keys"],"answer to kt_keys"),
  "kt_proof":frame("kt_proof",{"rid":RID,"kt":ref("KTProof")},["kt"],"answer to kt_consistency"),
  "kt_leaves":frame("kt_leaves",{"rid":RID,"kt":ref("KTProof")},["kt"],"answer to kt_leaves"),
+ "attachment":frame("attachment",{"rid":RID,"attachment":ref("AttachmentInfo")},["attachment"],"answer to attachment_url"),
  "keys_low":frame("keys_low",{"user_id":ID,"device_id":ID,"counts":ref("KeyCounts")},["user_id","device_id","counts"],"push: a device's one-time prekeys run low"),
 }
 C={"rid":RID}

@@ -164,6 +164,9 @@ func Def(name string, data []byte) error { return validate(framesURL+"#/$defs/"+
 // An answer the document does not list (path, method, status or media type)
 // is an error.
 func HTTPAnswer(method, path string, status int, contentType string, body []byte) error {
+	if tmpl, ok := pathTemplate(OpenAPIJSON, path); ok {
+		path = tmpl
+	}
 	return answer(openapiURL, "openapi.json", method, path, status, contentType, body)
 }
 
@@ -171,7 +174,7 @@ func HTTPAnswer(method, path string, status int, contentType string, body []byte
 // admin-openapi.json; path is the request's path, matched against the
 // document's path templates.
 func AdminAnswer(method, path string, status int, contentType string, body []byte) error {
-	tmpl, ok := adminTemplate(path)
+	tmpl, ok := pathTemplate(AdminOpenAPIJSON, path)
 	if !ok || !slices.Contains(AdminOperations(), strings.ToUpper(method)+" "+tmpl) {
 		// Any other path or method: 404 with the error body.
 		if status != http.StatusNotFound {
@@ -183,11 +186,14 @@ func AdminAnswer(method, path string, status int, contentType string, body []byt
 }
 
 // AdminOperations lists the server API's operations as "METHOD template".
-func AdminOperations() []string {
+func AdminOperations() []string { return operations(AdminOpenAPIJSON) }
+
+// operations lists an OpenAPI document's operations as "METHOD template".
+func operations(openapi []byte) []string {
 	var doc struct {
 		Paths map[string]map[string]json.RawMessage `json:"paths"`
 	}
-	if json.Unmarshal(AdminOpenAPIJSON, &doc) != nil {
+	if json.Unmarshal(openapi, &doc) != nil {
 		return nil
 	}
 	var out []string
@@ -199,13 +205,13 @@ func AdminOperations() []string {
 	return out
 }
 
-// adminTemplate finds the document's path template that path instantiates
-// (a literal segment beats a parameter).
-func adminTemplate(path string) (string, bool) {
+// pathTemplate finds the OpenAPI document's path template that path
+// instantiates (a literal segment beats a parameter).
+func pathTemplate(openapi []byte, path string) (string, bool) {
 	segs := strings.Split(path, "/")
 	best, bestLit := "", -1
 	seen := map[string]bool{}
-	for _, op := range AdminOperations() {
+	for _, op := range operations(openapi) {
 		_, tmpl, _ := strings.Cut(op, " ")
 		if seen[tmpl] {
 			continue
@@ -247,7 +253,19 @@ func answer(docURL, docName, method, path string, status int, contentType string
 	}
 	loc := openapiURL + "#" + resp + "/content/" + escape(media) + "/schema"
 	if _, err := compile(loc); err != nil {
-		return fmt.Errorf("schema: %s %s answered %d %s, which %s does not document: %w", method, path, status, media, docName, err)
+		// A media type range ("audio/*", "*/*") documents every type it
+		// covers (the file downloads).
+		major, _, _ := strings.Cut(media, "/")
+		found := false
+		for _, r := range []string{major + "/*", "*/*"} {
+			if _, rerr := compile(openapiURL + "#" + resp + "/content/" + escape(r) + "/schema"); rerr == nil {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return fmt.Errorf("schema: %s %s answered %d %s, which %s does not document: %w", method, path, status, media, docName, err)
+		}
 	}
 	if media != "application/json" {
 		return nil

@@ -71,6 +71,33 @@ func TestHTTPAnswer(t *testing.T) {
 	if err := HTTPAnswer("POST", "/v1/rpc", 200, "application/json", []byte(`{"type":"ok","rid":"1"}`)); err != nil {
 		t.Fatal(err)
 	}
+	// A path template's instance.
+	if err := HTTPAnswer("GET", "/web/app.js", 200, "text/javascript", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := HTTPAnswer("GET", "/web/app.js/more", 200, "text/javascript", []byte("x")); err == nil {
+		t.Fatal("a path of no template validated")
+	}
+}
+
+// TestFileFrames: the frames and the body of file messages validate.
+func TestFileFrames(t *testing.T) {
+	for _, f := range []*protocol.Frame{
+		{Type: protocol.TypeMsg, Message: &protocol.Message{ConvID: 7, Seq: 1, MsgID: 9, Sender: "a", Kind: protocol.KindFile, Body: "{}", ServerTime: 1, AttachmentID: 5}},
+		{Type: protocol.TypeAttachment, RID: "1", Attachment: &protocol.AttachmentInfo{AttachmentID: 5, ConvID: 7, Seq: 1, Size: 3,
+			SHA256: "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", MediaType: "image/png", Name: "a.png",
+			Thumbnail: protocol.ThumbReady, URL: "/v1/files/5?sig=x", URLExpiresAt: 9}},
+	} {
+		data, _ := json.Marshal(f)
+		if err := ServerFrame(data); err != nil {
+			t.Errorf("%s: %v", data, err)
+		}
+	}
+	body, _ := json.Marshal(protocol.FileBody{AttachmentID: 5, Name: "a.png", Size: 3, MediaType: "image/png",
+		SHA256: "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", Caption: "hi"})
+	if err := Def("FileBody", body); err != nil {
+		t.Errorf("%s: %v", body, err)
+	}
 }
 
 func BenchmarkServerFrame(b *testing.B) {
