@@ -596,3 +596,15 @@ func (c *Conn) SyscallConn() (syscall.RawConn, error) {
 	}
 	return nil, ErrUnsupported
 }
+
+// CloseWriteIfFlushed shuts the write side of a TCP connection down when
+// the connection supports it; writes on this platform are synchronous.
+// [parley patch H3]
+func (c *Conn) CloseWriteIfFlushed() bool {
+	c.mux.Lock()
+	defer c.mux.Unlock()
+	if cw, ok := c.conn.(interface{ CloseWrite() error }); ok && !c.closed {
+		return cw.CloseWrite() == nil
+	}
+	return false
+}

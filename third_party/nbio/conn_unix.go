@@ -463,6 +463,21 @@ func (c *Conn) CloseWithError(err error) error {
 	return c.closeWithError(err)
 }
 
+// CloseWriteIfFlushed shuts the write side of a TCP connection down (a
+// FIN: the peer reads what was written, then EOF) when nothing written is
+// still queued, and reports whether it did. Reading goes on. [parley
+// patch H3]
+//
+//go:norace
+func (c *Conn) CloseWriteIfFlushed() bool {
+	c.mux.Lock()
+	defer c.mux.Unlock()
+	if c.closed || c.typ != ConnTypeTCP || len(c.writeList) > 0 {
+		return false
+	}
+	return syscall.Shutdown(c.fd, syscall.SHUT_WR) == nil
+}
+
 // LocalAddr returns the local network address, if known.
 //
 //go:norace

@@ -663,6 +663,10 @@ func (e *Engine) answerParseError(c *nbio.Conn, p *Parser, err error) bool {
 		return false
 	}
 	_, _ = c.Write(e.errorResponse(status, err))
+	// The answer, then a FIN, so the client learns it was refused while it
+	// may still be sending; what it sends meanwhile is discarded until it
+	// closes, maxDiscard or lingerTime. [parley patch H3]
+	c.CloseWriteIfFlushed()
 	_ = c.SetReadDeadline(time.Now().Add(lingerTime))
 	return true
 }
@@ -807,7 +811,7 @@ func (engine *Engine) AddConnNonTLSNonBlocking(conn *Conn, tlsConfig *tls.Config
 	nbc.OnData(engine.DataHandler)
 	// The head deadline is armed by the poller's open callback, before the
 	// connection can be read: armed here, after AddConn, it could land
-	// after a fast upgrade had cleared it. [parley patch H5]
+	// after a fast upgrade had cleared it. [parley patch H3]
 	_, err = engine.AddConn(nbc)
 	if err != nil {
 		engine.mux.Lock()
@@ -1272,7 +1276,7 @@ func NewEngine(conf Config) *Engine {
 		c.DataHandler()(c, data)
 	})
 
-	// [parley patch H5] Server connections get their head deadline when
+	// [parley patch H3] Server connections get their head deadline when
 	// the poller opens them, before their first read.
 	g.OnOpen(func(c *nbio.Conn) {
 		if p, ok := c.Session().(*Parser); ok && !p.isClient {

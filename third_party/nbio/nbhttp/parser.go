@@ -88,7 +88,7 @@ type Parser struct {
 
 // maxDiscard bounds what a connection answered with an error may still
 // send before it is closed. [parley patch H3]
-const maxDiscard = 256 << 10
+const maxDiscard = 64 << 20
 
 // startDiscard stops parsing after a refused request was answered: what
 // the client still sends is dropped, not buffered. It reports false if the
