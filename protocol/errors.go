@@ -32,7 +32,7 @@ const (
 // unchanged (after retry_after_ms when the error carries one).
 func (c Code) Retryable() bool {
 	switch c {
-	case CodeRateLimited, CodeStoreUnavailable, CodeOverloaded, CodeInternal, CodeTimeout:
+	case CodeRateLimited, CodeStoreUnavailable, CodeOverloaded, CodeInternal, CodeTimeout, CodeNotReady:
 		return true
 	}
 	return false
@@ -48,11 +48,11 @@ func HTTPStatus(c Code) int {
 		return 403
 	case CodeNotFound:
 		return 404
-	case CodeConflict, CodeRecallExpired:
+	case CodeConflict, CodeRecallExpired, CodePartOutOfOrder, CodeUploadIncomplete, CodeNotReady:
 		return 409
-	case CodeTooLarge:
+	case CodeTooLarge, CodeQuotaExceeded:
 		return 413
-	case CodeRateLimited:
+	case CodeRateLimited, CodeTooManyUploads:
 		return 429
 	case CodeStoreUnavailable, CodeOverloaded:
 		return 503

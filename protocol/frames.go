@@ -329,4 +329,9 @@ type Hello struct {
 	HeartbeatMS   int64  `json:"heartbeat_ms"`
 	IdleTimeoutMS int64  `json:"idle_timeout_ms"`
 	Limits        Limits `json:"limits"`
+	// MaxFileBytes is the largest file an upload may declare (0:
+	// attachments are off); PartBytes the size of every part of an
+	// upload but the last (docs/protocol.md, "Attachments").
+	MaxFileBytes int64 `json:"max_file_bytes"`
+	PartBytes    int64 `json:"part_bytes"`
 }

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/parley-im/parley/internal/attach"
 	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/kt"
 	"github.com/parley-im/parley/internal/settings"
@@ -169,8 +170,9 @@ type Service struct {
 	obs    Observer
 	limits Limiter
 	fan    Fanout
-	pos    *positions // delivered positions (positions.go)
-	kt     *kt.Log    // nil: key transparency off (kt.go)
+	pos    *positions      // delivered positions (positions.go)
+	kt     *kt.Log         // nil: key transparency off (kt.go)
+	attach *attach.Service // nil: attachments off
 }
 
 // Limiter allows one event per key per interval (@everyone per group,
@@ -197,6 +199,9 @@ type Deps struct {
 	Fanout Fanout
 	// KT is the key transparency log on the same store (nil: off).
 	KT *kt.Log
+	// Attach is the attachment service on the same store (nil:
+	// attachments off; the attachment frames answer invalid_argument).
+	Attach *attach.Service
 }
 
 // New returns a service. It starts no goroutines.
@@ -217,7 +222,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 		d.Limiter = newLimiter(d.Now)
 	}
 	return &Service{cfg: cfg, store: d.Store, ids: d.IDs, now: d.Now, log: d.Logger,
-		obs: d.Observer, limits: d.Limiter, fan: d.Fanout, pos: newPositions(), kt: d.KT}, nil
+		obs: d.Observer, limits: d.Limiter, fan: d.Fanout, pos: newPositions(), kt: d.KT, attach: d.Attach}, nil
 }
 
 // storeErr turns a store failure into the client-facing error. Conditions

@@ -78,6 +78,11 @@ func (s *Service) handle(ctx context.Context, c Caller, f *protocol.Frame, reply
 		return s.convInfoFrame(ctx, c, f.ConvID)
 	case protocol.TypeKTKeys, protocol.TypeKTConsistency, protocol.TypeKTLeaves:
 		return s.ktRequest(ctx, f)
+	case protocol.TypeUploadCreate, protocol.TypeUploadStatus, protocol.TypeUploadPart, protocol.TypeUploadComplete, protocol.TypeAttachmentURL:
+		if s.attach == nil {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "attachments are not enabled on this server")
+		}
+		return s.attach.Handle(ctx, c, f)
 	}
 	return nil, protocol.Errorf(protocol.CodeUnknownType, "unknown frame type %q", f.Type)
 }

@@ -202,6 +202,7 @@ func TestChurnCluster(t *testing.T) {
 	c.Roles = config.RoleChat
 	c.Cluster.Redis, c.Cluster.NATS, c.Cluster.Namespace = redis, nats, ns
 	c.Cluster.CassandraHosts, c.Cluster.Keyspace = cass, fmt.Sprintf("churn_%d", id)
+	c.Attach.MaxFileBytes = 0 // attachments in cluster mode need an S3 server
 	bound(&c.Store, states)
 	cc := c.Cassandra()
 	ctx := context.Background()

@@ -103,6 +103,9 @@ func Start(t *testing.T, o Options) *Cluster {
 		"--gateway.max-sessions-per-user", "1000000", "--gateway.max-poll-sessions-per-user", "1000000",
 		"--gateway.user-handshake-rate", "1e9", "--gateway.user-handshake-burst", "1000000000",
 		"--gateway.source-accept-rate", "0",
+		// Attachments need an S3 server in cluster mode; the tests that
+		// upload configure one in Extra.
+		"--attach.max-file-bytes", "0",
 	}, o.Extra...)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

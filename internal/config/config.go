@@ -30,6 +30,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/parley-im/parley/internal/attach"
 	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/chat"
 	"github.com/parley-im/parley/internal/fanout"
@@ -97,6 +98,9 @@ type Config struct {
 	// KT is the key transparency log (internal/kt; docs/protocol.md,
 	// "Key transparency").
 	KT kt.Config `yaml:"kt"`
+	// Attach is attachments: the blob engine, limits and quotas
+	// (docs/protocol.md, "Attachments").
+	Attach attach.Config `yaml:"attach"`
 	// Webhooks: endpoints (a list, in the file only) and their retry
 	// policy (docs/webhooks.md).
 	Webhooks hooks.Config `yaml:"webhooks"`
@@ -275,6 +279,7 @@ func defaults() Config {
 		Fanout:     fanout.DefaultConfig(),
 		Webhooks:   hooks.DefaultConfig(),
 		KT:         kt.DefaultConfig(),
+		Attach:     attach.DefaultConfig(),
 		Presence:   presence.DefaultConfig(),
 		Store:      Store{BucketWidth: 240 * time.Hour, ConversationStates: 65536, ConversationIdle: 10 * time.Minute},
 		Metrics:    Metrics{Enabled: true},
@@ -286,10 +291,14 @@ func defaults() Config {
 	}
 }
 
-// GatewayConfig is the gateway's Config with the node id and the limits.
+// GatewayConfig is the gateway's Config with the node id, the limits and
+// the attachment sizes its hello announces.
 func (c Config) GatewayConfig() gateway.Config {
 	g := c.Gateway
 	g.Node, g.Limits = c.NodeID, c.Limits
+	if c.Attach.Enabled() {
+		g.MaxFileBytes, g.PartBytes = c.Attach.MaxFileBytes, c.Attach.PartBytes
+	}
 	return g
 }
 
@@ -481,6 +490,10 @@ func (c Config) Validate() error {
 	p.Merge("webhooks", c.Webhooks.Validate())
 	p.Merge("presence", c.Presence.Validate())
 	p.Merge("kt", c.KT.Validate())
+	p.Merge("attach", c.Attach.Validate())
+	if c.Cluster.Enabled() && c.Attach.Enabled() && c.Attach.Engine == attach.EngineDisk {
+		p.Add("attach.engine", "disk keeps each file on the disk of the one chat process that received it; cluster mode needs engine s3 (or attach.max_file_bytes 0: attachments off)")
+	}
 	p.Check(c.Store.BucketWidth >= time.Second, "store.bucket_width", "must be at least 1s, got %v", c.Store.BucketWidth)
 	p.Check(c.Store.ConversationStates >= 1, "store.conversation_states", "must be at least 1, got %d", c.Store.ConversationStates)
 	p.Check(c.Store.ConversationIdle >= time.Second, "store.conversation_idle", "must be at least 1s, got %v", c.Store.ConversationIdle)

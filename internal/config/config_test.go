@@ -604,7 +604,8 @@ func TestValidateMigrate(t *testing.T) {
 // cluster tree the server reads, the presence resync interval among them.
 func TestClusterFromFlags(t *testing.T) {
 	cfg, err := Load([]string{"--cluster.redis", "127.0.0.1:1", "--cluster.nats", "nats://127.0.0.1:2", "--cluster.cassandra-hosts", "h1, h2",
-		"--cluster.presence-resync", "7s", "--cluster.namespace", "ns1", "--cluster.keyspace", "ks1", "--store.bucket-width", "48h"}, nil)
+		"--cluster.presence-resync", "7s", "--cluster.namespace", "ns1", "--cluster.keyspace", "ks1", "--store.bucket-width", "48h",
+		"--attach.max-file-bytes", "0"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,25 +32,24 @@ func exampleYAML() string {
 # defaults. Durations are Go durations (500ms, 25s, 1h30m).
 `)
 	c := defaults()
-	section := ""
+	var section []string // the open sections, outermost first
 	for _, f := range Fields(&c) {
-		sec, key := "", f.Path
-		if i := strings.LastIndex(f.Path, "."); i >= 0 {
-			sec, key = f.Path[:i], f.Path[i+1:]
+		parts := strings.Split(f.Path, ".")
+		sec, key := parts[:len(parts)-1], parts[len(parts)-1]
+		// Sections already open stay open; the rest are opened, each
+		// one level deeper.
+		same := 0
+		for same < len(sec) && same < len(section) && sec[same] == section[same] {
+			same++
 		}
-		indent := ""
-		if sec != "" {
-			indent = "  "
-		}
-		if sec != section {
-			b.WriteString("\n")
-			if sec != "" {
-				b.WriteString(sec + ":\n")
-			}
-			section = sec
-		} else if sec == "" {
+		if same < len(sec) || len(sec) < len(section) || len(sec) == 0 {
 			b.WriteString("\n")
 		}
+		for i := same; i < len(sec); i++ {
+			b.WriteString(strings.Repeat("  ", i) + sec[i] + ":\n")
+		}
+		section = sec
+		indent := strings.Repeat("  ", len(sec))
 		v := f.Value.String()
 		if f.Kind() == "string" {
 			v = strconv.Quote(v)

@@ -225,6 +225,7 @@ func (g *Gateway) open(s *session) {
 		Protocol: protocol.Version, SessionID: s.id, UserID: s.user, DeviceID: s.device, Node: g.cfg.Node,
 		ServerTime: now.UnixMilli(), HeartbeatMS: g.cfg.HeartbeatInterval.Milliseconds(),
 		IdleTimeoutMS: g.cfg.IdleTimeout.Milliseconds(), Limits: g.cfg.Limits,
+		MaxFileBytes: g.cfg.MaxFileBytes, PartBytes: g.cfg.PartBytes,
 	}})
 	s.greeted.Store(true)
 }

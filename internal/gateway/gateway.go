@@ -69,6 +69,10 @@ type Verifier interface {
 type Config struct {
 	Node   string          `yaml:"-"` // the node id (cmd/parley: node_id)
 	Limits protocol.Limits `yaml:"-"` // the protocol limits (cmd/parley: limits.*)
+	// MaxFileBytes and PartBytes are the attachment sizes hello announces
+	// (cmd/parley: attach.*; 0: attachments off).
+	MaxFileBytes int64 `yaml:"-"`
+	PartBytes    int64 `yaml:"-"`
 
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval" help:"client ping interval announced in hello"`
 	IdleTimeout       time.Duration `yaml:"idle_timeout" help:"close a connection silent for this long"`

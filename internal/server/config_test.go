@@ -65,6 +65,7 @@ func TestNewServerReadsConfig(t *testing.T) {
 		c := base(t)
 		c.Roles = config.RoleChat
 		c.Cluster.Redis, c.Cluster.NATS, c.Cluster.CassandraHosts = "127.0.0.1:1", "nats://127.0.0.1:2", "127.0.0.1"
+		c.Attach.MaxFileBytes = 0 // cluster mode needs engine s3 for attachments
 		s, err := newServer(c, Deps{})
 		if err != nil {
 			t.Fatal(err)

@@ -50,7 +50,8 @@ mkdir -p "$dir"
 key=$(openssl rand -hex 32)
 common=(--cluster.redis "$PARLEY_TEST_REDIS" --cluster.nats "$PARLEY_TEST_NATS"
 	--cluster.cassandra-hosts "$PARLEY_TEST_CASSANDRA" --cluster.keyspace "$name"
-	--cluster.namespace "$name" --auth.hs256-key "$key" --log.level warn)
+	--cluster.namespace "$name" --auth.hs256-key "$key" --log.level warn
+	--attach.max-file-bytes 0)
 unthrottled=(--gateway.max-connections 20000 --gateway.handshake-rate 100000 --gateway.handshake-burst 100000
 	--gateway.user-send-rate 1e9 --gateway.user-send-burst 1000000000
 	--gateway.conn-request-rate 1e9 --gateway.conn-request-burst 1000000000
