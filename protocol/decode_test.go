@@ -8,6 +8,7 @@ import (
 
 func TestDecodeClient(t *testing.T) {
 	lim := DefaultLimits
+	sha := `"` + strings.Repeat("ab", 32) + `"`
 	tests := []struct {
 		name string
 		in   string
@@ -43,6 +44,36 @@ func TestDecodeClient(t *testing.T) {
 		{"create_group bad member", `{"type":"create_group","members":["ok","bad/"]}`, CodeInvalidArgument},
 		{"add_members none", `{"type":"add_members","conv_id":"7"}`, CodeInvalidArgument},
 		{"invalid utf-8", "{\"type\":\"ping\",\"rid\":\"\xff\"}", CodeBadFrame},
+		{"upload_create", `{"type":"upload_create","rid":"u","conv_id":"7","size":10,"sha256":` + sha + `,"media_type":"image/png","name":"cat.png"}`, ""},
+		{"upload_create empty file", `{"type":"upload_create","conv_id":"7","sha256":` + sha + `,"media_type":"text/plain","name":"empty"}`, ""},
+		{"upload_create unicode name", `{"type":"upload_create","conv_id":"7","size":1,"sha256":` + sha + `,"media_type":"text/plain","name":"Grüße 📎.txt"}`, ""},
+		{"upload_create no conv", `{"type":"upload_create","size":1,"sha256":` + sha + `,"media_type":"text/plain","name":"a"}`, CodeInvalidArgument},
+		{"upload_create negative size", `{"type":"upload_create","conv_id":"7","size":-1,"sha256":` + sha + `,"media_type":"text/plain","name":"a"}`, CodeInvalidArgument},
+		{"upload_create upper hex", `{"type":"upload_create","conv_id":"7","size":1,"sha256":"` + strings.Repeat("A", 64) + `","media_type":"text/plain","name":"a"}`, CodeInvalidArgument},
+		{"upload_create short hash", `{"type":"upload_create","conv_id":"7","size":1,"sha256":"abc","media_type":"text/plain","name":"a"}`, CodeInvalidArgument},
+		{"upload_create no media type", `{"type":"upload_create","conv_id":"7","size":1,"sha256":` + sha + `,"name":"a"}`, CodeInvalidArgument},
+		{"upload_create media type without slash", `{"type":"upload_create","conv_id":"7","size":1,"sha256":` + sha + `,"media_type":"png","name":"a"}`, CodeInvalidArgument},
+		{"upload_create media type with space", `{"type":"upload_create","conv_id":"7","size":1,"sha256":` + sha + `,"media_type":"text/plain; charset=utf-8","name":"a"}`, CodeInvalidArgument},
+		{"upload_create long media type", `{"type":"upload_create","conv_id":"7","size":1,"sha256":` + sha + `,"media_type":"a/` + strings.Repeat("b", 126) + `","name":"a"}`, CodeInvalidArgument},
+		{"upload_create no name", `{"type":"upload_create","conv_id":"7","size":1,"sha256":` + sha + `,"media_type":"text/plain"}`, CodeInvalidArgument},
+		{"upload_create name with slash", `{"type":"upload_create","conv_id":"7","size":1,"sha256":` + sha + `,"media_type":"text/plain","name":"../etc/passwd"}`, CodeInvalidArgument},
+		{"upload_create name with backslash", `{"type":"upload_create","conv_id":"7","size":1,"sha256":` + sha + `,"media_type":"text/plain","name":"a\\b"}`, CodeInvalidArgument},
+		{"upload_create name with newline", `{"type":"upload_create","conv_id":"7","size":1,"sha256":` + sha + `,"media_type":"text/plain","name":"a\nb"}`, CodeInvalidArgument},
+		{"upload_create name with C1 control", `{"type":"upload_create","conv_id":"7","size":1,"sha256":` + sha + `,"media_type":"text/plain","name":"a\u0085b"}`, CodeInvalidArgument},
+		{"upload_create long name", `{"type":"upload_create","conv_id":"7","size":1,"sha256":` + sha + `,"media_type":"text/plain","name":"` + strings.Repeat("n", 256) + `"}`, CodeInvalidArgument},
+		{"upload_status", `{"type":"upload_status","attachment_id":"9"}`, ""},
+		{"upload_status no id", `{"type":"upload_status"}`, CodeInvalidArgument},
+		{"upload_status id as number", `{"type":"upload_status","attachment_id":9}`, CodeBadFrame},
+		{"upload_part", `{"type":"upload_part","attachment_id":"9","part":1}`, ""},
+		{"upload_part no part", `{"type":"upload_part","attachment_id":"9"}`, CodeInvalidArgument},
+		{"upload_part over the most parts", `{"type":"upload_part","attachment_id":"9","part":10001}`, CodeInvalidArgument},
+		{"upload_part no id", `{"type":"upload_part","part":1}`, CodeInvalidArgument},
+		{"upload_complete", `{"type":"upload_complete","attachment_id":"9"}`, ""},
+		{"upload_complete no id", `{"type":"upload_complete"}`, CodeInvalidArgument},
+		{"attachment_url", `{"type":"attachment_url","conv_id":"7","seq":3,"thumbnail":true}`, ""},
+		{"attachment_url no seq", `{"type":"attachment_url","conv_id":"7"}`, CodeInvalidArgument},
+		{"attachment_url no conv", `{"type":"attachment_url","seq":3}`, CodeInvalidArgument},
+		{"upload answer from client", `{"type":"upload"}`, CodeUnknownType},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -84,6 +115,11 @@ func FuzzDecodeClient(f *testing.F) {
 		`{"type":"create_group","name":"n","members":["a","b"]}`,
 		`{"type":"kt_consistency","from":1,"to":2}`,
 		`{"type":"kt_leaves","from":5,"limit":10}`,
+		`{"type":"upload_create","rid":"u","conv_id":"7","size":10,"sha256":"` + strings.Repeat("0f", 32) + `","media_type":"image/png","name":"cat.png"}`,
+		`{"type":"upload_status","attachment_id":"9"}`,
+		`{"type":"upload_part","attachment_id":"9","part":2}`,
+		`{"type":"upload_complete","rid":"c","attachment_id":"9"}`,
+		`{"type":"attachment_url","conv_id":"7","seq":3,"thumbnail":true}`,
 		`[`, ``, `{"type":null}`,
 	} {
 		f.Add([]byte(s))

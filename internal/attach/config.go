@@ -23,7 +23,7 @@ type Config struct {
 	// announces max_file_bytes 0).
 	MaxFileBytes int64 `yaml:"max_file_bytes" help:"largest file an upload may declare, in bytes (too_large over it); 0 turns attachments off"`
 	// PartBytes is the size of every part of an upload but the last.
-	PartBytes int64 `yaml:"part_bytes" help:"size of every part of an upload but the last, in bytes (at least 5 MiB with engine s3)"`
+	PartBytes int64 `yaml:"part_bytes" help:"size of every part of an upload but the last, in bytes (at least 5 MiB)"`
 	// UserQuotaBytes bounds the bytes of every file one user has stored
 	// or is uploading; UploadsInFlight the uploads one user has not
 	// completed.
@@ -93,9 +93,8 @@ func (c Config) Validate() error {
 	if !c.Enabled() {
 		return p.Err("attach")
 	}
-	p.Check(c.PartBytes >= 1, "part_bytes", "must be positive, got %d", c.PartBytes)
+	p.Check(c.PartBytes >= blob.MinPartSize, "part_bytes", "must be at least %d (5 MiB, S3's smallest part), got %d", blob.MinPartSize, c.PartBytes)
 	if c.Engine == EngineS3 {
-		p.Check(c.PartBytes >= blob.MinPartSize, "part_bytes", "must be at least %d (5 MiB, S3's smallest part) with engine s3, got %d", blob.MinPartSize, c.PartBytes)
 		p.Check(c.S3.Endpoint != "", "s3.endpoint", "engine s3 needs an endpoint (host:port)")
 		p.Check(c.S3.Bucket != "", "s3.bucket", "must not be empty")
 		p.Check(c.S3.SecretKey == "" || c.S3.SecretKeyFile == "", "s3.secret_key_file", "set either s3.secret_key or s3.secret_key_file, not both")
