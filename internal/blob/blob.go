@@ -7,9 +7,11 @@
 // whose clients can reach them directly also implement Presigner, so the
 // bytes of an upload or download never pass through Parley's processes.
 //
-// Keys are 1–200 bytes of [A-Za-z0-9._/-], not starting with "/" or
-// containing "..", so that every engine can use them as they are. Stores
-// are safe for concurrent use.
+// Keys are 1–200 bytes of [A-Za-z0-9._/-] in segments separated by "/",
+// none of them empty, "." or containing "..", so that every engine can use
+// them as they are (S3 servers that keep objects in a file tree, like
+// SeaweedFS, refuse or merge "a//b", "a/./b" and "a/"). Stores are safe
+// for concurrent use.
 package blob
 
 import (
@@ -105,20 +107,28 @@ type Presigner interface {
 
 // ValidKey reports whether key is a valid key (see the package comment).
 func ValidKey(key string) bool {
-	if len(key) == 0 || len(key) > 200 || key[0] == '/' {
+	if len(key) == 0 || len(key) > 200 {
 		return false
 	}
+	seg := 0 // length of the segment so far
 	for i := 0; i < len(key); i++ {
 		c := key[i]
 		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case c == '.', c == '_', c == '/', c == '-':
-			if c == '.' && i+1 < len(key) && key[i+1] == '.' {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-':
+		case c == '.':
+			if i+1 < len(key) && key[i+1] == '.' {
 				return false
 			}
+		case c == '/':
+			if seg == 0 || (seg == 1 && key[i-1] == '.') {
+				return false
+			}
+			seg = 0
+			continue
 		default:
 			return false
 		}
+		seg++
 	}
-	return true
+	return seg > 0 && !(seg == 1 && key[len(key)-1] == '.')
 }
