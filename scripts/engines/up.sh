@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Starts the distributed engines cluster mode and its tests use — Redis, NATS
-# with JetStream, Cassandra — on loopback, the way CI does, and prints the
-# variables that point the tests and `parley serve` at them.
+# with JetStream, Cassandra, and SeaweedFS for attachments on S3 — on
+# loopback, the way CI does, and prints the variables that point the tests
+# and `parley serve` at them.
 #
 #   scripts/engines/up.sh          # start (idempotent) and print the exports
 #   source "${PARLEY_ENGINES_DIR:-/tmp/parley-engines}/env"
-#   scripts/engines/up.sh stop     # stop all three
+#   scripts/engines/up.sh status   # exit 1 unless all four run
+#   scripts/engines/up.sh stop     # stop all four
 set -euo pipefail
 cd "$(dirname "$0")"
 action="${1:-start}"
-for engine in redis nats cassandra; do
-	"./$engine.sh" "$action"
+rc=0
+for engine in redis nats cassandra seaweedfs; do
+	"./$engine.sh" "$action" || rc=$?
 done
+((rc == 0)) || exit "$rc"
 if [[ "$action" == start ]]; then
 	dir="${PARLEY_ENGINES_DIR:-/tmp/parley-engines}"
 	cat "$dir/env"
