@@ -336,6 +336,9 @@ type Store interface {
 	E2E
 	// KT is the key transparency log's leaves and keys (kt.go).
 	KT
+	// Attachments is the attachment records and their owners' usage
+	// (attach.go).
+	Attachments
 
 	// Close releases the store. It is safe to call twice.
 	Close() error

@@ -320,10 +320,11 @@ func (s *Store) writeBody(ctx context.Context, m store.Message, bucket int32) er
 		return err
 	}
 	return s.q(ctx, `INSERT INTO messages (conv_id, bucket, message_id, sender, sender_device, client_msg_id,
-		kind, body, target_seq, server_time, mentions, mention_all, coalesce_key)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		kind, body, target_seq, server_time, mentions, mention_all, coalesce_key, attachment)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		i64(m.ConvID), bucket, i64(m.MsgID), m.Sender, m.SenderDevice, m.ClientMsgID,
-		m.Kind, m.Body, i64(m.TargetSeq), m.ServerTime, unsetIfEmpty(m.Mentions), m.MentionAll, m.CoalesceKey).Exec()
+		m.Kind, m.Body, i64(m.TargetSeq), m.ServerTime, unsetIfEmpty(m.Mentions), m.MentionAll, m.CoalesceKey,
+		unsetIfZero(m.Attachment)).Exec()
 }
 
 // unsetIfEmpty leaves an empty list column unset: binding null would write
@@ -333,6 +334,15 @@ func unsetIfEmpty(ms []string) any {
 		return gocql.UnsetValue
 	}
 	return ms
+}
+
+// unsetIfZero leaves the attachment column of a message without one
+// unset (no tombstone).
+func unsetIfZero(v uint64) any {
+	if v == 0 {
+		return gocql.UnsetValue
+	}
+	return i64(v)
 }
 
 // claimIdem claims (conv, sender, client_msg_id) for m. It returns the

@@ -123,7 +123,7 @@ func (s *Store) find(ctx context.Context, conv, lo, msgID uint64) (at, top uint6
 
 // messageColumns are the columns decodeMessage reads, in its order.
 const messageColumns = `message_id, sender, sender_device, client_msg_id, kind, body, target_seq, server_time,
-	mentions, mention_all, coalesce_key, rev, edit`
+	mentions, mention_all, coalesce_key, rev, edit, attachment`
 
 // row is a messages row as scanned.
 type row struct {
@@ -135,11 +135,12 @@ type row struct {
 	key              string
 	rev              *int
 	edit             []byte
+	attachment       *int64
 }
 
 func (r *row) dest() []any {
 	return []any{&r.id, &r.sender, &r.device, &r.cmid, &r.kind, &r.body, &r.target, &r.time,
-		&r.mentions, &r.mentionAll, &r.key, &r.rev, &r.edit}
+		&r.mentions, &r.mentionAll, &r.key, &r.rev, &r.edit, &r.attachment}
 }
 
 // message returns the row as seq's message with its committed edit
@@ -150,6 +151,9 @@ func (r *row) message(conv, seq uint64) (store.Message, *pendingEdit, error) {
 		ConvID: conv, Seq: seq, MsgID: u64(r.id), Sender: r.sender, SenderDevice: r.device,
 		ClientMsgID: r.cmid, Kind: r.kind, Body: r.body, TargetSeq: u64(r.target), ServerTime: r.time,
 		Mentions: cloneMentions(r.mentions), MentionAll: r.mentionAll, CoalesceKey: r.key,
+	}
+	if r.attachment != nil {
+		m.Attachment = u64(*r.attachment)
 	}
 	if r.rev == nil || len(r.edit) == 0 {
 		return m, nil, nil
@@ -177,18 +181,22 @@ type editImage struct {
 	Recalled     bool     `json:"r,omitempty"`
 	Mentions     []string `json:"m,omitempty"`
 	MentionAll   bool     `json:"a,omitempty"`
+	// Attachment: images written before messages named attachments have
+	// none, as those messages had none.
+	Attachment uint64 `json:"f,omitempty"`
 }
 
 func imageOf(m store.Message) editImage {
 	return editImage{Sender: m.Sender, SenderDevice: m.SenderDevice, ClientMsgID: m.ClientMsgID, Kind: m.Kind,
 		Body: m.Body, TargetSeq: m.TargetSeq, Edited: m.Edited, Recalled: m.Recalled,
-		Mentions: cloneMentions(m.Mentions), MentionAll: m.MentionAll}
+		Mentions: cloneMentions(m.Mentions), MentionAll: m.MentionAll, Attachment: m.Attachment}
 }
 
 func (e editImage) apply(m store.Message) store.Message {
 	m.Sender, m.SenderDevice, m.ClientMsgID, m.Kind = e.Sender, e.SenderDevice, e.ClientMsgID, e.Kind
 	m.Body, m.TargetSeq, m.Edited, m.Recalled = e.Body, e.TargetSeq, e.Edited, e.Recalled
 	m.Mentions, m.MentionAll = cloneMentions(e.Mentions), e.MentionAll
+	m.Attachment = e.Attachment
 	return m
 }
 

@@ -135,6 +135,39 @@ var migrations = []migration{
 		`ALTER TABLE e2e_devices ADD IF NOT EXISTS account_key blob`,
 		`ALTER TABLE e2e_devices ADD IF NOT EXISTS device_sig blob`,
 	}},
+	// Attachment records with their owner's usage in static columns (one
+	// partition per owner: a record and the usage change in one
+	// conditional batch), the id → owner lookup, a conversation's
+	// listing, and the due listing in (shard, hour) partitions with an
+	// index of its live buckets (attach.go).
+	{10, "attachments: records and usage, listings by conversation and by due time, a message's attachment", []string{
+		`CREATE TABLE IF NOT EXISTS attachments (
+			owner text, id bigint,
+			device text, conv_id bigint, size bigint, sha256 blob, media_type text, name text,
+			state tinyint, created_at bigint, expires_at bigint,
+			blob_upload text, part_size bigint, received int, hash_state blob,
+			width int, height int, thumb tinyint, ref_client_msg_id text, ref_seq bigint,
+			due bigint,
+			bytes bigint static, inflight int static, rev bigint static,
+			PRIMARY KEY (owner, id)
+		)`,
+		`CREATE TABLE IF NOT EXISTS attachment_ids (
+			id bigint PRIMARY KEY, owner text
+		)`,
+		`CREATE TABLE IF NOT EXISTS attachments_by_conv (
+			conv_id bigint, id bigint, owner text,
+			PRIMARY KEY (conv_id, id)
+		)`,
+		`CREATE TABLE IF NOT EXISTS attachments_due (
+			shard int, bucket bigint, due bigint, id bigint, owner text,
+			PRIMARY KEY ((shard, bucket), due, id)
+		) WITH gc_grace_seconds = 3600`,
+		`CREATE TABLE IF NOT EXISTS attachments_due_buckets (
+			shard int, bucket bigint,
+			PRIMARY KEY (shard, bucket)
+		) WITH gc_grace_seconds = 3600`,
+		`ALTER TABLE messages ADD IF NOT EXISTS attachment bigint`,
+	}},
 }
 
 var latestVersion = migrations[len(migrations)-1].version

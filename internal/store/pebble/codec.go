@@ -15,7 +15,9 @@ import (
 // same bytes.
 //
 // Version 2 appends fields to the end of version 1 values (group chat:
-// leave, mute, tier, mentions, coalesce keys). Encoders write version 2;
+// leave, mute, tier, mentions, coalesce keys); later fields of version 2
+// values are optional and announced by a flag (a message's attachment), so
+// that values written before them read unchanged. Encoders write version 2;
 // decoders also read version 1, which decodes with the new fields zero and
 // re-encodes as version 2.
 
@@ -31,8 +33,12 @@ const (
 	flagEdited     = 1 << 0
 	flagRecalled   = 1 << 1
 	flagMentionAll = 1 << 2
+	// flagAttachment: an uvarint attachment id (non-zero) ends the value.
+	// Values written before attachments never have it and read as
+	// Attachment 0.
+	flagAttachment = 1 << 3
 	flagsKnownV1   = flagEdited | flagRecalled
-	flagsKnown     = flagsKnownV1 | flagMentionAll
+	flagsKnown     = flagsKnownV1 | flagMentionAll | flagAttachment
 )
 
 // Member flags (v2).
@@ -158,6 +164,9 @@ func encodeMessage(m store.Message) []byte {
 	if m.MentionAll {
 		flags |= flagMentionAll
 	}
+	if m.Attachment != 0 {
+		flags |= flagAttachment
+	}
 	e.byte(flags)
 	e.string(m.Sender)
 	e.string(m.SenderDevice)
@@ -169,6 +178,9 @@ func encodeMessage(m store.Message) []byte {
 		e.string(u)
 	}
 	e.string(m.CoalesceKey)
+	if m.Attachment != 0 {
+		e.uvarint(m.Attachment)
+	}
 	return e.bytes()
 }
 
@@ -209,6 +221,12 @@ func decodeMessage(conv uint64, b []byte) (store.Message, error) {
 			}
 		}
 		m.CoalesceKey = d.string()
+		if flags&flagAttachment != 0 {
+			m.Attachment = d.uvarint()
+			if d.err == nil && m.Attachment == 0 {
+				d.fail() // 0 is written as absent
+			}
+		}
 	}
 	if err := d.finish("message"); err != nil {
 		return store.Message{}, err

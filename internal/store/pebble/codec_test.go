@@ -3,6 +3,7 @@ package pebble
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"math"
 	"math/rand/v2"
 	"reflect"
@@ -68,6 +69,9 @@ func FuzzDecodeMessage(f *testing.F) {
 	v1b := encodeMessage(v1)
 	f.Add(asV1(v1b, len(v1b)-1-len("bob")-1-len("carol")-1-1-len("packet-1")))
 	f.Add(encodeMessage(store.Message{ServerTime: -5, Recalled: true}))
+	withFile := sampleMessage
+	withFile.Attachment = 1 << 40
+	f.Add(encodeMessage(withFile))
 	decode := func(b []byte) (store.Message, error) { return decodeMessage(7, b) }
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if m, err := decode(b); err == nil {
@@ -145,13 +149,13 @@ func FuzzDecodeUint(f *testing.F) {
 func FuzzMessageRoundTrip(f *testing.F) {
 	m := sampleMessage
 	f.Add(m.Seq, m.MsgID, m.TargetSeq, m.ServerTime, m.Edited, m.Recalled, m.Sender, m.SenderDevice, m.ClientMsgID,
-		m.Kind, m.Body, "bob\x00carol", m.MentionAll, m.CoalesceKey, false)
-	f.Add(uint64(0), ^uint64(0), uint64(1), int64(-1), false, true, "", "", "", "", "", "", false, "", true)
+		m.Kind, m.Body, "bob\x00carol", m.MentionAll, m.CoalesceKey, false, uint64(0))
+	f.Add(uint64(0), ^uint64(0), uint64(1), int64(-1), false, true, "", "", "", "", "", "", false, "", true, ^uint64(0))
 	f.Fuzz(func(t *testing.T, seq, id, target uint64, at int64, edited, recalled bool, sender, dev, cmid, kind, body,
-		mentions string, mentionAll bool, key string, superseded bool) {
+		mentions string, mentionAll bool, key string, superseded bool, attachment uint64) {
 		in := store.Message{ConvID: 9, Seq: seq, MsgID: id, TargetSeq: target, ServerTime: at, Edited: edited,
 			Recalled: recalled, Sender: sender, SenderDevice: dev, ClientMsgID: cmid, Kind: kind, Body: body,
-			MentionAll: mentionAll, CoalesceKey: key, Superseded: superseded}
+			MentionAll: mentionAll, CoalesceKey: key, Superseded: superseded, Attachment: attachment}
 		if mentions != "" {
 			in.Mentions = strings.Split(mentions, "\x00")
 		}
@@ -187,6 +191,35 @@ func TestDecodeV1(t *testing.T) {
 	wantRow := store.ConvRow{ConvID: 1, UserID: "u", Kind: store.Direct, JoinSeq: 1, LastSeq: 8}
 	if r, err := decodeConvRow("u", 1, []byte{codecV1, byte(store.Direct), 1, 8}); err != nil || r != wantRow {
 		t.Errorf("decodeConvRow(v1) = %+v, %v; want %+v", r, err, wantRow)
+	}
+}
+
+// TestDecodeBeforeAttachments reads a version 2 message as written before
+// messages named attachments (the bytes encodeMessage(sampleMessage)
+// gave then): it reads with Attachment 0, and a message with an
+// attachment reads it back.
+func TestDecodeBeforeAttachments(t *testing.T) {
+	old, err := hex.DecodeString("022a80808080808080020380d08fa598630505616c6963650570686f6e6503632d310573746174650d68656c6c6f2c20e4b896e7958c0203626f62056361726f6c087061636b65742d31")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sampleMessage
+	if m, err := decodeMessage(7, old); err != nil || !reflect.DeepEqual(m, want) {
+		t.Fatalf("decodeMessage(before attachments) = %+v, %v; want %+v", m, err, want)
+	}
+	if re := encodeMessage(want); !bytes.Equal(re, old) {
+		t.Errorf("a message without attachment encodes to %x, want the bytes written before attachments %x", re, old)
+	}
+	want.Attachment = 77
+	b := encodeMessage(want)
+	if m, err := decodeMessage(7, b); err != nil || !reflect.DeepEqual(m, want) {
+		t.Errorf("decodeMessage(with attachment) = %+v, %v; want %+v", m, err, want)
+	}
+	if m, err := decodeMessage(7, append(b[:len(b)-1:len(b)-1], 0)); err == nil {
+		t.Errorf("decodeMessage(attachment 0 written) = %+v, want an error", m)
+	}
+	if m, err := decodeMessage(7, b[:len(b)-1]); err == nil {
+		t.Errorf("decodeMessage(flag without attachment) = %+v, want an error", m)
 	}
 }
 
@@ -279,5 +312,49 @@ func TestVarint(t *testing.T) {
 		if d.varint(); d.err == nil {
 			t.Errorf("non-minimal varint %x accepted", b)
 		}
+	}
+}
+
+var sampleAttachment = store.Attachment{
+	ID: 5, Owner: "alice", Device: "phone", ConvID: 1 << 44, Size: 100 << 20, SHA256: [32]byte{1, 2, 3, 31: 0xff},
+	MediaType: "image/png", Name: "cat 🐈.png", State: store.AttachComplete, CreatedAt: 1_704_067_200_000,
+	ExpiresAt: 1_704_153_600_000, BlobUpload: "upload-xyz", PartSize: 8 << 20, Received: 13,
+	HashState: []byte("sha\x03state"), Width: 4000, Height: 3000, Thumb: store.ThumbPending,
+	RefClientMsgID: "c-9", RefSeq: 1 << 33,
+}
+
+func FuzzDecodeAttachment(f *testing.F) {
+	seedTruncations(f, encodeAttachment(sampleAttachment))
+	f.Add(encodeAttachment(store.Attachment{State: store.AttachUploading}))
+	decode := func(b []byte) (store.Attachment, error) { return decodeAttachment(5, b) }
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if a, err := decode(b); err == nil {
+			canonical(t, b, a, encodeAttachment, decode)
+		}
+	})
+}
+
+func FuzzDecodeUsage(f *testing.F) {
+	seedTruncations(f, encodeUsage(store.Usage{Bytes: 2 << 30, Inflight: 8}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if u, err := decodeUsage(b); err == nil {
+			canonical(t, b, u, encodeUsage, decodeUsage)
+		}
+	})
+}
+
+func TestAttachmentCodec(t *testing.T) {
+	if a, err := decodeAttachment(5, encodeAttachment(sampleAttachment)); err != nil || !reflect.DeepEqual(a, sampleAttachment) {
+		t.Fatalf("round trip = %+v, %v; want %+v", a, err, sampleAttachment)
+	}
+	for _, bad := range []store.Attachment{{State: 0}, {State: store.AttachDeleting + 1}, {State: store.AttachComplete, Thumb: store.ThumbRefused + 1}} {
+		if a, err := decodeAttachment(5, encodeAttachment(bad)); err == nil {
+			t.Errorf("decodeAttachment(state %d thumb %d) = %+v, want an error", bad.State, bad.Thumb, a)
+		}
+	}
+	v1 := encodeAttachment(sampleAttachment)
+	v1[0] = codecV1
+	if a, err := decodeAttachment(5, v1); err == nil {
+		t.Errorf("decodeAttachment(version 1) = %+v, want an error", a)
 	}
 }

@@ -24,6 +24,9 @@
 //	V      V | user 0 | conv                     delivered seq                        delivered_positions
 //	H      H | conv | target | edit seq          the target as it was before that edit  message versions (a former member reads the body as of its leave_seq)
 //	E, P   E2E key directory                     see keydir.go                        e2e_devices, e2e_prekeys
+//	L, Y   key transparency log                  see kt.go                            kt_leaves, kt_keys
+//	F, G,  attachment records, their listings    see attach.go                        attachments, attachments_by_conv,
+//	W, Q   and their owners' usage                                                    attachments_due, attachment_usage
 //
 // bucket = ServerTime (unix ms) / BucketWidth: a busy conversation spreads
 // over many partitions, and ^msgid makes the newest message of a bucket sort
@@ -81,7 +84,7 @@
 // before a method here runs: the methods trust theirs, and Close waits for
 // the calls in progress. Lock order: the seam's gate (read side, per call)
 // → direct-pair stripe → convState.mu → convState.rowsMu → convState.ov.mu
-// → Store.idMark.mu (idmark.go); the state cache's lock is taken before a
+// → Store.idMark.mu (idmark.go); attMu and ktMu are taken alone; the state cache's lock is taken before a
 // state's (its eviction TryLocks convState.mu) and held for no I/O;
 // position stripes are leaves.
 package pebble
@@ -197,6 +200,8 @@ type Store struct {
 	keyLocks [keyStripes]sync.Mutex
 	// ktMu serialises the key transparency log's conditional writes (kt.go).
 	ktMu sync.Mutex
+	// attMu serialises the attachment records' writes (attach.go).
+	attMu sync.Mutex
 
 	// broken is set once a WAL fsync failed; after that no write is
 	// acknowledged because its durability can no longer be known.
