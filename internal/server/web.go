@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/parley-im/parley/internal/attach"
 	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/protocol"
 	"github.com/parley-im/parley/web"
@@ -122,13 +123,14 @@ func (s *Server) routePage(mux *http.ServeMux) {
 		panic(err) // embedded at build time
 	}
 	assets := http.StripPrefix("/web/", http.FileServerFS(noDirs{files}))
+	csp := pageCSP(s.cfg.Attach)
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
-		pageHeaders(w)
+		pageHeaders(w, csp)
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		_, _ = w.Write(index)
 	})
 	mux.HandleFunc("GET /web/", func(w http.ResponseWriter, r *http.Request) {
-		pageHeaders(w)
+		pageHeaders(w, csp)
 		assets.ServeHTTP(w, r)
 	})
 }
@@ -153,11 +155,29 @@ func (n noDirs) Open(name string) (fs.File, error) {
 // own origin ('self' covers its ws:// and wss:// URLs) and may not be
 // framed by another site; assets are revalidated so a new binary's page
 // is picked up.
-func pageHeaders(w http.ResponseWriter) {
+func pageHeaders(w http.ResponseWriter, csp string) {
 	h := w.Header()
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Content-Security-Policy", "default-src 'self'; connect-src 'self'; img-src 'self' data: blob:; media-src 'self' blob:; style-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+	h.Set("Content-Security-Policy", csp)
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "no-referrer")
+}
+
+// pageCSP is the page's Content-Security-Policy. With attachments on S3
+// the page PUTs parts to, and shows images and plays audio from, the
+// presigned URLs of the S3 server (attach.s3.endpoint, which they name):
+// that one origin joins connect-src, img-src and media-src. Files on disk
+// come from the node itself ('self').
+func pageCSP(c attach.Config) string {
+	blobs := ""
+	if c.Enabled() && c.Engine == attach.EngineS3 && c.S3.Endpoint != "" {
+		scheme := "http"
+		if c.S3.Secure {
+			scheme = "https"
+		}
+		blobs = " " + scheme + "://" + c.S3.Endpoint
+	}
+	return "default-src 'self'; connect-src 'self'" + blobs + "; img-src 'self' data: blob:" + blobs + "; media-src 'self' blob:" + blobs +
+		"; style-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 }
