@@ -99,6 +99,7 @@ type Server struct {
 	log      *slog.Logger
 	now      func() time.Time
 	ln       net.Listener
+	streamed []streamedRoute // routes whose bodies stream (stream.go)
 	engine   *nbhttp.Engine
 	std      *http.Server // instead of engine in race-detector builds
 	reg      *prometheus.Registry
@@ -720,7 +721,9 @@ func (s *Server) listen() error {
 		go func() { _ = s.std.Serve(ln) }()
 		return nil
 	}
-	s.engine = nbhttp.NewEngine(gateway.EngineConfig(gcfg, ln, handler))
+	ecfg := gateway.EngineConfig(gcfg, ln, handler)
+	ecfg.StreamBody = s.streamsBody
+	s.engine = nbhttp.NewEngine(ecfg)
 	if s.gw != nil {
 		s.gw.Attach(s.engine)
 	}

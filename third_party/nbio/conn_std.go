@@ -608,3 +608,14 @@ func (c *Conn) CloseWriteIfFlushed() bool {
 	}
 	return false
 }
+
+// PauseRead is not supported here: writes and reads run on goroutines
+// of their own, and the caller buffers. [parley patch H7]
+func (c *Conn) PauseRead() bool { return false }
+
+// ResumeRead undoes PauseRead. [parley patch H7]
+func (c *Conn) ResumeRead() {}
+
+// WaitQueued returns at once: writes on this platform are synchronous.
+// [parley patch H7]
+func (c *Conn) WaitQueued(max int, timeout time.Duration) error { return nil }

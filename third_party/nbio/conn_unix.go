@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -125,6 +126,12 @@ type Conn struct {
 
 	// whether the writing event has been set in the poller.
 	isWAdded bool
+	// readPaused: the poller does not watch the connection for reading
+	// (PauseRead). [parley patch H7]
+	readPaused bool
+	// drained, when not nil, is closed by the next flush that writes or by
+	// the close: what WaitQueued waits on. [parley patch H7]
+	drained chan struct{}
 	// the first closing error.
 	closeErr error
 
@@ -700,6 +707,10 @@ func (c *Conn) SetLinger(onoff int32, linger int32) error {
 func (c *Conn) modWrite() {
 	if !c.closed && !c.isWAdded {
 		c.isWAdded = true
+		if c.readPaused {
+			_ = c.p.setEvents(c.fd, false, true) // [parley patch H7]
+			return
+		}
 		_ = c.p.modWrite(c.fd)
 	}
 }
@@ -711,7 +722,98 @@ func (c *Conn) resetRead() {
 	if !c.closed && c.isWAdded {
 		c.isWAdded = false
 		p := c.p
+		if c.readPaused {
+			_ = p.setEvents(c.fd, false, false) // [parley patch H7]
+			return
+		}
 		_ = p.resetRead(c.fd)
+	}
+	c.signalDrained()
+}
+
+// PauseRead stops the poller reading the connection until ResumeRead, so
+// that a consumer slower than the peer holds the peer back (TCP flow
+// control) instead of buffering what it sends. It reports false where it
+// cannot pause (edge-triggered or oneshot polling, kqueue), and the
+// caller then buffers. [parley patch H7]
+//
+//go:norace
+func (c *Conn) PauseRead() bool {
+	c.mux.Lock()
+	defer c.mux.Unlock()
+	if c.closed || c.typ != ConnTypeTCP || !c.p.canPause() {
+		return false
+	}
+	if c.readPaused {
+		return true
+	}
+	if c.p.setEvents(c.fd, false, c.isWAdded) != nil {
+		return false
+	}
+	c.readPaused = true
+	return true
+}
+
+// ResumeRead undoes PauseRead. [parley patch H7]
+//
+//go:norace
+func (c *Conn) ResumeRead() {
+	c.mux.Lock()
+	defer c.mux.Unlock()
+	if c.closed || !c.readPaused {
+		return
+	}
+	c.readPaused = false
+	_ = c.p.setEvents(c.fd, true, c.isWAdded)
+}
+
+// WaitQueued blocks while more than max bytes written to the connection
+// wait in its queue (the socket's send buffer is full), until the queue
+// drains to max, the connection closes (net.ErrClosed) or timeout passes
+// (os.ErrDeadlineExceeded; 0: no timeout). A writer that streams a large
+// body calls it between writes, so the queue stays bounded instead of
+// growing past MaxWriteBufferSize, which closes the connection. It must
+// not be called from the poller's goroutine. [parley patch H7]
+//
+//go:norace
+func (c *Conn) WaitQueued(max int, timeout time.Duration) error {
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		deadline = t.C
+	}
+	for {
+		c.mux.Lock()
+		if c.closed {
+			c.mux.Unlock()
+			return net.ErrClosed
+		}
+		if c.left <= max {
+			c.mux.Unlock()
+			return nil
+		}
+		if c.drained == nil {
+			c.drained = make(chan struct{})
+		}
+		ch := c.drained
+		c.mux.Unlock()
+		select {
+		case <-ch:
+		case <-deadline:
+			return os.ErrDeadlineExceeded
+		}
+	}
+}
+
+// signalDrained wakes the WaitQueued callers; c.mux is held.
+// [parley patch H7]
+//
+//go:norace
+func (c *Conn) signalDrained() {
+	if c.drained != nil {
+		close(c.drained)
+		c.drained = nil
 	}
 }
 
@@ -956,6 +1058,7 @@ func (c *Conn) flush() error {
 		}
 		if errors.Is(err, syscall.EAGAIN) {
 			// c.modWrite()
+			c.signalDrained() // [parley patch H7]
 			return nil
 		}
 		if err != nil {
@@ -1021,6 +1124,7 @@ func (c *Conn) closeWithError(err error) error {
 //go:norace
 func (c *Conn) closeWithErrorWithoutLock(err error) error {
 	c.closeErr = err
+	c.signalDrained() // [parley patch H7]
 
 	if c.writeList != nil {
 		for _, t := range c.writeList {

@@ -379,6 +379,29 @@ func (p *poller) setRead(op int, fd int) error {
 	}
 }
 
+// canPause reports whether setEvents can leave reading out: level-
+// triggered polling only (edge-triggered and oneshot registrations are
+// not modified the same way). [parley patch H7]
+//
+//go:norace
+func (p *poller) canPause() bool { return p.g.EpollMod != EPOLLET }
+
+// setEvents sets what the poller watches fd for, in level-triggered mode:
+// errors and hang-ups always, reading and writing as asked.
+// [parley patch H7]
+//
+//go:norace
+func (p *poller) setEvents(fd int, read, write bool) error {
+	events := uint32(syscall.EPOLLERR | syscall.EPOLLHUP | syscall.EPOLLRDHUP)
+	if read {
+		events |= syscall.EPOLLPRI | syscall.EPOLLIN
+	}
+	if write {
+		events |= syscall.EPOLLOUT
+	}
+	return syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_MOD, fd, &syscall.EpollEvent{Fd: int32(fd), Events: events})
+}
+
 //go:norace
 func (p *poller) modWrite(fd int) error {
 	return p.setReadWrite(syscall.EPOLL_CTL_MOD, fd)

@@ -391,3 +391,12 @@ func newPoller(g *Engine, isListener bool, index int) (*poller, error) {
 //go:norace
 func (c *Conn) ResetPollerEvent() {
 }
+
+// canPause: kqueue registrations are not modified to leave reading out;
+// PauseRead reports false and its caller buffers. [parley patch H7]
+func (p *poller) canPause() bool { return false }
+
+// setEvents is unused where canPause is false. [parley patch H7]
+func (p *poller) setEvents(fd int, read, write bool) error {
+	return errors.New("nbio: setEvents is not supported with kqueue")
+}

@@ -130,6 +130,13 @@ type Config struct {
 	// of the previous response (also 408 if part of it came). [parley patch H4]
 	BodyReadTimeout time.Duration
 
+	// StreamBody, if set, is asked for each server request with a
+	// Content-Length as soon as its head is in: a route it accepts gets its
+	// handler called at once, with a Body that streams the body under flow
+	// control, and limit instead of MaxHTTPBodySize (stream.go).
+	// [parley patch H7]
+	StreamBody func(method, path string) (limit int64, ok bool)
+
 	// ErrorBody, if set, gives the body (and its Content-Type) of the
 	// answers the parser sends on its own: 400, 408, 413, 431.
 	// [parley patch H3]
@@ -1257,6 +1264,13 @@ func NewEngine(conf Config) *Engine {
 
 	// g.OnOpen(engine.ServerOnOpen)
 	g.OnClose(func(c *nbio.Conn, err error) {
+		if p, ok := c.Session().(*Parser); ok {
+			// A streamed body's reader is a job of this connection: it
+			// learns of the close now, not after itself. [parley patch H7]
+			if sb, ok := p.stream.Load().(*streamBody); ok {
+				sb.CloseAndClean(err)
+			}
+		}
 		c.MustExecute(func() {
 			switch vt := c.Session().(type) {
 			case ParserCloser:

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -84,6 +85,16 @@ type Parser struct {
 	bodyBytes  int
 	discarding bool
 	discarded  int
+
+	// streaming: the current request's route streams its body
+	// (Config.StreamBody, stream.go), whose limit is streamLimit.
+	// [parley patch H7]
+	streaming   bool
+	streamLimit int64
+	// stream is the streamed body, for the close hook, which cannot wait
+	// for mux or for the connection's jobs (the handler reading the body
+	// is one). [parley patch H7]
+	stream atomic.Value // *streamBody
 }
 
 // maxDiscard bounds what a connection answered with an error may still
@@ -173,6 +184,9 @@ func (p *Parser) CloseAndClean(err error) {
 	// }
 	if p.Processor != nil {
 		p.Processor.Close(p, err)
+	}
+	if sb, ok := p.ParserCloser.(*streamBody); ok {
+		sb.CloseAndClean(err) // [parley patch H7]
 	}
 	if p.bytesCached != nil && len(*p.bytesCached) > 0 {
 		mempool.Free(p.bytesCached)
@@ -449,7 +463,11 @@ UPGRADER:
 					return err
 				}
 
-				if m := p.Engine.MaxHTTPBodySize; !p.isClient && m > 0 && p.contentLength > m {
+				p.streaming = p.streamsBody()
+				if p.streaming && int64(p.contentLength) > p.streamLimit {
+					return ErrBodyTooLarge // [parley patch H7]
+				}
+				if m := p.Engine.MaxHTTPBodySize; !p.streaming && !p.isClient && m > 0 && p.contentLength > m {
 					return ErrBodyTooLarge // before buffering it [parley patch H2]
 				}
 				p.Processor.OnContentLength(p, p.contentLength)
@@ -552,6 +570,11 @@ UPGRADER:
 				if !p.isClient && p.Engine.BodyReadTimeout > 0 && (p.chunked || p.contentLength > 0) {
 					t := p.Engine.BodyReadTimeout
 					p.setReadDeadline(time.Now().Add(t)) // [parley patch H4]
+				}
+				if p.streaming {
+					start = i + 1
+					p.startStream() // the loop's next turn hands data[start:] to it
+					continue
 				}
 				if p.chunked {
 					start = i + 1
@@ -888,6 +911,43 @@ func (p *Parser) parseTrailer() error {
 		p.trailer = trailer
 	}
 	return nil
+}
+
+// streamsBody reports whether the request whose head just ended streams
+// its body: a server request with a Content-Length (no chunked body) on a
+// route Config.StreamBody accepts. [parley patch H7]
+//
+//go:norace
+func (p *Parser) streamsBody() bool {
+	if p.isClient || p.chunked || p.contentLength <= 0 || p.Engine.StreamBody == nil {
+		return false
+	}
+	sp, ok := p.Processor.(*ServerProcessor)
+	if !ok || sp.request == nil || sp.request.URL == nil {
+		return false
+	}
+	limit, ok := p.Engine.StreamBody(sp.request.Method, sp.request.URL.Path)
+	p.streamLimit = limit
+	return ok
+}
+
+// startStream hands the request to its handler with a streaming body; the
+// bytes that follow go to the body (as an upgraded connection's go to its
+// ParserCloser). [parley patch H7]
+//
+//go:norace
+func (p *Parser) startStream() {
+	sb := &streamBody{conn: underlying(p.Conn), idle: p.Engine.BodyReadTimeout, remain: int64(p.contentLength)}
+	p.Processor.(*ServerProcessor).request.Body = sb
+	p.ParserCloser = sb
+	p.stream.Store(sb)
+	p.streaming = false
+	p.setReadDeadline(time.Time{}) // the body's reads time out on their own
+	p.headBytes, p.bodyBytes = 0, 0
+	p.Processor.OnComplete(p)
+	p.chunked = false
+	p.header = nil
+	p.trailer = nil
 }
 
 //go:norace

@@ -271,6 +271,9 @@ func (p *ServerProcessor) OnComplete(parser *Parser) {
 	if request.Body == nil {
 		request.Body = NewBodyReader(engine)
 	}
+	if _, ok := request.Body.(*streamBody); ok {
+		request.Close = true // [parley patch H7]
+	}
 
 	response := NewResponse(parser, request)
 
@@ -301,7 +304,11 @@ func (p *ServerProcessor) flushResponse(parser *Parser, res *Response) {
 				releaseResponse(res)
 				return
 			}
-			if req.Close {
+			if sb, ok := req.Body.(*streamBody); ok && sb.linger() {
+				// answered before the whole body came: the body closes the
+				// connection when the rest is in, or the deadline does.
+				// [parley patch H7]
+			} else if req.Close {
 				// the data may still in the send queue
 				_ = conn.Close()
 			} else if parser.ParserCloser == nil {

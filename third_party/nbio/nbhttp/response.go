@@ -106,6 +106,9 @@ func (res *Response) Write(data []byte) (int, error) {
 	if l == 0 || conn == nil {
 		return 0, nil
 	}
+	if err := waitQueued(conn); err != nil {
+		return 0, err
+	}
 
 	res.WriteHeader(http.StatusOK)
 	res.checkChunked()
@@ -342,7 +345,51 @@ func (res *Response) ReadFrom(r io.Reader) (n int64, err error) {
 		}
 	}
 
-	return io.Copy(c, r)
+	// Through Write, a buffer at a time, so the queue stays bounded.
+	// [parley patch H7]
+	buf := make([]byte, 32<<10)
+	for {
+		nr, rerr := r.Read(buf)
+		if nr > 0 {
+			if err := waitQueued(c); err != nil {
+				return n, err
+			}
+			nw, werr := c.Write(buf[:nr])
+			n += int64(nw)
+			if werr != nil {
+				return n, werr
+			}
+		}
+		if rerr == io.EOF {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+}
+
+// Bounds of a response written in many writes (a download): past
+// responseQueueMax bytes waiting in the connection's queue, a write waits
+// for the client to read, at most responseQueueWait. [parley patch H7]
+const (
+	responseQueueMax  = 256 << 10
+	responseQueueWait = 30 * time.Second
+)
+
+// waitQueued makes a response's writer wait while the connection's queue
+// is over responseQueueMax (the client reads slower than the handler
+// writes), instead of queueing past the engine's MaxWriteBufferSize,
+// which closes the connection. [parley patch H7]
+//
+//go:norace
+func waitQueued(conn net.Conn) error {
+	if w, ok := underlying(conn).(interface {
+		WaitQueued(max int, timeout time.Duration) error
+	}); ok {
+		return w.WaitQueued(responseQueueMax, responseQueueWait)
+	}
+	return nil
 }
 
 // Push implements the http.Pusher interface.

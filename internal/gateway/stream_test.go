@@ -1,0 +1,222 @@
+package gateway_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lesismal/nbio/nbhttp"
+
+	"github.com/parley-im/parley/internal/gateway"
+)
+
+// streamServer serves h on the event loop with the gateway's engine
+// settings, streaming the bodies of PUT /stream/ up to limit bytes.
+func streamServer(t *testing.T, limit int64, h http.Handler) string {
+	t.Helper()
+	if raceBuild {
+		t.Skip("the event loop's HTTP server runs without -race only; scripts/test.sh runs this package again without it")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := gateway.EngineConfig(gateway.DefaultConfig(), ln, h)
+	cfg.StreamBody = func(method, path string) (int64, bool) {
+		return limit, method == http.MethodPut && len(path) > len("/stream/") && path[:len("/stream/")] == "/stream/"
+	}
+	e := nbhttp.NewEngine(cfg)
+	if err := e.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Shutdown(t.Context()) })
+	return "http://" + ln.Addr().String()
+}
+
+// TestStreamedBodyIsFlowControlled: a 64 MiB PUT to a streamed route
+// reaches a slow handler whole and in order, the handler runs before the
+// body is in, and the client is held back by TCP flow control rather than
+// buffered: it is never more than the kernel's socket buffers and the
+// stream's high-water mark ahead of the handler (unpaused, it would be
+// ahead by nearly the whole body).
+func TestStreamedBodyIsFlowControlled(t *testing.T) {
+	const size = 64 << 20
+	var started atomic.Int64 // bytes the client had written when the handler began
+	var written, consumed, ahead atomic.Int64
+	url := streamServer(t, size, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started.Store(written.Load())
+		h := sha256.New()
+		buf := make([]byte, 16<<10)
+		var n int64
+		for {
+			k, err := r.Body.Read(buf)
+			h.Write(buf[:k])
+			n += int64(k)
+			consumed.Store(n)
+			if a := written.Load() - n; a > ahead.Load() {
+				ahead.Store(a)
+			}
+			if n%(2<<20) < int64(k) {
+				time.Sleep(20 * time.Millisecond) // a slow disk
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+		}
+		fmt.Fprintf(w, "%d %x", n, h.Sum(nil))
+	}))
+	body := make([]byte, size)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range body {
+		body[i] = byte(r.Uint32())
+	}
+	sum := sha256.Sum256(body)
+	req, _ := http.NewRequest(http.MethodPut, url+"/stream/x", &countingReader{r: bytes.NewReader(body), n: &written})
+	req.ContentLength = size
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, _ := io.ReadAll(resp.Body)
+	if want := strconv.Itoa(size) + " " + hex.EncodeToString(sum[:]); resp.StatusCode != 200 || string(got) != want {
+		t.Fatalf("answer %d %q, want 200 %q", resp.StatusCode, got, want)
+	}
+	if s := started.Load(); s >= size {
+		t.Errorf("the handler began after the whole body (%d bytes) was sent", s)
+	}
+	// Loopback socket buffers hold a few MiB each way (tcp_rmem, tcp_wmem).
+	if a := ahead.Load(); a > 24<<20 {
+		t.Errorf("the client got %d MiB ahead of the handler: the body was buffered, not flow-controlled", a>>20)
+	}
+	t.Logf("the client was at most %d KiB ahead of the handler", ahead.Load()>>10)
+}
+
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// TestStreamedBodyLimitsAndEarlyAnswers: over the route's limit is 413
+// before the handler runs; a handler that answers before reading the body
+// is read by the client, not reset; a client that goes away mid-body makes
+// the handler's read fail with io.ErrUnexpectedEOF; other routes keep the
+// frame-sized body bound.
+func TestStreamedBodyLimitsAndEarlyAnswers(t *testing.T) {
+	gotErr := make(chan error, 1)
+	url := streamServer(t, 8<<20, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/stream/early":
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, "refused early")
+		case "/stream/cut":
+			_, err := io.Copy(io.Discard, r.Body)
+			gotErr <- err
+		default:
+			_, _ = io.Copy(io.Discard, r.Body)
+		}
+	}))
+	put := func(path string, n int) (*http.Response, error) {
+		req, _ := http.NewRequest(http.MethodPut, url+path, bytes.NewReader(make([]byte, n)))
+		req.ContentLength = int64(n)
+		return http.DefaultClient.Do(req)
+	}
+	resp, err := put("/stream/big", 9<<20)
+	if err != nil || resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("over the limit: %v %v, want 413", resp, err)
+	}
+	resp.Body.Close()
+	for i := range 5 {
+		resp, err := put("/stream/early", 8<<20)
+		if err != nil {
+			t.Fatalf("try %d, an early answer: %v", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || string(b) != "refused early" {
+			t.Fatalf("try %d, an early answer: %d %q", i, resp.StatusCode, b)
+		}
+	}
+	resp, err = put("/other", 1<<20)
+	if err != nil || resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("an unstreamed route: %v %v, want 413", resp, err)
+	}
+	resp.Body.Close()
+
+	c, err := net.Dial("tcp", url[len("http://"):])
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = fmt.Fprintf(c, "PUT /stream/cut HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+	_, _ = c.Write(make([]byte, 300000))
+	time.Sleep(50 * time.Millisecond)
+	_ = c.Close()
+	select {
+	case err := <-gotErr:
+		if !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("a body cut short read %v, want io.ErrUnexpectedEOF", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler of a body cut short never returned")
+	}
+}
+
+// TestLongResponseToASlowReader: a 64 MiB response written in 32 KiB
+// writes reaches a client that reads slowly, whole: the writer waits for
+// the client instead of queueing past the outbound bound (which closes
+// the connection).
+func TestLongResponseToASlowReader(t *testing.T) {
+	const size = 64 << 20
+	url := streamServer(t, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		buf := make([]byte, 32<<10)
+		for i := range buf {
+			buf[i] = byte(i)
+		}
+		for n := 0; n < size; n += len(buf) {
+			if _, err := w.Write(buf); err != nil {
+				return
+			}
+		}
+	}))
+	resp, err := http.Get(url + "/long")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var n int64
+	buf := make([]byte, 64<<10)
+	for {
+		k, err := resp.Body.Read(buf)
+		n += int64(k)
+		if n%(8<<20) < int64(k) {
+			time.Sleep(30 * time.Millisecond)
+		}
+		if err != nil {
+			break
+		}
+	}
+	if n != size {
+		t.Fatalf("read %d of %d bytes", n, size)
+	}
+}
