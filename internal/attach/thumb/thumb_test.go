@@ -173,15 +173,15 @@ func TestMake(t *testing.T) {
 		left, right  [3]int // colours at the middle of the left and right quarters
 		checkColours bool
 	}{
-		{"png down", encode(t, "png", halves(1200, 800, 255)), 320, 320, 213, [3]int{255, 0, 0}, [3]int{0, 0, 255}, true},
+		{"png down", encode(t, "png", halves(960, 640, 255)), 320, 320, 213, [3]int{255, 0, 0}, [3]int{0, 0, 255}, true},
 		{"jpeg tall", encode(t, "jpeg", halves(300, 1000, 255)), 320, 96, 320, [3]int{255, 0, 0}, [3]int{0, 0, 255}, true},
-		{"gif", encode(t, "gif", halves(640, 640, 255)), 320, 320, 320, [3]int{255, 0, 0}, [3]int{0, 0, 255}, true},
+		{"gif", encode(t, "gif", halves(480, 480, 255)), 320, 320, 320, [3]int{255, 0, 0}, [3]int{0, 0, 255}, true},
 		{"small keeps its size", encode(t, "png", halves(100, 50, 255)), 320, 100, 50, [3]int{255, 0, 0}, [3]int{0, 0, 255}, true},
-		{"transparent is white", encode(t, "png", halves(400, 400, 0)), 100, 100, 100, [3]int{255, 255, 255}, [3]int{255, 255, 255}, true},
-		{"thin", encode(t, "png", halves(5000, 2, 255)), 320, 320, 1, [3]int{}, [3]int{}, false},
-		{"jpeg box filtered", encode(t, "jpeg", halves(2000, 1500, 255)), 320, 320, 240, [3]int{255, 0, 0}, [3]int{0, 0, 255}, true},
-		{"png box filtered", encode(t, "png", halves(1700, 1600, 255)), 100, 100, 94, [3]int{255, 0, 0}, [3]int{0, 0, 255}, true},
-		{"transparent box filtered", encode(t, "png", halves(1600, 1600, 0)), 100, 100, 100, [3]int{255, 255, 255}, [3]int{255, 255, 255}, true},
+		{"transparent is white", encode(t, "png", halves(150, 150, 0)), 100, 100, 100, [3]int{255, 255, 255}, [3]int{255, 255, 255}, true},
+		{"thin", encode(t, "png", halves(3000, 2, 255)), 320, 320, 1, [3]int{}, [3]int{}, false},
+		{"jpeg box filtered", encode(t, "jpeg", halves(1400, 1050, 255)), 320, 320, 240, [3]int{255, 0, 0}, [3]int{0, 0, 255}, true},
+		{"png box filtered", encode(t, "png", halves(850, 800, 255)), 100, 100, 94, [3]int{255, 0, 0}, [3]int{0, 0, 255}, true},
+		{"transparent box filtered", encode(t, "png", halves(800, 800, 0)), 100, 100, 100, [3]int{255, 255, 255}, [3]int{255, 255, 255}, true},
 		{"webp lossy", readFile(t, "blue-purple-pink.lossy.webp"), 64, 64, 43, [3]int{}, [3]int{}, false},
 		{"webp lossless with alpha", readFile(t, "gopher-doc.with-alpha.lossless.webp"), 50, 38, 50, [3]int{}, [3]int{}, false},
 	}
