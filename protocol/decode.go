@@ -127,8 +127,18 @@ func validate(f *Frame, lim Limits) *Error {
 			if f.CoalesceKey == "" || len(f.CoalesceKey) > lim.MaxClientMsgID {
 				return Errorf(CodeInvalidArgument, "kind state needs a coalesce_key of 1-%d bytes", lim.MaxClientMsgID)
 			}
+		case KindFile:
+			if f.AttachmentID == 0 {
+				return Errorf(CodeInvalidArgument, "kind file needs attachment_id")
+			}
+			if f.CoalesceKey != "" {
+				return Errorf(CodeInvalidArgument, "coalesce_key needs kind state")
+			}
 		default:
-			return Errorf(CodeInvalidArgument, "kind %q cannot be sent; use text or state, or the edit and recall frames", f.Kind)
+			return Errorf(CodeInvalidArgument, "kind %q cannot be sent; use text, state or file, or the edit and recall frames", f.Kind)
+		}
+		if f.Kind != KindFile && f.AttachmentID != 0 {
+			return Errorf(CodeInvalidArgument, "attachment_id needs kind file")
 		}
 		if len(f.Mentions) > lim.MaxMentions {
 			return Errorf(CodeTooLarge, "%d mentions is over %d", len(f.Mentions), lim.MaxMentions)
@@ -137,6 +147,12 @@ func validate(f *Frame, lim Limits) *Error {
 			if !ValidID(m) {
 				return Errorf(CodeInvalidArgument, "mention %q is not a valid user id", m)
 			}
+		}
+		if f.Kind == KindFile {
+			// The body of a plain conversation's file message is optional
+			// (caption, duration); an E2E one's envelope the service
+			// requires.
+			return maxBody(f, lim)
 		}
 		return needBody(f, lim)
 	case TypeEdit:
@@ -151,11 +167,8 @@ func validate(f *Frame, lim Limits) *Error {
 		}
 		// A body is for end-to-end encrypted conversations only (the
 		// author's sealed recall); the service refuses it elsewhere.
-		if len(f.Body) > lim.MaxBodyBytes {
-			return Errorf(CodeTooLarge, "body of %d bytes is over %d", len(f.Body), lim.MaxBodyBytes)
-		}
 		f.Kind = KindRecall
-		return nil
+		return maxBody(f, lim)
 	case TypeDelivered, TypeRead:
 		if e := needConv(f); e != nil {
 			return e
@@ -262,6 +275,9 @@ func needTarget(f *Frame, lim Limits) *Error {
 	if f.TargetSeq == 0 {
 		return Errorf(CodeInvalidArgument, "target_seq is required")
 	}
+	if f.AttachmentID != 0 {
+		return Errorf(CodeInvalidArgument, "a file message is recalled, never edited, and a recall names no attachment_id")
+	}
 	return nil
 }
 
@@ -279,6 +295,10 @@ func needBody(f *Frame, lim Limits) *Error {
 	if f.Body == "" {
 		return Errorf(CodeInvalidArgument, "body is required")
 	}
+	return maxBody(f, lim)
+}
+
+func maxBody(f *Frame, lim Limits) *Error {
 	if len(f.Body) > lim.MaxBodyBytes {
 		return Errorf(CodeTooLarge, "body of %d bytes is over %d", len(f.Body), lim.MaxBodyBytes)
 	}

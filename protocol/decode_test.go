@@ -43,6 +43,15 @@ func TestDecodeClient(t *testing.T) {
 		{"open_direct bad peer", `{"type":"open_direct","peer":"a b"}`, CodeInvalidArgument},
 		{"create_group bad member", `{"type":"create_group","members":["ok","bad/"]}`, CodeInvalidArgument},
 		{"add_members none", `{"type":"add_members","conv_id":"7"}`, CodeInvalidArgument},
+		{"send file", `{"type":"send","conv_id":"7","client_msg_id":"a","kind":"file","attachment_id":"9"}`, ""},
+		{"send file with caption", `{"type":"send","conv_id":"7","client_msg_id":"a","kind":"file","attachment_id":"9","body":"{\"caption\":\"hi\"}"}`, ""},
+		{"send file without attachment", `{"type":"send","conv_id":"7","client_msg_id":"a","kind":"file","body":"x"}`, CodeInvalidArgument},
+		{"send file with a long body", `{"type":"send","conv_id":"7","client_msg_id":"a","kind":"file","attachment_id":"9","body":"` + strings.Repeat("x", DefaultLimits.MaxBodyBytes+1) + `"}`, CodeTooLarge},
+		{"send file coalesced", `{"type":"send","conv_id":"7","client_msg_id":"a","kind":"file","attachment_id":"9","coalesce_key":"k"}`, CodeInvalidArgument},
+		{"send text with attachment", `{"type":"send","conv_id":"7","client_msg_id":"a","body":"x","attachment_id":"9"}`, CodeInvalidArgument},
+		{"send state with attachment", `{"type":"send","conv_id":"7","client_msg_id":"a","body":"x","kind":"state","coalesce_key":"k","attachment_id":"9"}`, CodeInvalidArgument},
+		{"edit with attachment", `{"type":"edit","conv_id":"7","client_msg_id":"a","target_seq":1,"body":"x","attachment_id":"9"}`, CodeInvalidArgument},
+		{"recall with attachment", `{"type":"recall","conv_id":"7","client_msg_id":"a","target_seq":1,"attachment_id":"9"}`, CodeInvalidArgument},
 		{"invalid utf-8", "{\"type\":\"ping\",\"rid\":\"\xff\"}", CodeBadFrame},
 		{"upload_create", `{"type":"upload_create","rid":"u","conv_id":"7","size":10,"sha256":` + sha + `,"media_type":"image/png","name":"cat.png"}`, ""},
 		{"upload_create empty file", `{"type":"upload_create","conv_id":"7","sha256":` + sha + `,"media_type":"text/plain","name":"empty"}`, ""},
@@ -120,6 +129,7 @@ func FuzzDecodeClient(f *testing.F) {
 		`{"type":"upload_part","attachment_id":"9","part":2}`,
 		`{"type":"upload_complete","rid":"c","attachment_id":"9"}`,
 		`{"type":"attachment_url","conv_id":"7","seq":3,"thumbnail":true}`,
+		`{"type":"send","conv_id":"7","client_msg_id":"a","kind":"file","attachment_id":"9","body":"{}"}`,
 		`[`, ``, `{"type":null}`,
 	} {
 		f.Add([]byte(s))

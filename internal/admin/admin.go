@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/internal/access"
+	"github.com/parley-im/parley/internal/attach"
 	"github.com/parley-im/parley/internal/chat"
 	"github.com/parley-im/parley/protocol"
 )
@@ -57,10 +58,23 @@ type Chat interface {
 
 var _ Chat = (*chat.Service)(nil)
 
+// Attachments is the attachment service's server API (attach/admin.go):
+// the records are read and deleted in the store and the blob engine, by
+// whichever chat process serves the call.
+type Attachments interface {
+	AdminAttachments(ctx context.Context, conv, after uint64, limit int) ([]attach.AdminAttachment, bool, *protocol.Error)
+	AdminDeleteAttachment(ctx context.Context, id uint64) *protocol.Error
+}
+
+var _ Attachments = (*attach.Service)(nil)
+
 // Deps are what the API acts through.
 type Deps struct {
 	Chat   Chat
 	Access *access.Manager
+	// Attachments serves the attachment endpoints (nil: attachments are
+	// off, and they answer invalid_argument).
+	Attachments Attachments
 	// Disconnect closes user's sessions (of device, if set) on every
 	// gateway, with protocol.CloseDisconnected, and reports how many it
 	// found.
@@ -180,6 +194,11 @@ func (s *Server) handle(pattern string, h handler) {
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 		defer cancel()
 		out, perr := h(ctx, r, body)
+		if perr == nil && out == nil {
+			// A deletion that has nothing to say: 204, no body.
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
 		if r.Method != http.MethodGet {
 			// An audit line for every call that may change something.
 			code := protocol.Code("")

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/parley-im/parley/internal/access"
+	"github.com/parley-im/parley/internal/attach"
 	"github.com/parley-im/parley/internal/chat"
 	"github.com/parley-im/parley/protocol"
 )
@@ -31,6 +32,8 @@ var Routes = []string{
 	"DELETE /v1/admin/users/{user_id}/ban",
 	"POST /v1/admin/users/{user_id}/revoke",
 	"POST /v1/admin/users/{user_id}/disconnect",
+	"GET /v1/admin/conversations/{conv_id}/attachments",
+	"DELETE /v1/admin/attachments/{attachment_id}",
 }
 
 // Answers.
@@ -63,6 +66,11 @@ type (
 	disconnectAnswer struct {
 		Sessions int `json:"sessions"`
 	}
+	attachmentsAnswer struct {
+		Attachments []attach.AdminAttachment `json:"attachments"`
+		// Next, when more follow, is the after to ask for the next page.
+		Next string `json:"next,omitempty"`
+	}
 )
 
 func ackOf(f *protocol.Frame) ackAnswer {
@@ -80,7 +88,7 @@ func (s *Server) routes() {
 	handlers := []handler{
 		s.createDirect, s.createGroup, s.getConv, s.addMembers, s.removeMember, s.setRole, s.mute,
 		s.sendMessage, s.editMessage, s.recallMessage, s.userConversations, s.userAccess,
-		s.ban, s.unban, s.revoke, s.disconnect,
+		s.ban, s.unban, s.revoke, s.disconnect, s.attachments, s.deleteAttachment,
 	}
 	for i, pattern := range Routes {
 		s.handle(pattern, handlers[i])
@@ -457,4 +465,66 @@ func checkDevice(device string) *protocol.Error {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "device %q is not a valid device id", truncate(device))
 	}
 	return nil
+}
+
+// Paging of a conversation's attachments.
+const (
+	defaultAttachPage = 100
+	maxAttachPage     = 1000
+)
+
+func (s *Server) attachmentsOff() *protocol.Error {
+	return protocol.Errorf(protocol.CodeInvalidArgument, "attachments are not enabled on this server")
+}
+
+func (s *Server) attachments(ctx context.Context, r *http.Request, _ []byte) (any, *protocol.Error) {
+	conv, perr := pathConv(r)
+	if perr != nil {
+		return nil, perr
+	}
+	if s.d.Attachments == nil {
+		return nil, s.attachmentsOff()
+	}
+	q := r.URL.Query()
+	var after uint64
+	if v := q.Get("after"); v != "" {
+		a, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "after %q is not a decimal attachment id", truncate(v))
+		}
+		after = a
+	}
+	limit := defaultAttachPage
+	if v := q.Get("limit"); v != "" {
+		l, err := strconv.Atoi(v)
+		if err != nil || l < 1 || l > maxAttachPage {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "limit must be an integer from 1 to %d", maxAttachPage)
+		}
+		limit = l
+	}
+	list, more, perr := s.d.Attachments.AdminAttachments(ctx, conv, after, limit)
+	if perr != nil {
+		return nil, perr
+	}
+	out := attachmentsAnswer{Attachments: list}
+	if more && len(list) > 0 {
+		out.Next = strconv.FormatUint(list[len(list)-1].AttachmentID, 10)
+	}
+	return out, nil
+}
+
+func (s *Server) deleteAttachment(ctx context.Context, r *http.Request, _ []byte) (any, *protocol.Error) {
+	v := r.PathValue("attachment_id")
+	id, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || id == 0 {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "attachment_id %q is not a decimal attachment id", truncate(v))
+	}
+	if s.d.Attachments == nil {
+		return nil, s.attachmentsOff()
+	}
+	if perr := s.d.Attachments.AdminDeleteAttachment(ctx, id); perr != nil {
+		return nil, perr
+	}
+	s.d.Logger.Info("admin API: attachment deleted", "attachment", id)
+	return nil, nil
 }

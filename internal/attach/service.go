@@ -136,6 +136,8 @@ func (s *Service) Handle(ctx context.Context, c protocol.Caller, f *protocol.Fra
 		return s.uploadPart(ctx, c, f)
 	case protocol.TypeUploadComplete:
 		return s.uploadComplete(ctx, c, f)
+	case protocol.TypeAttachmentURL:
+		return s.attachmentURL(ctx, c, f)
 	}
 	return nil, protocol.Errorf(protocol.CodeUnknownType, "unknown frame type %q", f.Type)
 }

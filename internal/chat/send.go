@@ -25,6 +25,22 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 		return perr
 	}
 	a := s.appendOf(c, cv, f, start)
+	// recalled is the attachment of a recalled file message, read from
+	// the target when the store applies the recall.
+	var recalled uint64
+	if f.TargetSeq != 0 {
+		a.Check = s.checkTarget(c, f, &recalled)
+	}
+	if f.Kind == protocol.KindFile {
+		if s.attach == nil {
+			return protocol.Errorf(protocol.CodeInvalidArgument, "attachments are not enabled on this server")
+		}
+		body, id, perr := s.attach.Attach(ctx, c.User, cv, f, s.cfg.Limits.MaxBodyBytes)
+		if perr != nil {
+			return perr
+		}
+		a.Msg.Body, a.Msg.Attachment = body, id
+	}
 	res, err := s.store.Append(ctx, a)
 	if err != nil {
 		return s.storeErr("append", err)
@@ -47,6 +63,16 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	// fan-out's pushes may have been lost with the connection that made
 	// the client retry. Rows are idempotent and devices drop repeated seqs.
 	s.fan.Enqueue(fanout.Job{Msg: stored, RowsWritten: res.RowsWritten, Conv: &cv, Members: s.directRecipients(ctx, cv)})
+	switch {
+	case s.attach == nil:
+	case stored.Kind == protocol.KindFile && stored.Attachment != 0:
+		s.attach.Stored(ctx, stored.Attachment, stored.Seq)
+	case recalled != 0 && !res.Duplicate:
+		// The file goes with its message: nobody can download it any
+		// more (the message is recalled), and its bytes are deleted now
+		// rather than kept for no one.
+		s.attach.Recalled(ctx, recalled)
+	}
 	return nil
 }
 
@@ -173,9 +199,6 @@ func (s *Service) appendOf(c Caller, cv store.Conversation, f *protocol.Frame, n
 			ServerTime: now.UnixMilli(), Mentions: f.Mentions, MentionAll: f.MentionAll, CoalesceKey: fanout.ScopedKey(c.User, f.CoalesceKey),
 		},
 	}
-	if f.TargetSeq != 0 {
-		a.Check = s.checkTarget(c, f)
-	}
 	if !c.Admin {
 		// The sender has seen what it sent: the store raises its read
 		// position with the message.
@@ -204,13 +227,18 @@ func (s *Service) ownReadRaised(ctx context.Context, c Caller, own ownPos, res s
 	return own.known && own.seq+1 < m.Seq
 }
 
-// checkTarget enforces who may edit or recall what, and rewrites the target.
-func (s *Service) checkTarget(c Caller, f *protocol.Frame) func(store.Message) (store.Message, error) {
+// checkTarget enforces who may edit or recall what, and rewrites the
+// target. A recalled file message loses its attachment, whose id it
+// leaves in *recalled for the deletion after the write.
+func (s *Service) checkTarget(c Caller, f *protocol.Frame, recalled *uint64) func(store.Message) (store.Message, error) {
 	now := s.now()
 	return func(t store.Message) (store.Message, error) {
+		*recalled = 0
 		switch {
-		case t.Kind != protocol.KindText:
-			return t, protocol.Errorf(protocol.CodeConflict, "only text messages can be edited or recalled")
+		case t.Kind == protocol.KindFile && f.Kind != protocol.KindRecall:
+			return t, protocol.Errorf(protocol.CodeConflict, "a file message cannot be edited: recall it and send another")
+		case t.Kind != protocol.KindText && t.Kind != protocol.KindFile:
+			return t, protocol.Errorf(protocol.CodeConflict, "only text and file messages can be edited or recalled")
 		case t.Recalled && c.Admin:
 			return t, protocol.Errorf(protocol.CodeConflict, "message %d is recalled", t.Seq)
 		case c.Admin:
@@ -223,7 +251,8 @@ func (s *Service) checkTarget(c Caller, f *protocol.Frame) func(store.Message) (
 			return t, &protocol.Error{Code: protocol.CodeRecallExpired, Msg: "the edit and recall window has passed"}
 		}
 		if f.Kind == protocol.KindRecall {
-			t.Recalled, t.Body = true, ""
+			*recalled = t.Attachment
+			t.Recalled, t.Body, t.Attachment = true, "", 0
 		} else {
 			t.Edited, t.Body = true, f.Body
 		}

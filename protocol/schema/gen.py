@@ -100,7 +100,9 @@ def cf(t, props, required, desc):
     p=dict(C); p.update(props); return frame(t,p,required,desc)
 client={
  "ping":cf("ping",{},[],"heartbeat"),
- "send":cf("send",{"conv_id":ref("ConvID"),"client_msg_id":{"type":"string","minLength":1,"maxLength":64},"body":{"type":"string","minLength":1},"kind":{"enum":["text","state"]},"coalesce_key":STR,"mentions":arr(ID),"mention_all":BOOL},["conv_id","client_msg_id","body"],"store a message"),
+ "send":{**cf("send",{"conv_id":ref("ConvID"),"client_msg_id":{"type":"string","minLength":1,"maxLength":64},"body":{"type":"string","minLength":1},"kind":{"enum":["text","state","file"]},"coalesce_key":STR,"mentions":arr(ID),"mention_all":BOOL,
+   "attachment_id":{**U64S,"description":"kind file only: the completed upload the message sends"}},["conv_id","client_msg_id"],"store a message"),
+   "if":{"properties":{"kind":{"const":"file"}},"required":["kind"]},"then":{"required":["attachment_id"]},"else":{"required":["body"],"not":{"required":["attachment_id"]}}},
  "edit":cf("edit",{"conv_id":ref("ConvID"),"client_msg_id":{"type":"string","minLength":1,"maxLength":64},"target_seq":{"type":"integer","minimum":1},"body":{"type":"string","minLength":1}},["conv_id","client_msg_id","target_seq","body"],"edit a message"),
  "recall":cf("recall",{"conv_id":ref("ConvID"),"client_msg_id":{"type":"string","minLength":1,"maxLength":64},"target_seq":{"type":"integer","minimum":1},"body":{"type":"string","minLength":1,"description":"end-to-end encrypted conversations only: the author's sealed recall, an E2E envelope"}},["conv_id","client_msg_id","target_seq"],"recall a message"),
  "delivered":cf("delivered",{"conv_id":ref("ConvID"),"seq":SEQ},["conv_id","seq"],"cumulative delivered position"),
@@ -125,6 +127,7 @@ client={
  "kt_consistency":cf("kt_consistency",{"from":{"type":"integer","minimum":1},"to":{"type":"integer","minimum":1}},["from","to"],"a consistency proof between log sizes from and to"),
  "kt_leaves":cf("kt_leaves",{"from":SEQ,"limit":{"type":"integer","minimum":0,"maximum":1000}},[],"a page of the key transparency log's leaves"),
  "conv_info":cf("conv_info",{"conv_id":ref("ConvID")},["conv_id"],"read a conversation's conv frame"),
+ "attachment_url":cf("attachment_url",{"conv_id":ref("ConvID"),"seq":{"type":"integer","minimum":1},"thumbnail":BOOL},["conv_id","seq"],"a download URL for the file (or thumbnail) of message seq"),
 }
 def name(prefix,t): return prefix+"".join(w.capitalize() for w in t.split("_"))
 for t,s in server.items(): defs[name("S",t)]=s

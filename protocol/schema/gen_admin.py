@@ -27,6 +27,14 @@ schemas = {
     "EntryAnswer": obj({"entry": ref("Entry")}, ["entry"]),
     "EntriesAnswer": obj({"entries": {"type": "array", "items": ref("Entry")}}, ["entries"]),
     "DisconnectAnswer": obj({"sessions": {"type": "integer", "minimum": 0}}, ["sessions"]),
+    "Attachment": obj({"attachment_id": U64S, "owner": ID, "size": {"type": "integer", "minimum": 0},
+                       "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "media_type": {"type": "string"},
+                       "name": {"type": "string"}, "state": {"enum": ["uploading", "complete", "attached", "deleting"]},
+                       "created_at": MS, "seq": {"type": "integer", "minimum": 1, "description": "the message that names the file (attached, once stored)"}},
+                      ["attachment_id", "owner", "size", "sha256", "media_type", "name", "state", "created_at"]),
+    "AttachmentsAnswer": obj({"attachments": {"type": "array", "items": ref("Attachment")},
+                              "next": {**U64S, "description": "present when more follow: the after of the next page"}},
+                             ["attachments"]),
     # Request bodies (unknown fields are refused with bad_frame).
     "DirectRequest": obj({"users": {"type": "array", "items": ID, "minItems": 2, "maxItems": 2}, "e2e": {"type": "boolean"}}, ["users"]),
     "GroupRequest": obj({"owner": ID, "name": {"type": "string"}, "members": {"type": "array", "items": ID}, "e2e": {"type": "boolean"}}, ["owner"]),
@@ -58,9 +66,9 @@ CHAT = {**COMMON, "403": err("not_member or forbidden (as the client path answer
         "409": err("conflict or recall_window_passed"), "429": err("rate_limited")}
 
 def op(summary, ok, answer, req=None, params=(), errors=CHAT, query=()):
-    o = {"summary": summary, "security": [{"adminKey": []}],
-         "responses": {"200": {"description": ok, "content": {"application/json": {"schema": ref(answer)}}}, **errors}}
-    ps = [{"name": p, "in": "path", "required": True, "schema": U64S if p in ("conv_id",) else ({"type": "integer", "minimum": 1} if p == "seq" else ID)} for p in params]
+    answered = {"204": {"description": ok}} if answer is None else {"200": {"description": ok, "content": {"application/json": {"schema": ref(answer)}}}}
+    o = {"summary": summary, "security": [{"adminKey": []}], "responses": {**answered, **errors}}
+    ps = [{"name": p, "in": "path", "required": True, "schema": U64S if p in ("conv_id", "attachment_id") else ({"type": "integer", "minimum": 1} if p == "seq" else ID)} for p in params]
     ps += [{"name": q, "in": "query", "required": False, "schema": s} for q, s in query]
     if ps: o["parameters"] = ps
     if req: o["requestBody"] = {"required": False, "content": {"application/json": {"schema": ref(req)}}}
@@ -88,6 +96,9 @@ paths = {
     U + "/ban": {"post": op("ban: refuse new connections and requests, close open ones (4003)", "the user's entry", "EntryAnswer", "BanRequest", ["user_id"], errors=COMMON),
                  "delete": op("lift a ban", "the user's entry", "EntryAnswer", params=["user_id"], errors=COMMON)},
     U + "/revoke": {"post": op("refuse tokens issued before a time, of the user or one device; close their connections (4002)", "the entry", "EntryAnswer", "RevokeRequest", ["user_id"], errors=COMMON)},
+    C + "/{conv_id}/attachments": {"get": op("a conversation's attachment records (every state), by attachment_id, paged", "a page", "AttachmentsAnswer", params=["conv_id"],
+                                             query=[("after", U64S), ("limit", {"type": "integer", "minimum": 1, "maximum": 1000})])},
+    "/v1/admin/attachments/{attachment_id}": {"delete": op("delete an attachment (its file, thumbnail and record); the message naming it stays, attachment_url answers not_found", "deleted", None, params=["attachment_id"])},
     U + "/disconnect": {"post": op("close the user's sessions (of one device) on every gateway (4004)", "sessions found", "DisconnectAnswer", "DisconnectRequest", ["user_id"], errors=COMMON)},
 }
 doc = {"openapi": "3.1.0",

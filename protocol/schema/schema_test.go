@@ -98,6 +98,22 @@ func TestFileFrames(t *testing.T) {
 	if err := Def("FileBody", body); err != nil {
 		t.Errorf("%s: %v", body, err)
 	}
+	// A send of kind file needs attachment_id (and no body), other kinds
+	// a body and no attachment_id.
+	for in, ok := range map[string]bool{
+		`{"type":"send","conv_id":"7","client_msg_id":"c","kind":"file","attachment_id":"5"}`:             true,
+		`{"type":"send","conv_id":"7","client_msg_id":"c","kind":"file","attachment_id":"5","body":"{}"}`: true,
+		`{"type":"send","conv_id":"7","client_msg_id":"c","body":"hi"}`:                                   true,
+		`{"type":"send","conv_id":"7","client_msg_id":"c","kind":"file","body":"{}"}`:                     false,
+		`{"type":"send","conv_id":"7","client_msg_id":"c"}`:                                               false,
+		`{"type":"send","conv_id":"7","client_msg_id":"c","body":"hi","attachment_id":"5"}`:               false,
+		`{"type":"attachment_url","rid":"1","conv_id":"7","seq":1,"thumbnail":true}`:                      true,
+		`{"type":"attachment_url","rid":"1","conv_id":"7"}`:                                               false,
+	} {
+		if err := ClientFrame([]byte(in)); (err == nil) != ok {
+			t.Errorf("%s: valid %v, want %v (%v)", in, err == nil, ok, err)
+		}
+	}
 }
 
 func BenchmarkServerFrame(b *testing.B) {
