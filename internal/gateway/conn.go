@@ -379,9 +379,17 @@ func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Fram
 		reply(g.watch(ctx, s, f))
 		return
 	}
+	// History and sync answers are paged to half the outbound bound on
+	// every transport (page.go): a larger one would overflow the queue
+	// and drop a connection that reads. f may be reused once Handle
+	// returns; the answer may come later.
+	paged, forward := f.Type == protocol.TypeHistory || f.Type == protocol.TypeSync, f.AfterSeq != nil
 	g.backend.Handle(ctx, protocol.Caller{User: s.user, Device: s.device}, f, func(resp *protocol.Frame) {
 		if resp.Type == protocol.TypeError && g.obs.Error != nil {
 			g.obs.Error(resp.Code)
+		}
+		if paged {
+			g.fitAnswer(resp, forward)
 		}
 		reply(resp)
 	})

@@ -6,16 +6,33 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
-// HTTP answers are paged, not cut: the event loop buffers at most
-// OutboundQueueBytes for a connection and drops it beyond, so an answer
-// larger than that (70 messages of 16 KiB) would end mid-body. An answer
-// carries at most MaxHTTPAnswer bytes of messages; what is left out is
-// announced the way the protocol pages anyway (history: has_more; sync:
-// more_unread) and the client fetches it with history.
+// Answers are paged, not cut: a connection's outbound queue holds at most
+// OutboundQueueBytes and the connection is dropped beyond, so an answer
+// larger than that (70 messages of 16 KiB) would end an HTTP body midway
+// or drop a WebSocket that reads. A history or sync answer carries at
+// most MaxHTTPAnswer bytes of messages, on the WebSocket as over HTTP;
+// what is left out is announced the way the protocol pages anyway
+// (history: has_more; sync: more_unread) and the client fetches it with
+// history.
 
-// MaxHTTPAnswer bounds one HTTP answer's size: half the outbound bound, so
-// the write buffer always holds it whole.
+// MaxHTTPAnswer bounds one history or sync answer's size: half the
+// outbound bound, so the queue always holds it whole beside pushes.
 func (g *Gateway) MaxHTTPAnswer() int { return g.cfg.OutboundQueueBytes / 2 }
+
+// fitAnswer pages a history or sync answer to MaxHTTPAnswer; forward: the
+// history request read forward (after_seq).
+func (g *Gateway) fitAnswer(resp *protocol.Frame, forward bool) {
+	switch resp.Type {
+	case protocol.TypeHistory:
+		req := &protocol.Frame{}
+		if forward {
+			req.AfterSeq = new(uint64)
+		}
+		FitHistory(req, resp, g.MaxHTTPAnswer())
+	case protocol.TypeSnapshot:
+		FitSnapshot(resp.Snapshot, g.MaxHTTPAnswer())
+	}
+}
 
 func jsonSize(v any) int {
 	b, err := json.Marshal(v)

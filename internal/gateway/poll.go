@@ -247,14 +247,8 @@ func (g *Gateway) ServeRPC(w http.ResponseWriter, r *http.Request) {
 	if resp == nil {
 		resp = &protocol.Frame{Type: protocol.TypeOK}
 	}
-	if resp.Type == protocol.TypeHistory || resp.Type == protocol.TypeSnapshot {
-		// Paged to fit the write buffer (page.go); the request decoded, or
-		// there would be no such answer.
-		if req, perr := protocol.DecodeClient(body, g.cfg.Limits); perr == nil {
-			FitHistory(req, resp, g.MaxHTTPAnswer())
-		}
-		FitSnapshot(resp.Snapshot, g.MaxHTTPAnswer())
-	}
+	// History and sync answers come paged to the write buffer
+	// (handleFrame, page.go).
 	data, err := jsonMarshal(resp)
 	if err != nil {
 		httpError(w, http.StatusInternalServerError, protocol.CodeInternal, "encode", 0)
