@@ -242,6 +242,8 @@ type DeliveredRaiser interface {
 // nothing: ErrNotMember from Member, SetRole and SetMuted, ErrNotFound from
 // TakeBundle, 0 from Read, Delivered and PreKeyCounts, no rows from
 // UserConversations and KeyDevices, and RemoveDevice removes nothing.
+// Attachment records are checked as attach.go says (bounded strings, known
+// states, no change of what never changes).
 type Store interface {
 	// CreateConversation stores a new conversation with its first members,
 	// all with JoinSeq 1. It fails with ErrExists if the id is taken.

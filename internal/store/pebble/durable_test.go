@@ -329,3 +329,45 @@ func TestUpdateRowsWaitsForSync(t *testing.T) {
 		t.Errorf("rows after a crash once UpdateRows returned = %+v, %v; want LastSeq 1, MentionSeq 1", rows, err)
 	}
 }
+
+// TestAttachmentsSurviveCrash: every attachment write has returned only
+// once synced, so what a crash leaves right after it has the records,
+// their listings and the owners' usage as the calls left them.
+func TestAttachmentsSurviveCrash(t *testing.T) {
+	ctx := context.Background()
+	s, _, mem := gatedStore(t)
+	a := store.Attachment{ID: 9, Owner: "alice", ConvID: 1, Size: 40, State: store.AttachUploading,
+		CreatedAt: 5, ExpiresAt: 100, MediaType: "image/png", Name: "a.png"}
+	b := a
+	b.ID, b.Size = 10, 2
+	for _, r := range []store.Attachment{a, b} {
+		if err := s.CreateAttachment(ctx, r, 1000, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := a
+	next.State, next.Received, next.Thumb = store.AttachComplete, 1, store.ThumbPending
+	if err := s.UpdateAttachment(ctx, next, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteAttachment(ctx, b.ID); err != nil {
+		t.Fatal(err)
+	}
+	c := crashOpen(t, mem)
+	defer c.Close()
+	if got, err := c.Attachment(ctx, a.ID); err != nil || !reflect.DeepEqual(got, next) {
+		t.Fatalf("after a crash: %+v, %v; want %+v", got, err, next)
+	}
+	if _, err := c.Attachment(ctx, b.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a deleted record after a crash: %v", err)
+	}
+	if u, err := c.AttachmentUsage(ctx, "alice"); err != nil || u != (store.Usage{Bytes: 40}) {
+		t.Fatalf("usage after a crash = %+v, %v; want 40 bytes, none in flight", u, err)
+	}
+	if due, err := c.DueAttachments(ctx, 6, 10); err != nil || len(due) != 1 || due[0].ID != a.ID {
+		t.Fatalf("due after a crash = %+v, %v; want record 9 (thumbnail pending)", due, err)
+	}
+	if list, err := c.ConvAttachments(ctx, 1, 0, 10); err != nil || len(list) != 1 || list[0].ID != a.ID {
+		t.Fatalf("listing after a crash = %+v, %v; want record 9", list, err)
+	}
+}
