@@ -23,12 +23,13 @@ import (
 	"github.com/parley-im/parley/internal/bench"
 )
 
-const benchUsage = `usage: parley-bench <idle|send|fanout|history> [flags]
+const benchUsage = `usage: parley-bench <idle|send|fanout|history|attach> [flags]
 
   idle     server RSS per idle authenticated connection (starts its own server)
   send     durable 1:1 send→ACK throughput and send→deliver latency
   fanout   group write amplification per fan-out tier and delivery to a large group
   history  "latest 50" history reads through a running cluster's gateways
+  attach   attachment throughput on each blob engine: the raw engine (dd, minio-go) and the blob seam
 
 send and fanout start their own node, or drive a running one (-addr) or a
 running cluster (-urls ws://g1,ws://g2 -key HEX -chats c1,c2). A node they
@@ -63,6 +64,8 @@ func runBench(ctx context.Context, args []string) error {
 		return runBenchFanout(ctx, args[1:])
 	case "history":
 		return runBenchHistory(ctx, args[1:])
+	case "attach":
+		return runBenchAttach(ctx, args[1:])
 	case idleClientCmd:
 		// Not in the usage: the idle benchmark starts these itself.
 		return runBenchIdleClient(ctx, args[1:])

@@ -83,7 +83,7 @@ func TestServerBinary(t *testing.T) {
 // subcommands stay out of the usage.
 func TestUsage(t *testing.T) {
 	out, err := runBin(t, parleyBench)
-	if err == nil || !strings.Contains(out, "usage: parley-bench <idle|send|fanout|history>") {
+	if err == nil || !strings.Contains(out, "usage: parley-bench <idle|send|fanout|history|attach>") {
 		t.Fatalf("no arguments: err %v\n%s", err, out)
 	}
 	out, err = runBin(t, parleyBench, "-h")
@@ -93,6 +93,21 @@ func TestUsage(t *testing.T) {
 	for _, hidden := range []string{idleClientCmd, fanoutClientCmd, stormClientCmd} {
 		if strings.Contains(out, hidden) {
 			t.Errorf("-h lists %s:\n%s", hidden, out)
+		}
+	}
+}
+
+// TestAttach runs a small attachment benchmark on the disk engine: every
+// row of the raw engine and of the seam is printed.
+func TestAttach(t *testing.T) {
+	out, err := runBin(t, parleyBench, "attach", "-engines", "disk", "-dir", t.TempDir(),
+		"-big-bytes", "2097152", "-small-bytes", "4096", "-concurrency", "4", "-rss-uploads", "2")
+	if err != nil {
+		t.Fatalf("attach: %v\n%s", err, out)
+	}
+	for _, row := range []string{"dd          up 1×2 MiB", "dd          down 4×4096 B", "seam Put    up 1×2 MiB", "seam parts  up 1×2 MiB", "seam Put    down 4×4096 B", "seam RSS during 2 concurrent"} {
+		if !strings.Contains(out, row) {
+			t.Errorf("no row %q in:\n%s", row, out)
 		}
 	}
 }
