@@ -24,32 +24,113 @@ func ParseHS256Key(s string) ([]byte, error) {
 	return key, nil
 }
 
-// LoadHS256KeyFile reads a hex-encoded HS256 key from path.
+// ParseHS256Keys decodes a key file's keys: one hex key per line, blank
+// lines and lines starting with # ignored, at least one key. During a
+// rotation a file holds the current key and the next (or the previous):
+// the first is the one to sign with, every one verifies.
+func ParseHS256Keys(s string) ([][]byte, error) {
+	var keys [][]byte
+	for i, line := range strings.Split(s, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		key, err := ParseHS256Key(line)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", i+1, err)
+		}
+		keys = append(keys, key)
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("parse hs256 key: no key")
+	}
+	return keys, nil
+}
+
+// LoadHS256KeyFile reads the first (signing) key of the HS256 key file at
+// path (ParseHS256Keys).
 func LoadHS256KeyFile(path string) ([]byte, error) {
+	keys, err := LoadHS256KeysFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return keys[0], nil
+}
+
+// LoadHS256KeysFile reads every key of the HS256 key file at path
+// (ParseHS256Keys), the signing key first.
+func LoadHS256KeysFile(path string) ([][]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("load hs256 key: %w", err)
 	}
-	key, err := ParseHS256Key(string(b))
+	keys, err := ParseHS256Keys(string(b))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return key, nil
+	return keys, nil
 }
 
 // LoadEd25519PublicKeyFile reads an Ed25519 public key from path, either as
 // PEM "PUBLIC KEY" (PKIX, what `openssl pkey -pubout` writes) or as 64 hex
-// characters.
+// characters; of a file with several (ParseEd25519PublicKeys), the first.
 func LoadEd25519PublicKeyFile(path string) (ed25519.PublicKey, error) {
+	keys, err := LoadEd25519PublicKeysFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return keys[0], nil
+}
+
+// LoadEd25519PublicKeysFile reads every Ed25519 public key of the file at
+// path (ParseEd25519PublicKeys).
+func LoadEd25519PublicKeysFile(path string) ([]ed25519.PublicKey, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("load ed25519 public key: %w", err)
 	}
-	key, err := ParseEd25519PublicKey(b)
+	keys, err := ParseEd25519PublicKeys(b)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return key, nil
+	return keys, nil
+}
+
+// ParseEd25519PublicKeys decodes a file of one or more Ed25519 public keys:
+// PEM "PUBLIC KEY" blocks one after another, or hex keys one per line
+// (blank lines and # comments ignored). During a rotation it holds the
+// current key and the next: tokens signed by either verify.
+func ParseEd25519PublicKeys(b []byte) ([]ed25519.PublicKey, error) {
+	var keys []ed25519.PublicKey
+	if blk, rest := pem.Decode(b); blk != nil {
+		for blk != nil {
+			key, err := ParseEd25519PublicKey(pem.EncodeToMemory(blk))
+			if err != nil {
+				return nil, err
+			}
+			keys = append(keys, key)
+			blk, rest = pem.Decode(rest)
+		}
+		if strings.TrimSpace(string(rest)) != "" {
+			return nil, errors.New("parse ed25519 public key: text after the PEM blocks")
+		}
+		return keys, nil
+	}
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		key, err := ParseEd25519PublicKey([]byte(line))
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", i+1, err)
+		}
+		keys = append(keys, key)
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("parse ed25519 public key: no key")
+	}
+	return keys, nil
 }
 
 // ParseEd25519PublicKey decodes a PEM PKIX or hex Ed25519 public key.

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
+	"strings"
 	"testing"
 )
 
@@ -108,4 +109,43 @@ func FuzzParseKeys(f *testing.F) {
 			t.Fatalf("hs256 key of %d bytes accepted", len(k))
 		}
 	})
+}
+
+// TestParseSeveralKeys: key files of a rotation hold several keys — hex
+// lines (blank lines and # comments skipped) or PEM blocks one after
+// another; an empty file or a bad line is refused, naming the line.
+func TestParseSeveralKeys(t *testing.T) {
+	a, b := strings.Repeat("ab", 32), strings.Repeat("cd", 32)
+	keys, err := ParseHS256Keys("# rotation\n" + a + "\n\n  " + b + "  \n")
+	if err != nil || len(keys) != 2 || hex.EncodeToString(keys[0]) != a || hex.EncodeToString(keys[1]) != b {
+		t.Fatalf("two hex keys: %x %v", keys, err)
+	}
+	for _, bad := range []string{"", "# none\n", a + "\nnot hex\n", a + "\n" + "abcd\n"} {
+		if _, err := ParseHS256Keys(bad); err == nil {
+			t.Errorf("ParseHS256Keys(%q) accepted", bad)
+		}
+	}
+	if _, err := ParseHS256Keys(a + "\nzz\n"); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Errorf("a bad second line: %v, want it named", err)
+	}
+	p1, _, _ := ed25519.GenerateKey(nil)
+	p2, _, _ := ed25519.GenerateKey(nil)
+	pemOf := func(k ed25519.PublicKey) []byte {
+		der, err := x509.MarshalPKIXPublicKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})
+	}
+	eds, err := ParseEd25519PublicKeys(append(pemOf(p1), pemOf(p2)...))
+	if err != nil || len(eds) != 2 || !eds[0].Equal(p1) || !eds[1].Equal(p2) {
+		t.Fatalf("two PEM keys: %v", err)
+	}
+	eds, err = ParseEd25519PublicKeys([]byte(hex.EncodeToString(p1) + "\n" + hex.EncodeToString(p2) + "\n"))
+	if err != nil || len(eds) != 2 || !eds[1].Equal(p2) {
+		t.Fatalf("two hex keys: %v", err)
+	}
+	if _, err := ParseEd25519PublicKeys(append(pemOf(p1), "trailing"...)); err == nil {
+		t.Error("text after the PEM blocks accepted")
+	}
 }

@@ -52,6 +52,11 @@ const maxTokenBytes = 4096
 type Config struct {
 	HS256Key         []byte
 	Ed25519PublicKey ed25519.PublicKey
+	// ExtraHS256Keys and ExtraEd25519PublicKeys are accepted too: during
+	// a key rotation, the next key (or the previous one) beside the
+	// current, so tokens signed with either verify.
+	ExtraHS256Keys         [][]byte
+	ExtraEd25519PublicKeys []ed25519.PublicKey
 	// Leeway is the tolerated clock skew for exp, nbf and iat (DefaultLeeway
 	// in the server's configuration).
 	Leeway time.Duration
@@ -67,6 +72,19 @@ func (c Config) Validate() error {
 	}
 	if len(c.Ed25519PublicKey) > 0 && len(c.Ed25519PublicKey) != ed25519.PublicKeySize {
 		return fmt.Errorf("token: ed25519 public key is %d bytes, want %d", len(c.Ed25519PublicKey), ed25519.PublicKeySize)
+	}
+	if len(c.ExtraHS256Keys) > 0 && len(c.HS256Key) == 0 || len(c.ExtraEd25519PublicKeys) > 0 && len(c.Ed25519PublicKey) == 0 {
+		return errors.New("token: extra keys without a key of their kind")
+	}
+	for _, k := range c.ExtraHS256Keys {
+		if len(k) < MinHS256KeyBytes {
+			return fmt.Errorf("token: an extra hs256 key is %d bytes, need at least %d", len(k), MinHS256KeyBytes)
+		}
+	}
+	for _, k := range c.ExtraEd25519PublicKeys {
+		if len(k) != ed25519.PublicKeySize {
+			return fmt.Errorf("token: an extra ed25519 public key is %d bytes, want %d", len(k), ed25519.PublicKeySize)
+		}
 	}
 	if c.Leeway < 0 || c.Leeway > maxLeeway {
 		return fmt.Errorf("token: leeway %v outside [0, %v]", c.Leeway, maxLeeway)
@@ -105,8 +123,8 @@ type claims struct {
 
 // Verifier checks token signatures and claims.
 type Verifier struct {
-	hsKey   []byte
-	edKey   ed25519.PublicKey
+	hsKeys  jwt.VerificationKeySet // the current key first
+	edKeys  jwt.VerificationKeySet
 	methods []string
 	leeway  time.Duration
 }
@@ -118,11 +136,15 @@ func NewVerifier(cfg Config) (*Verifier, error) {
 	}
 	v := &Verifier{leeway: cfg.Leeway}
 	if len(cfg.HS256Key) > 0 {
-		v.hsKey = append([]byte(nil), cfg.HS256Key...)
+		for _, k := range append([][]byte{cfg.HS256Key}, cfg.ExtraHS256Keys...) {
+			v.hsKeys.Keys = append(v.hsKeys.Keys, append([]byte(nil), k...))
+		}
 		v.methods = append(v.methods, jwt.SigningMethodHS256.Alg())
 	}
 	if len(cfg.Ed25519PublicKey) > 0 {
-		v.edKey = append(ed25519.PublicKey(nil), cfg.Ed25519PublicKey...)
+		for _, k := range append([]ed25519.PublicKey{cfg.Ed25519PublicKey}, cfg.ExtraEd25519PublicKeys...) {
+			v.edKeys.Keys = append(v.edKeys.Keys, append(ed25519.PublicKey(nil), k...))
+		}
 		v.methods = append(v.methods, jwt.SigningMethodEdDSA.Alg())
 	}
 	return v, nil
@@ -175,12 +197,12 @@ func (v *Verifier) Verify(token string, now time.Time) (Identity, error) {
 func (v *Verifier) key(t *jwt.Token) (any, error) {
 	switch t.Method.(type) {
 	case *jwt.SigningMethodHMAC:
-		if v.hsKey != nil {
-			return v.hsKey, nil
+		if len(v.hsKeys.Keys) > 0 {
+			return v.hsKeys, nil // each tried in turn
 		}
 	case *jwt.SigningMethodEd25519:
-		if v.edKey != nil {
-			return v.edKey, nil
+		if len(v.edKeys.Keys) > 0 {
+			return v.edKeys, nil
 		}
 	}
 	return nil, fmt.Errorf("algorithm %q not configured", t.Method.Alg())

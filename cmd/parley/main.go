@@ -25,6 +25,7 @@ usage: parley <command> [flags]
 commands:
   serve    run a node (every role, embedded storage under ./data, by default)
   token    mint a token for a user with the server's HS256 key
+  keygen   make an HS256 key or an Ed25519 key pair for tokens
   migrate  create or upgrade the Cassandra schema of cluster mode
   kt       kt audit: verify a server's key transparency log from outside
   version  print the version, commit and Go release of this build
@@ -58,6 +59,8 @@ func run(ctx context.Context, args []string) error {
 		return runServe(ctx, rest)
 	case "token":
 		return runToken(rest, os.Stdout)
+	case "keygen":
+		return runKeygen(rest, os.Stdout)
 	case "migrate":
 		return runMigrate(ctx, rest, os.Stdout)
 	case "kt":

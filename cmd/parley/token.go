@@ -38,7 +38,10 @@ func runToken(args []string, out io.Writer) error {
 	var key []byte
 	switch {
 	case cfg.Auth.HS256Key != "":
-		key, err = auth.ParseHS256Key(cfg.Auth.HS256Key)
+		var keys [][]byte
+		if keys, err = auth.ParseHS256Keys(cfg.Auth.HS256Key); err == nil {
+			key = keys[0] // the signing key of a rotation's pair
+		}
 	case cfg.Auth.HS256KeyFile != "":
 		key, err = auth.LoadHS256KeyFile(cfg.Auth.HS256KeyFile)
 	case cfg.Auth.Ed25519PublicKeyFile != "":

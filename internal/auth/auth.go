@@ -46,6 +46,17 @@ func ParseHS256Key(s string) ([]byte, error) { return token.ParseHS256Key(s) }
 // LoadHS256KeyFile is token.LoadHS256KeyFile.
 func LoadHS256KeyFile(path string) ([]byte, error) { return token.LoadHS256KeyFile(path) }
 
+// ParseHS256Keys is token.ParseHS256Keys.
+func ParseHS256Keys(s string) ([][]byte, error) { return token.ParseHS256Keys(s) }
+
+// LoadHS256KeysFile is token.LoadHS256KeysFile.
+func LoadHS256KeysFile(path string) ([][]byte, error) { return token.LoadHS256KeysFile(path) }
+
+// LoadEd25519PublicKeysFile is token.LoadEd25519PublicKeysFile.
+func LoadEd25519PublicKeysFile(path string) ([]ed25519.PublicKey, error) {
+	return token.LoadEd25519PublicKeysFile(path)
+}
+
 // LoadEd25519PublicKeyFile is token.LoadEd25519PublicKeyFile.
 func LoadEd25519PublicKeyFile(path string) (ed25519.PublicKey, error) {
 	return token.LoadEd25519PublicKeyFile(path)

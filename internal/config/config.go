@@ -438,22 +438,34 @@ func (c Config) UsesDevKey() bool {
 // returns the verifier configuration.
 func (c Config) ResolveAuth() (auth.Config, error) {
 	out := auth.Config{Leeway: c.Auth.Leeway}
-	var err error
+	var (
+		hs  [][]byte
+		err error
+	)
+	// A key file (or the key setting, one key per line) may hold several
+	// keys during a rotation: each verifies (docs/deploy.md, "Token keys").
 	switch {
 	case c.Auth.HS256Key != "":
-		out.HS256Key, err = auth.ParseHS256Key(c.Auth.HS256Key)
+		hs, err = auth.ParseHS256Keys(c.Auth.HS256Key)
 	case c.Auth.HS256KeyFile != "":
-		out.HS256Key, err = auth.LoadHS256KeyFile(c.Auth.HS256KeyFile)
+		hs, err = auth.LoadHS256KeysFile(c.Auth.HS256KeyFile)
 	case c.UsesDevKey():
-		out.HS256Key, err = auth.LoadOrCreateDevKey(c.DataDir)
+		var key []byte
+		key, err = auth.LoadOrCreateDevKey(c.DataDir)
+		hs = [][]byte{key}
 	}
 	if err != nil {
 		return auth.Config{}, fmt.Errorf("config: auth: %w", err)
 	}
+	if len(hs) > 0 {
+		out.HS256Key, out.ExtraHS256Keys = hs[0], hs[1:]
+	}
 	if c.Auth.Ed25519PublicKeyFile != "" {
-		if out.Ed25519PublicKey, err = auth.LoadEd25519PublicKeyFile(c.Auth.Ed25519PublicKeyFile); err != nil {
+		ed, err := auth.LoadEd25519PublicKeysFile(c.Auth.Ed25519PublicKeyFile)
+		if err != nil {
 			return auth.Config{}, fmt.Errorf("config: auth: %w", err)
 		}
+		out.Ed25519PublicKey, out.ExtraEd25519PublicKeys = ed[0], ed[1:]
 	}
 	if err := out.Validate(); err != nil {
 		return auth.Config{}, fmt.Errorf("config: %w", err)
