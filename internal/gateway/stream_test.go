@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -218,5 +219,50 @@ func TestLongResponseToASlowReader(t *testing.T) {
 	}
 	if n != size {
 		t.Fatalf("read %d of %d bytes", n, size)
+	}
+}
+
+// TestRangeResponseEndsAtItsLength: http.ServeContent answering a Range
+// request (io.CopyN into the response) sends exactly the range, so the
+// next answer on the keep-alive connection is the next request's; the
+// event loop once sent the rest of the content after it.
+func TestRangeResponseEndsAtItsLength(t *testing.T) {
+	content := make([]byte, 1<<20)
+	for i := range content {
+		content[i] = byte(i * 7)
+	}
+	url := streamServer(t, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/next" {
+			_, _ = w.Write([]byte("next"))
+			return
+		}
+		// A ReadSeeker that is no *os.File (the blob engines' readers).
+		http.ServeContent(w, r, "", time.Time{}, struct{ io.ReadSeeker }{bytes.NewReader(content)})
+	}))
+	c, err := net.Dial("tcp", url[len("http://"):])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := fmt.Fprintf(c, "GET /file HTTP/1.1\r\nHost: x\r\nRange: bytes=100-199\r\n\r\nGET /next HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	first, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(first.Body)
+	if first.StatusCode != http.StatusPartialContent || !bytes.Equal(body, content[100:200]) {
+		t.Fatalf("range: %d, %d bytes", first.StatusCode, len(body))
+	}
+	second, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("the answer after the range: %v", err)
+	}
+	body, _ = io.ReadAll(second.Body)
+	if second.StatusCode != http.StatusOK || string(body) != "next" {
+		t.Fatalf("the answer after the range: %d %q", second.StatusCode, body)
 	}
 }

@@ -311,6 +311,10 @@ func (res *Response) ReadFrom(r io.Reader) (n int64, err error) {
 		return 0, err
 	}
 
+	// orig is what the fallback below reads: the limit of a LimitedReader
+	// must hold there too (http.ServeContent answers a Range request with
+	// io.CopyN). [parley patch H8]
+	orig := r
 	if !res.Parser.Engine.DisableSendfile {
 		lr, ok := r.(*io.LimitedReader)
 		if ok {
@@ -347,6 +351,7 @@ func (res *Response) ReadFrom(r io.Reader) (n int64, err error) {
 
 	// Through Write, a buffer at a time, so the queue stays bounded.
 	// [parley patch H7]
+	r, n = orig, 0
 	buf := make([]byte, 32<<10)
 	for {
 		nr, rerr := r.Read(buf)
