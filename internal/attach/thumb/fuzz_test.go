@@ -2,6 +2,7 @@ package thumb
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"image"
 	"testing"
@@ -14,6 +15,7 @@ func seeds(f *testing.F) {
 	f.Add(encode(f, "gif", halves(4, 4, 255)))
 	f.Add(readFile(f, "blue-purple-pink.lossy.webp"))
 	f.Add(readFile(f, "gopher-doc.with-alpha.lossless.webp"))
+	f.Add(withExif(encode(f, "jpeg", halves(5, 3, 255)), 6, binary.BigEndian))
 	f.Add(pngHeader(100000, 100000))
 	f.Add([]byte("GIF89a"))
 	f.Add([]byte("RIFF\x00\x00\x00\x00WEBPVP8 "))

@@ -8,6 +8,9 @@
 // 100,000 pixels — never gets its 40 GB allocated); the decoders then
 // allocate for the dimensions of the header, which they hold the data to.
 //
+// Dimensions and thumbnails are as displayed: a JPEG's EXIF orientation
+// (a camera's portrait photo stored sideways) is applied.
+//
 // The package is pure: no I/O but its reader, no state; safe for
 // concurrent use.
 package thumb
@@ -51,27 +54,44 @@ const Quality = 80
 var formats = map[string]bool{"png": true, "jpeg": true, "gif": true, "webp": true}
 
 // Probe reads the header of the image r starts with. It reads only as
-// far as the dimensions (and what buffering reads ahead).
+// far as the dimensions (and what buffering reads ahead). The dimensions
+// are as displayed: a JPEG's EXIF orientation that turns it a quarter
+// swaps them.
 func Probe(r io.Reader) (Config, error) {
-	cfg, format, err := image.DecodeConfig(r)
-	return config(cfg, format, err)
+	cfg, _, err := header(r, nil)
+	return cfg, err
 }
 
-func config(cfg image.Config, format string, err error) (Config, error) {
+// header reads the header of the image r starts with, keeping what it
+// read in head (if not nil), and returns its Config (as displayed) and
+// EXIF orientation (1 but for JPEG).
+func header(r io.Reader, head *bytes.Buffer) (Config, int, error) {
+	if head == nil {
+		head = new(bytes.Buffer)
+	}
+	c, format, err := image.DecodeConfig(io.TeeReader(r, head))
 	switch {
 	case errors.Is(err, image.ErrFormat) || (err == nil && !formats[format]):
-		return Config{}, ErrUnsupported
+		return Config{}, 0, ErrUnsupported
 	case err != nil:
-		return Config{}, fmt.Errorf("thumb: %s header: %w", format, err)
-	case cfg.Width <= 0 || cfg.Height <= 0:
-		return Config{}, fmt.Errorf("thumb: %s header: %dx%d pixels", format, cfg.Width, cfg.Height)
+		return Config{}, 0, fmt.Errorf("thumb: %s header: %w", format, err)
+	case c.Width <= 0 || c.Height <= 0:
+		return Config{}, 0, fmt.Errorf("thumb: %s header: %dx%d pixels", format, c.Width, c.Height)
 	}
-	return Config{Format: format, Width: cfg.Width, Height: cfg.Height}, nil
+	cfg, o := Config{Format: format, Width: c.Width, Height: c.Height}, 1
+	if format == "jpeg" {
+		o = orientation(head.Bytes())
+	}
+	if swaps(o) {
+		cfg.Width, cfg.Height = cfg.Height, cfg.Width
+	}
+	return cfg, o, nil
 }
 
 // Make decodes the image r holds and returns it as a JPEG scaled down so
 // that its longest side is at most maxSide (a smaller image keeps its
-// size), with its width and height. Transparent pixels come out white.
+// size) and turned as its EXIF orientation says (JPEG), with its width
+// and height. Transparent pixels come out white.
 // An image whose header claims more than maxPixels pixels is refused
 // with ErrTooManyPixels before it is decoded; one of another format with
 // ErrUnsupported.
@@ -82,10 +102,12 @@ func Make(r io.Reader, maxPixels int64, maxSide int) (jpg []byte, width, height 
 	// The header is read through a copy, so that the decoder reads it
 	// again followed by the rest.
 	var head bytes.Buffer
-	c, format, err := image.DecodeConfig(io.TeeReader(r, &head))
-	cfg, err := config(c, format, err)
+	cfg, o, err := header(r, &head)
 	if err != nil {
 		return nil, 0, 0, err
+	}
+	if swaps(o) {
+		cfg.Width, cfg.Height = cfg.Height, cfg.Width // as stored, until turned
 	}
 	if int64(cfg.Width) > maxPixels/int64(cfg.Height) {
 		return nil, 0, 0, fmt.Errorf("%w: %dx%d, at most %d", ErrTooManyPixels, cfg.Width, cfg.Height, maxPixels)
@@ -120,11 +142,12 @@ func Make(r io.Reader, maxPixels int64, maxSide int) (jpg []byte, width, height 
 		}
 		draw.CatmullRom.Scale(dst, dst.Bounds(), src, sr, draw.Over, nil)
 	}
+	dst = orient(dst, o)
 	var out bytes.Buffer
 	if err := jpeg.Encode(&out, dst, &jpeg.Options{Quality: Quality}); err != nil {
 		return nil, 0, 0, fmt.Errorf("thumb: encode: %w", err)
 	}
-	return out.Bytes(), width, height, nil
+	return out.Bytes(), dst.Rect.Dx(), dst.Rect.Dy(), nil
 }
 
 // fit scales w×h down to a longest side of at most side, keeping the
