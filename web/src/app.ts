@@ -618,8 +618,8 @@ function fileView(c: Conv, m: Message): HTMLElement {
   if (!fb) {
     el.classList.add("placeholder");
     el.textContent = c.e2e
-      ? "🔒 Encrypted attachment — this page cannot decrypt it; open it in an app that holds this conversation's keys."
-      : "📎 An attachment this page cannot show.";
+      ? "Encrypted attachment — this page cannot decrypt it; open it in an app that holds this conversation's keys."
+      : "An attachment this page cannot show.";
     fileViews.set(key, el);
     return el;
   }
@@ -882,7 +882,7 @@ function renderRecording() {
   const on = !!recorder;
   b.setAttribute("aria-pressed", String(on));
   b.setAttribute("aria-label", on ? "Stop recording and send the voice note" : "Record a voice note");
-  b.textContent = on ? "■" : "🎤";
+  b.textContent = on ? "Stop" : "Record";
   $("recording").hidden = !on;
   if (recorder) $("recording-time").textContent = clock(Date.now() - recorder.started);
 }
