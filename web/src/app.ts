@@ -624,7 +624,8 @@ function fileView(c: Conv, m: Message): HTMLElement {
     return el;
   }
   const type = fb.media_type.toLowerCase();
-  if (safeImages.has(type) && fb.thumbnail !== "none" && fb.thumbnail !== "refused") el.append(imageView(c, m, fb));
+  // thumbnail absent: none is made (not an image the server reads, or over the pixel limit: "refused").
+  if (safeImages.has(type) && (fb.thumbnail === "pending" || fb.thumbnail === "ready")) el.append(imageView(c, m, fb));
   else if (type.startsWith("audio/")) el.append(mediaView(c, m, fb, "audio"));
   else if (type.startsWith("video/")) el.append(mediaView(c, m, fb, "video"));
   el.append(downloadLink(c, m, fb));

@@ -631,7 +631,8 @@ function fileView(c, m) {
         return el;
     }
     const type = fb.media_type.toLowerCase();
-    if (safeImages.has(type) && fb.thumbnail !== "none" && fb.thumbnail !== "refused")
+    // thumbnail absent: none is made (not an image the server reads, or over the pixel limit: "refused").
+    if (safeImages.has(type) && (fb.thumbnail === "pending" || fb.thumbnail === "ready"))
         el.append(imageView(c, m, fb));
     else if (type.startsWith("audio/"))
         el.append(mediaView(c, m, fb, "audio"));
