@@ -92,6 +92,9 @@ func scanAttachment(scan func(dest ...any) error) (attachRow, error) {
 	if err != nil {
 		return attachRow{}, err
 	}
+	if id == 0 {
+		return attachRow{}, nil // a row of the static columns only: no record
+	}
 	if len(sha) != 32 {
 		return attachRow{}, fmt.Errorf("attachment %d: sha256 of %d bytes: %w", id, len(sha), errCorrupt)
 	}
@@ -314,13 +317,14 @@ func (s *Store) CreateAttachment(ctx context.Context, a store.Attachment, quota 
 				err = cerr
 			}
 		}
+		if err == nil && applied {
+			stored = true
+			return nil
+		}
 		// Not applied, or unknown: the record tells (SERIAL finishes a
 		// round in progress).
 		r, found, rerr := s.readRecord(ctx, a.Owner, a.ID, true)
 		switch {
-		case err == nil && applied:
-			stored = true
-			return nil
 		case rerr != nil:
 			return errors.Join(err, rerr)
 		case found && err != nil && sameRecord(r, a, due):

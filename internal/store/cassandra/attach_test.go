@@ -189,3 +189,30 @@ func TestAttachmentStaleIndex(t *testing.T) {
 		t.Fatalf("DueAttachments after creates = %v, %v; want records 7 and 9", got, err)
 	}
 }
+
+// TestAttachmentTransactions bounds the Paxos rounds of each write when
+// nothing contends, so that a change cannot add rounds unnoticed.
+func TestAttachmentTransactions(t *testing.T) {
+	cfg := fresh(t)
+	ctx := context.Background()
+	s := openT(t, cfg)
+	rounds := func(what string, max uint64, f func() error) {
+		t.Helper()
+		before := s.Transactions()
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got := s.Transactions() - before; got > max {
+			t.Errorf("%s: %d Paxos rounds, want at most %d", what, got, max)
+		}
+	}
+	a := testAttachment(1, "alice", 10)
+	rounds("create", 2, func() error { return s.CreateAttachment(ctx, a, 100, 10) }) // the id, the record with the usage
+	part := a
+	part.Received = 1
+	rounds("a part", 1, func() error { return s.UpdateAttachment(ctx, part, a) })
+	done := part
+	done.State = store.AttachComplete
+	rounds("complete", 1, func() error { return s.UpdateAttachment(ctx, done, part) })
+	rounds("delete", 1, func() error { return s.DeleteAttachment(ctx, 1) })
+}
