@@ -20,6 +20,7 @@ func runBenchAttach(ctx context.Context, args []string) error {
 	fs.Int64Var(&cfg.SmallBytes, "small-bytes", cfg.SmallBytes, "size of each small file")
 	fs.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "small files sent and read at once")
 	fs.Int64Var(&cfg.PartBytes, "part-bytes", cfg.PartBytes, "part size of uploads in parts")
+	fs.IntVar(&cfg.Rounds, "rounds", 1, "times each engine's rows are measured (raw and seam alternating); the medians are printed at the end")
 	fs.IntVar(&cfg.RSSUploads, "rss-uploads", 0, "if > 0: big-file Puts at once through the seam while this process's RSS is sampled")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -31,8 +32,19 @@ func runBenchAttach(ctx context.Context, args []string) error {
 	}
 	defer os.RemoveAll(dir)
 	cfg.Dir = dir
-	if _, err := bench.RunAttach(ctx, cfg); err != nil {
+	rep, err := bench.RunAttach(ctx, cfg)
+	if err != nil {
 		return fmt.Errorf("attach: %w", err)
+	}
+	fmt.Printf("\nmedians of %d rounds:\n\n| engine | layer | op | s | MiB/s |\n|---|---|---|---:|---:|\n", cfg.Rounds)
+	for _, r := range rep.Medians() {
+		fmt.Printf("| %s | %s | %s | %.3f | %.0f |\n", r.Engine, r.Layer, r.Op, r.Elapsed.Seconds(), r.MiBps())
+	}
+	for _, e := range cfg.Engines {
+		if idle, ok := rep.RSSIdle[e]; ok {
+			fmt.Printf("\n%s: RSS of this process during %d concurrent %d-byte Puts: %.1f MiB idle, %.1f MiB peak\n",
+				e, cfg.RSSUploads, cfg.BigBytes, float64(idle)/(1<<20), float64(rep.RSSPeak[e])/(1<<20))
+		}
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -39,6 +41,9 @@ type AttachConfig struct {
 	// RSSUploads, if > 0, is the number of concurrent BigBytes uploads
 	// through the seam during which this process's RSS is sampled.
 	RSSUploads int
+	// Rounds is how many times each engine's rows are measured, raw and
+	// seam alternating; Medians gives the median of each row.
+	Rounds int
 	Log        io.Writer
 }
 
@@ -115,8 +120,50 @@ func sizeName(n int64) string {
 	return strconv.FormatInt(n, 10) + " B"
 }
 
+// Medians returns one row per engine, layer and op: the median elapsed
+// time of its rounds, in the order the rows were first measured.
+func (r AttachReport) Medians() []AttachResult {
+	var order []string
+	rows := map[string][]AttachResult{}
+	for _, x := range r.Results {
+		k := x.Engine + "\x00" + x.Layer + "\x00" + x.Op
+		if _, ok := rows[k]; !ok {
+			order = append(order, k)
+		}
+		rows[k] = append(rows[k], x)
+	}
+	out := make([]AttachResult, 0, len(order))
+	for _, k := range order {
+		xs := rows[k]
+		slices.SortFunc(xs, func(a, b AttachResult) int { return cmp.Compare(a.Elapsed, b.Elapsed) })
+		out = append(out, xs[len(xs)/2])
+	}
+	return out
+}
+
 // RunAttach runs the benchmark.
 func RunAttach(ctx context.Context, cfg AttachConfig) (AttachReport, error) {
+	if cfg.Rounds < 1 {
+		cfg.Rounds = 1
+	}
+	var rep AttachReport
+	for round := range cfg.Rounds {
+		r, err := runAttachOnce(ctx, cfg, round == cfg.Rounds-1)
+		rep.Results = append(rep.Results, r.Results...)
+		if r.RSSIdle != nil {
+			rep.RSSIdle, rep.RSSPeak = r.RSSIdle, r.RSSPeak
+		}
+		if err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+func runAttachOnce(ctx context.Context, cfg AttachConfig, last bool) (AttachReport, error) {
+	if !last {
+		cfg.RSSUploads = 0
+	}
 	rep := AttachReport{RSSIdle: map[string]int64{}, RSSPeak: map[string]int64{}}
 	logf := func(format string, a ...any) {
 		if cfg.Log != nil {
