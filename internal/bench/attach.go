@@ -44,13 +44,21 @@ type AttachConfig struct {
 	// Rounds is how many times each engine's rows are measured, raw and
 	// seam alternating; Medians gives the median of each row.
 	Rounds int
-	Log        io.Writer
+	// ServerBinary, if set, is a parley executable: each round also
+	// measures the same transfers through a node of it (layer "parley"),
+	// and RSSUploads then samples that node's RSS instead of this
+	// process's.
+	ServerBinary string
+	ServerLog    io.Writer // the node's log (default: discarded)
+	// Thumbnail: also time a JPEG's first thumbnail through the node.
+	Thumbnail bool
+	Log       io.Writer
 }
 
 // AttachResult is one measured row.
 type AttachResult struct {
 	Engine  string
-	Layer   string // "dd", "minio-go", "seam Put", "seam parts"
+	Layer   string // "dd", "minio-go", "seam Put", "seam parts", "parley"
 	Op      string // "up 1×100 MiB", ...
 	Bytes   int64
 	Elapsed time.Duration
@@ -67,6 +75,11 @@ type AttachReport struct {
 	// RSS of this process (the seam's engines run in it) before and at
 	// its peak during RSSUploads concurrent uploads, per engine.
 	RSSIdle, RSSPeak map[string]int64
+	// The same of the node, with ServerBinary.
+	ServerRSSIdle, ServerRSSPeak map[string]int64
+	// Thumbnail is the time from upload_complete to the first thumbnail
+	// served, per engine.
+	Thumbnail map[string]time.Duration
 }
 
 // pattern is a random block that payloads repeat: random bytes, so no
@@ -104,6 +117,8 @@ func (p *payload) Read(b []byte) (int, error) {
 	p.left -= int64(n)
 	return n, nil
 }
+
+func sha256Sum(b []byte) [32]byte { return sha256.Sum256(b) }
 
 func payloadSum(seed, n int64) [32]byte {
 	h := sha256.New()
@@ -150,8 +165,9 @@ func RunAttach(ctx context.Context, cfg AttachConfig) (AttachReport, error) {
 	for round := range cfg.Rounds {
 		r, err := runAttachOnce(ctx, cfg, round == cfg.Rounds-1)
 		rep.Results = append(rep.Results, r.Results...)
-		if r.RSSIdle != nil {
+		if last := round == cfg.Rounds-1; last {
 			rep.RSSIdle, rep.RSSPeak = r.RSSIdle, r.RSSPeak
+			rep.ServerRSSIdle, rep.ServerRSSPeak, rep.Thumbnail = r.ServerRSSIdle, r.ServerRSSPeak, r.Thumbnail
 		}
 		if err != nil {
 			return rep, err
@@ -163,6 +179,7 @@ func RunAttach(ctx context.Context, cfg AttachConfig) (AttachReport, error) {
 func runAttachOnce(ctx context.Context, cfg AttachConfig, last bool) (AttachReport, error) {
 	if !last {
 		cfg.RSSUploads = 0
+		cfg.Thumbnail = false
 	}
 	rep := AttachReport{RSSIdle: map[string]int64{}, RSSPeak: map[string]int64{}}
 	logf := func(format string, a ...any) {
@@ -233,7 +250,10 @@ func runAttachOnce(ctx context.Context, cfg AttachConfig, last bool) (AttachRepo
 			return rep, fmt.Errorf("engine %q: want disk or s3", engine)
 		}
 		err := seamRuns(ctx, st, engine, cfg, big, small, add)
-		if err == nil && cfg.RSSUploads > 0 {
+		if err == nil && cfg.ServerBinary != "" {
+			err = parleyRuns(ctx, engine, cfg, big, small, add, &rep)
+		}
+		if err == nil && cfg.RSSUploads > 0 && cfg.ServerBinary == "" {
 			var idle, peak int64
 			idle, peak, err = seamRSS(ctx, st, cfg)
 			rep.RSSIdle[engine], rep.RSSPeak[engine] = idle, peak
