@@ -51,21 +51,48 @@ func sameOrigin(origin string, r *http.Request) bool {
 	return strings.EqualFold(u.Host, r.Host)
 }
 
-// corsPaths are the browser-callable HTTP endpoints that answer CORS.
+// corsPaths are the browser-callable HTTP endpoints that answer CORS;
+// corsPrefixes start the paths of the attachment endpoints (an upload's
+// parts, a file), which answer it too.
 var corsPaths = map[string]bool{
 	"/v1/rpc":                    true,
 	"/v1/poll":                   true,
 	"/v1/conversations/snapshot": true,
 }
 
+var corsPrefixes = []string{"/v1/uploads/", "/v1/files/"}
+
+// corsAnswer is what an endpoint that answers CORS allows and exposes.
+type corsAnswer struct{ methods, headers, expose string }
+
+var (
+	corsAPI   = corsAnswer{"GET, POST, OPTIONS", "Authorization, Content-Type", "Retry-After"}
+	corsFiles = corsAnswer{"GET, PUT, OPTIONS", "Content-Type, Range", "Retry-After, Content-Length, Content-Range, Accept-Ranges, Content-Disposition"}
+)
+
+// corsFor returns what path answers CORS with, if it does.
+func corsFor(path string) (corsAnswer, bool) {
+	if corsPaths[path] {
+		return corsAPI, true
+	}
+	for _, p := range corsPrefixes {
+		if strings.HasPrefix(path, p) {
+			return corsFiles, true
+		}
+	}
+	return corsAnswer{}, false
+}
+
 // browserGuard wraps the node's handler: it answers CORS preflights and adds
-// the CORS headers for allowed origins on /v1/rpc, /v1/poll and the snapshot
-// endpoint, and refuses a WebSocket handshake or one of those requests whose
-// Origin is not allowed with 403 forbidden (docs/protocol.md, "Browsers").
+// the CORS headers for allowed origins on /v1/rpc, /v1/poll, the snapshot
+// endpoint and the attachment endpoints, and refuses a WebSocket handshake
+// or one of those requests whose Origin is not allowed with 403 forbidden
+// (docs/protocol.md, "Browsers").
 func (s *Server) browserGuard(next http.Handler) http.Handler {
 	cors, ws := s.corsOrigins, s.wsOrigins
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		origin := r.Header.Get("Origin")
+		ca, isCORS := corsFor(r.URL.Path)
 		switch {
 		case r.URL.Path == "/v1/ws":
 			if !ws.allows(origin, r) {
@@ -73,7 +100,7 @@ func (s *Server) browserGuard(next http.Handler) http.Handler {
 				writeError(w, protocol.Errorf(protocol.CodeForbidden, "origin %q may not open a WebSocket here (gateway: web.ws_origins)", origin))
 				return
 			}
-		case corsPaths[r.URL.Path]:
+		case isCORS:
 			if !cors.allows(origin, r) {
 				writeError(w, protocol.Errorf(protocol.CodeForbidden, "origin %q may not call this endpoint (web.cors_origins)", origin))
 				return
@@ -82,12 +109,12 @@ func (s *Server) browserGuard(next http.Handler) http.Handler {
 				h := w.Header()
 				h.Set("Access-Control-Allow-Origin", origin)
 				h.Add("Vary", "Origin")
-				h.Set("Access-Control-Expose-Headers", "Retry-After")
+				h.Set("Access-Control-Expose-Headers", ca.expose)
 			}
 			if r.Method == http.MethodOptions {
 				h := w.Header()
-				h.Set("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
-				h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type")
+				h.Set("Access-Control-Allow-Methods", ca.methods)
+				h.Set("Access-Control-Allow-Headers", ca.headers)
 				h.Set("Access-Control-Max-Age", "600")
 				w.WriteHeader(http.StatusNoContent)
 				return

@@ -36,6 +36,7 @@ import (
 
 	"github.com/parley-im/parley/internal/access"
 	"github.com/parley-im/parley/internal/admin"
+	"github.com/parley-im/parley/internal/attach"
 	"github.com/parley-im/parley/internal/auth"
 	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/bus/local"
@@ -119,6 +120,7 @@ type Server struct {
 	owner    *lease.Owner // chat role in cluster mode
 
 	chat     *chat.Service
+	attach   *attach.Service // nil: no chat role, or attachments off
 	access   *access.Manager // banned users and revoked tokens
 	admin    *admin.Server
 	fanout   *fanout.Fanout
@@ -419,8 +421,15 @@ func (s *Server) startChat() error {
 	if err != nil {
 		return err
 	}
+	// One id generator for messages and attachments, so their ids never
+	// collide.
+	ids := snowflake.New(nodeNumber, nil)
+	att, err := s.openAttach(chatStore, ids)
+	if err != nil {
+		return err
+	}
 	svc, err := chat.New(cfg.ChatConfig(), chat.Deps{
-		Store: chatStore, IDs: snowflake.New(nodeNumber, nil), Logger: s.log, Limiter: lim, Fanout: fan, KT: ktLog,
+		Store: chatStore, IDs: ids, Logger: s.log, Limiter: lim, Fanout: fan, KT: ktLog, Attach: att,
 		Observer: chat.Observer{
 			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },
 			StoreFailed: func(op string) { m.StoreErrors.WithLabelValues(op).Inc() },
@@ -433,6 +442,10 @@ func (s *Server) startChat() error {
 	s.chat = svc
 	s.fanout = fan
 	s.runLoop(fan.Run)
+	if att != nil {
+		s.attach = att
+		s.runLoop(att.Run) // the GC of expired and deleted files, thumbnails
+	}
 	if s.hooks != nil {
 		s.runLoop(s.hooks.Run)
 	}
@@ -609,7 +622,7 @@ func (s *Server) startGateway(ctx context.Context) error {
 		r := route.NewRemote(s.nc, cfg.Cluster.Namespace, cfg.Gateway.RequestTimeout, cfg.Cluster.Partitions)
 		s.backend, mayWatch = r, r.MayWatch
 	}
-	gcfg := cfg.GatewayConfig()
+	gcfg := s.gatewayConfig()
 	gcfg.SessionPrefix = cfg.NodeID + "-" + nonce()
 	if err := s.dropPredecessor(ctx); err != nil {
 		return fmt.Errorf("server: registry: %w", err)
@@ -688,8 +701,18 @@ func nonce() string {
 	return hex.EncodeToString(b)
 }
 
+// gatewayConfig is the gateway's configuration; on a node with the chat
+// role, hello announces attachments only if the node serves them.
+func (s *Server) gatewayConfig() gateway.Config {
+	g := s.cfg.GatewayConfig()
+	if s.chatRole && s.attach == nil {
+		g.MaxFileBytes, g.PartBytes = 0, 0
+	}
+	return g
+}
+
 func (s *Server) listen() error {
-	gcfg := s.cfg.GatewayConfig()
+	gcfg := s.gatewayConfig()
 	var ln net.Listener = s.ln // bound by Start
 	if s.gw != nil {
 		// Per-source pacing before anything reads the connection.
@@ -703,6 +726,11 @@ func (s *Server) listen() error {
 		mux.HandleFunc("POST /v1/rpc", s.gw.ServeRPC)
 		mux.HandleFunc("GET /v1/conversations/snapshot", s.handleSnapshot)
 		s.routeKT(mux)
+	}
+	if s.embeddedUploads() {
+		// Parts are read as they arrive, never held whole.
+		mux.Handle("PUT "+attach.UploadPrefix, s.attach.UploadHandler())
+		s.streamRoute(http.MethodPut, attach.UploadPrefix, s.cfg.Attach.PartBytes)
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", s.handleReady)
