@@ -72,9 +72,6 @@ type Service struct {
 	}
 }
 
-// ErrNoRecords: the store given to New keeps no attachment records.
-var ErrNoRecords = errors.New("attach: the store keeps no attachment records")
-
 // New returns the service on st's records and bs's bytes. It starts no
 // goroutine (Run does). now is the clock of expiries and URLs (nil:
 // time.Now).
@@ -88,17 +85,13 @@ func New(cfg Config, st store.Store, bs blob.Store, ids IDs, log *slog.Logger, n
 	if st == nil || bs == nil || ids == nil {
 		return nil, errors.New("attach: store, blob store and ids are required")
 	}
-	att, ok := any(st).(store.Attachments)
-	if !ok {
-		return nil, ErrNoRecords
-	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if now == nil {
 		now = time.Now
 	}
-	s := &Service{cfg: cfg, st: st, att: att, bs: bs, ids: ids, log: log, now: now}
+	s := &Service{cfg: cfg, st: st, att: st, bs: bs, ids: ids, log: log, now: now}
 	if p, ok := bs.(blob.Presigner); ok {
 		s.pre = p
 	} else if len(cfg.Key) != KeyBytes {

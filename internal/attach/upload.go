@@ -23,10 +23,6 @@ const (
 	E2EName      = "encrypted"
 )
 
-// imageTypes are the media types the server reads dimensions of and
-// thumbnails (plain conversations only).
-var imageTypes = map[string]bool{"image/png": true, "image/jpeg": true, "image/gif": true, "image/webp": true}
-
 // uploadCreate declares a file: the caller must be allowed to send to the
 // conversation; the record is created with the quota and the uploads in
 // flight checked in the same write.
@@ -298,13 +294,6 @@ func (s *Service) uploadComplete(ctx context.Context, c protocol.Caller, f *prot
 	next := a
 	next.State, next.ExpiresAt = store.AttachComplete, s.now().Add(s.cfg.UnattachedTTL).UnixMilli()
 	next.BlobUpload, next.HashState = "", nil
-	cv, err := s.st.Conversation(ctx, a.ConvID)
-	if err != nil {
-		return nil, s.storeErr("conversation", err)
-	}
-	if !cv.E2E && imageTypes[a.MediaType] {
-		next.Thumb = store.ThumbPending
-	}
 	if err := s.att.UpdateAttachment(ctx, next, a); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			// Completed meanwhile (a retry on another connection), or
