@@ -13,7 +13,7 @@ def obj(props, required, desc=None, closed=True):
     if closed: o["additionalProperties"]=False
     if desc: o["description"]=desc
     return o
-CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized","token_expired","not_member","forbidden","not_found","conflict","recall_window_passed","rate_limited","store_unavailable","overloaded","internal","timeout","e2e_required","e2e_unsupported","bad_key","token_revoked","banned","account_conflict"]
+CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized","token_expired","not_member","forbidden","not_found","conflict","recall_window_passed","rate_limited","store_unavailable","overloaded","internal","timeout","e2e_required","e2e_unsupported","bad_key","token_revoked","banned","account_conflict","quota_exceeded","too_many_uploads","size_mismatch","hash_mismatch","part_out_of_order","upload_incomplete","not_ready"]
 defs={
  "ConvID":U64S,"MsgID":U64S,"UserID":ID,
  "Message":obj({"conv_id":ref("ConvID"),"seq":SEQ,"msg_id":ref("MsgID"),"sender":ID,"sender_device":ID,
@@ -53,10 +53,22 @@ defs={
    ["max_frame_bytes","max_body_bytes","max_client_msg_id","max_sync_convs","max_history","max_group_members","max_name_bytes","max_mentions","max_presence_subs"]),
  "Hello":obj({"protocol":{"const":1},"session_id":STR,"user_id":ID,"device_id":ID,"node":STR,"server_time":MS,
    "heartbeat_ms":{"type":"integer","minimum":1},"idle_timeout_ms":{"type":"integer","minimum":1},"limits":ref("Limits"),
-   "max_file_bytes":{"type":"integer","minimum":0,"description":"largest attachment upload_create accepts (absent: attachments are off)"},
-   "part_bytes":{"type":"integer","minimum":0,"description":"size of every upload part but the last"}},
-   ["protocol","session_id","user_id","device_id","node","server_time","heartbeat_ms","idle_timeout_ms","limits"]),
+   "max_file_bytes":{"type":"integer","minimum":0,"description":"largest file an upload may declare; 0: attachments are off"},
+   "part_bytes":{"type":"integer","minimum":0,"description":"size of every part of an upload but the last (0 with attachments off)"}},
+   ["protocol","session_id","user_id","device_id","node","server_time","heartbeat_ms","idle_timeout_ms","limits","max_file_bytes","part_bytes"]),
  "Code":{"enum":CODES},
+ "UploadInfo":obj({"attachment_id":U64S,"conv_id":ref("ConvID"),"size":{"type":"integer","minimum":0},
+   "sha256":{"type":"string","pattern":"^[0-9a-f]{64}$"},"media_type":{"type":"string","minLength":3,"maxLength":127},
+   "name":{"type":"string","minLength":1},"state":{"enum":["uploading","complete","attached"]},
+   "part_size":{"type":"integer","minimum":1},"parts":{"type":"integer","minimum":1,"maximum":10000},
+   "received":{"type":"integer","minimum":0,"maximum":10000,"description":"parts 1..received are stored; the next to send is received+1"},
+   "expires_at":{**MS,"description":"an upload not complete, or complete and named by no message, is deleted then; absent once attached"},
+   "target":{"enum":["parley","s3"]},
+   "part":{"type":"integer","minimum":1,"maximum":10000},
+   "url":{"type":"string","minLength":1,"description":"upload_part only: PUT exactly the part's bytes here; parley: /v1/uploads/<id>/parts/<n>?exp=&sig= relative to the server's origin, s3: a presigned URL"},
+   "url_expires_at":MS,"width":{"type":"integer","minimum":0},"height":{"type":"integer","minimum":0},
+   "thumbnail":{"enum":["pending","ready","none","refused"]}},
+   ["attachment_id","conv_id","size","sha256","media_type","name","state","part_size","parts","received","target"],"an upload: where it stands, and (answering upload_part) where part N goes"),
  "AttachmentInfo":obj({"attachment_id":U64S,"conv_id":ref("ConvID"),"seq":{"type":"integer","minimum":1},"size":{"type":"integer","minimum":0},
    "sha256":{"type":"string","pattern":"^[0-9a-f]{64}$"},"media_type":STR,"name":STR,"width":{"type":"integer","minimum":0},
    "height":{"type":"integer","minimum":0},"thumbnail":{"enum":["pending","ready","none","refused"]},
@@ -92,6 +104,7 @@ server={
  "kt_keys":frame("kt_keys",{"rid":RID,"kt_keys":ref("KTKeys")},["kt_keys"],"answer to kt_keys"),
  "kt_proof":frame("kt_proof",{"rid":RID,"kt":ref("KTProof")},["kt"],"answer to kt_consistency"),
  "kt_leaves":frame("kt_leaves",{"rid":RID,"kt":ref("KTProof")},["kt"],"answer to kt_leaves"),
+ "upload":frame("upload",{"rid":RID,"upload":ref("UploadInfo")},["upload"],"answer to upload_create, upload_status, upload_part and upload_complete"),
  "attachment":frame("attachment",{"rid":RID,"attachment":ref("AttachmentInfo")},["attachment"],"answer to attachment_url"),
  "keys_low":frame("keys_low",{"user_id":ID,"device_id":ID,"counts":ref("KeyCounts")},["user_id","device_id","counts"],"push: a device's one-time prekeys run low"),
 }
@@ -123,6 +136,12 @@ client={
  "keys_bundle":cf("keys_bundle",{"user_id":ID,"device_id":ID},["user_id"],"fetch prekey bundles"),
  "keys_devices":cf("keys_devices",{"user_id":ID},["user_id"],"list a user's devices with keys"),
  "keys_remove":cf("keys_remove",{},[],"drop this device's keys"),
+ "upload_create":cf("upload_create",{"conv_id":ref("ConvID"),"size":{"type":"integer","minimum":0},"sha256":{"type":"string","pattern":"^[0-9a-f]{64}$"},
+   "media_type":{"type":"string","pattern":"^[!-~]+/[!-~]+$","maxLength":127},"name":{"type":"string","minLength":1,"description":"1-255 bytes of UTF-8 without control characters, / or \\"}},
+   ["conv_id","sha256","media_type","name"],"declare a file to upload to a conversation"),
+ "upload_status":cf("upload_status",{"attachment_id":U64S},["attachment_id"],"where one of your uploads stands"),
+ "upload_part":cf("upload_part",{"attachment_id":U64S,"part":{"type":"integer","minimum":1,"maximum":10000}},["attachment_id","part"],"the URL part N of an upload goes to"),
+ "upload_complete":cf("upload_complete",{"attachment_id":U64S},["attachment_id"],"check the uploaded file's size and SHA-256 and make it usable"),
  "kt_keys":cf("kt_keys",{},[],"the key transparency log's public keys"),
  "kt_consistency":cf("kt_consistency",{"from":{"type":"integer","minimum":1},"to":{"type":"integer","minimum":1}},["from","to"],"a consistency proof between log sizes from and to"),
  "kt_leaves":cf("kt_leaves",{"from":SEQ,"limit":{"type":"integer","minimum":0,"maximum":1000}},[],"a page of the key transparency log's leaves"),
