@@ -82,4 +82,3 @@ func (s *Server) Attach() *attach.Service { return s.attach }
 func (s *Server) embeddedUploads() bool {
 	return s.attach != nil && s.attach.Target() == protocol.TargetParley
 }
-
