@@ -97,9 +97,7 @@ install_weed() {
 # its data.
 credentials() {
 	if [[ ! -f "$creds" ]]; then
-		local secret
-		secret=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
-		(umask 077 && printf 'parley\n%s\n' "$secret" >"$creds")
+		(umask 077 && printf 'parley\n%s\n' "$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')" >"$creds")
 	fi
 	access=$(sed -n 1p "$creds")
 	secret=$(sed -n 2p "$creds")
