@@ -115,6 +115,9 @@ func (n *parleyNode) rpc(ctx context.Context, user string, f protocol.Frame) (*p
 		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+n.tokens[user])
+	// Replayable: the client sends it again on another connection when the
+	// server closed an idle one before reading anything of it.
+	req.Header.Set("Idempotency-Key", f.RID)
 	resp, err := n.http.Do(req)
 	if err != nil {
 		return nil, err
