@@ -49,3 +49,13 @@ func ValidID(s string) bool {
 	}
 	return true
 }
+
+// WebSocket subprotocols. A browser cannot set Authorization on a
+// WebSocket, and a token in the URL lands in consoles and access logs: a
+// client may offer Subprotocol and BearerSubprotocolPrefix+token in
+// Sec-WebSocket-Protocol instead, and the server selects Subprotocol
+// (never echoing the token).
+const (
+	Subprotocol             = "parley.v1"
+	BearerSubprotocolPrefix = "bearer."
+)

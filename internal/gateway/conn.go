@@ -29,6 +29,9 @@ func timeMS(ms int64) time.Time { return time.UnixMilli(ms) }
 func (g *Gateway) newUpgrader() *websocket.Upgrader {
 	u := websocket.NewUpgrader()
 	configureUpgrader(u, g.cfg)
+	// Offered beside bearer.<token> (BearerToken): selecting it is what
+	// lets a browser accept the upgrade; the token is never echoed.
+	u.Subprotocols = []string{protocol.Subprotocol}
 	// Tokens travel in a header or the query, never in cookies, so a
 	// cross-origin page cannot ride on a user's session.
 	u.CheckOrigin = func(*http.Request) bool { return true }
@@ -70,6 +73,13 @@ func httpError(w http.ResponseWriter, status int, code protocol.Code, msg string
 func BearerToken(r *http.Request) string {
 	if h := r.Header.Get("Authorization"); len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
 		return strings.TrimSpace(h[7:])
+	}
+	for _, h := range r.Header.Values("Sec-WebSocket-Protocol") {
+		for _, p := range strings.Split(h, ",") {
+			if p = strings.TrimSpace(p); strings.HasPrefix(p, protocol.BearerSubprotocolPrefix) {
+				return p[len(protocol.BearerSubprotocolPrefix):]
+			}
+		}
 	}
 	return r.URL.Query().Get("token")
 }

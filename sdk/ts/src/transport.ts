@@ -35,7 +35,13 @@ export class HandshakeError extends Error {
 }
 
 /** The browser's (or the ws package's) WebSocket constructor. */
-export type WebSocketCtor = new (url: string) => WebSocketLike;
+export type WebSocketCtor = new (url: string, protocols?: string | string[]) => WebSocketLike;
+
+/** The subprotocols that carry the token (docs/protocol.md, "Authentication"):
+ * a browser cannot set Authorization on a WebSocket, and a token in the URL
+ * would be printed in the console on a failed dial and kept in access logs. */
+export const SUBPROTOCOL = "parley.v1";
+export const BEARER_SUBPROTOCOL_PREFIX = "bearer.";
 export interface WebSocketLike {
   readyState: number;
   onopen: ((ev: any) => void) | null;
@@ -50,11 +56,11 @@ export interface WebSocketLike {
 export function openWebSocket(
   Ctor: WebSocketCtor, wsBase: string, token: string, device: string, h: Handlers, timeoutMs: number,
 ): Promise<Transport> {
-  const url = `${wsBase}/v1/ws?device=${encodeURIComponent(device)}&token=${encodeURIComponent(token)}`;
+  const url = `${wsBase}/v1/ws?device=${encodeURIComponent(device)}`;
   return new Promise((resolve, reject) => {
     let ws: WebSocketLike;
     try {
-      ws = new Ctor(url);
+      ws = new Ctor(url, [SUBPROTOCOL, BEARER_SUBPROTOCOL_PREFIX + token]);
     } catch (e) {
       reject(new HandshakeError(0, "unreachable", String(e), 0, true));
       return;

@@ -14,13 +14,18 @@ export class HandshakeError extends Error {
         this.unreachable = unreachable;
     }
 }
+/** The subprotocols that carry the token (docs/protocol.md, "Authentication"):
+ * a browser cannot set Authorization on a WebSocket, and a token in the URL
+ * would be printed in the console on a failed dial and kept in access logs. */
+export const SUBPROTOCOL = "parley.v1";
+export const BEARER_SUBPROTOCOL_PREFIX = "bearer.";
 /** Opens a WebSocket and resolves once the server's hello arrived. */
 export function openWebSocket(Ctor, wsBase, token, device, h, timeoutMs) {
-    const url = `${wsBase}/v1/ws?device=${encodeURIComponent(device)}&token=${encodeURIComponent(token)}`;
+    const url = `${wsBase}/v1/ws?device=${encodeURIComponent(device)}`;
     return new Promise((resolve, reject) => {
         let ws;
         try {
-            ws = new Ctor(url);
+            ws = new Ctor(url, [SUBPROTOCOL, BEARER_SUBPROTOCOL_PREFIX + token]);
         }
         catch (e) {
             reject(new HandshakeError(0, "unreachable", String(e), 0, true));
