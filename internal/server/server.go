@@ -731,6 +731,8 @@ func (s *Server) listen() error {
 		// Parts are read as they arrive, never held whole.
 		mux.Handle("PUT "+attach.UploadPrefix, s.attach.UploadHandler())
 		s.streamRoute(http.MethodPut, attach.UploadPrefix, s.cfg.Attach.PartBytes)
+		// Downloads: signed URLs, the window checked on every request.
+		mux.Handle("GET "+attach.ContentPath, s.attach.ContentHandler())
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", s.handleReady)
@@ -801,9 +803,13 @@ func (s *Server) startAdmin() error {
 		// Cluster mode: each conversation write runs on its partition's owner.
 		svc = route.NewAdmin(s.chat, s.owner, s.nc, cfg.Cluster.Namespace, s.chat.Limits(), cfg.Gateway.RequestTimeout)
 	}
-	a, err := admin.New(admin.Config{Listen: cfg.Admin.Listen, Key: s.adminKey, Actor: cfg.Admin.Actor, RequestTimeout: cfg.Gateway.RequestTimeout}, admin.Deps{
-		Chat: svc, Access: s.access, Disconnect: s.disconnect, Limits: cfg.Limits, Logger: s.log, Now: s.now,
-	})
+	deps := admin.Deps{Chat: svc, Access: s.access, Disconnect: s.disconnect, Limits: cfg.Limits, Logger: s.log, Now: s.now}
+	if s.attach != nil {
+		// Records and blobs are shared by every chat process: any of them
+		// lists and deletes.
+		deps.Attachments = s.attach
+	}
+	a, err := admin.New(admin.Config{Listen: cfg.Admin.Listen, Key: s.adminKey, Actor: cfg.Admin.Actor, RequestTimeout: cfg.Gateway.RequestTimeout}, deps)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}

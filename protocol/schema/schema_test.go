@@ -75,6 +75,16 @@ func TestHTTPAnswer(t *testing.T) {
 	if err := HTTPAnswer("GET", "/web/app.js", 200, "text/javascript", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
+	// A media type range (*/*) documents whatever type a download is
+	// served with.
+	for _, ct := range []string{"image/png", "application/octet-stream", "text/plain; charset=utf-8"} {
+		if err := HTTPAnswer("GET", "/v1/files/123", 206, ct, []byte("bytes")); err != nil {
+			t.Errorf("%s: %v", ct, err)
+		}
+	}
+	if err := HTTPAnswer("GET", "/v1/files/123", 403, "application/json", []byte(`{"code":"not_member"}`)); err == nil {
+		t.Fatal("an error without its message validated")
+	}
 	if err := HTTPAnswer("GET", "/web/app.js/more", 200, "text/javascript", []byte("x")); err == nil {
 		t.Fatal("a path of no template validated")
 	}
