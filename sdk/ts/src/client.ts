@@ -137,6 +137,10 @@ export class Client {
   private stopped = false;
   private attempt = 0;
   private wsFailures = 0;
+  /** While connected over the HTTP fallback, the WebSocket is probed with
+   * backoff (5 s, doubling to 60 s): once it answers, the client moves to it. */
+  private wsProbe: ReturnType<typeof setTimeout> | null = null;
+  private wsProbeDelay = 0;
   private goawayUntil = 0;
   private token = ""; // the token of the current (or last) transport
   // The token the server ended a connection for (expired or revoked), and
@@ -262,7 +266,15 @@ export class Client {
       t.close();
       return;
     }
-    if (t.kind === "websocket") this.wsFailures = 0;
+    await this.adopt(t);
+  }
+
+  /** Makes t, just opened, the connection: sync, then ready. */
+  private async adopt(t: Transport): Promise<void> {
+    if (t.kind === "websocket") {
+      this.wsFailures = 0;
+      this.wsProbeDelay = 0;
+    }
     this.t = t;
     this.hello = t.hello.hello;
     this.ready = false;
@@ -293,6 +305,44 @@ export class Client {
     if (this.watched) this.request({ type: "presence_sub", users: this.watched }).then((r) => this.emit("presence", (r as SPresence).states), () => {});
     this.emit("connected", { hello: this.hello, transport: t.kind });
     for (const w of this.waiters.splice(0)) w();
+    if (t.kind === "http" && this.o.transport === "auto" && this.wsCtor()) this.scheduleWsProbe();
+  }
+
+  private scheduleWsProbe() {
+    if (this.wsProbe || this.stopped) return;
+    this.wsProbeDelay = Math.min(60_000, this.wsProbeDelay ? this.wsProbeDelay * 2 : 5_000);
+    this.wsProbe = setTimeout(() => { void this.probeWs(); }, Math.round(this.wsProbeDelay * (0.8 + 0.4 * Math.random())));
+  }
+
+  /** Tries the WebSocket while the HTTP fallback serves: on a hello it
+   * becomes the connection (the poll session ends; a sync covers the move),
+   * else the next probe is scheduled. The probe's session takes the
+   * device's place on the server, so it is adopted, never just closed. */
+  private async probeWs(): Promise<void> {
+    this.wsProbe = null;
+    const old = this.t;
+    if (this.stopped || !old || old.kind !== "http" || !this.ready) {
+      if (!this.stopped && old?.kind === "http") this.scheduleWsProbe();
+      return;
+    }
+    let pt: Transport;
+    const handlers = {
+      onFrame: (f: ServerFrame) => { if (this.t === pt) this.onFrame(f); },
+      onClose: (info: CloseInfo) => this.onClose(pt, info),
+    };
+    try {
+      pt = await openWebSocket(this.wsCtor()!, this.wsBase(), this.token, this.o.device, handlers, this.o.requestTimeoutMs);
+    } catch {
+      if (this.t === old && !this.stopped) this.scheduleWsProbe();
+      return;
+    }
+    if (this.stopped || this.t !== old) {
+      pt.close();
+      return;
+    }
+    this.flush();
+    this.teardown("moving to the WebSocket");
+    await this.adopt(pt);
   }
 
   private wsCtor(): WebSocketCtor | undefined {
@@ -303,6 +353,8 @@ export class Client {
   private teardown(reason: string) {
     if (this.heartbeat) clearInterval(this.heartbeat);
     this.heartbeat = null;
+    if (this.wsProbe) clearTimeout(this.wsProbe);
+    this.wsProbe = null;
     const t = this.t;
     this.t = null;
     this.ready = false;

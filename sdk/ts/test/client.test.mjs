@@ -182,6 +182,31 @@ test("fallback to /v1/poll + /v1/rpc when the WebSocket cannot open", async () =
   closeAll(a, b);
 });
 
+test("on the HTTP fallback the WebSocket is probed again, and the client moves to it once it opens", async () => {
+  let blocked = true;
+  class Flaky extends WebSocket {
+    constructor(url, protocols) {
+      if (blocked) throw new Error("blocked by a proxy, for now");
+      super(url, protocols);
+    }
+  }
+  const a = await srv.client("probe-a", "d1", { WebSocket: Flaky });
+  const b = await srv.client("probe-b");
+  await Promise.all([a.log.waitConnected(), b.log.waitConnected()]);
+  assert.equal(a.log.of("connected")[0].transport, "http");
+  const { conv_id } = await a.openDirect("probe-b");
+  await a.send(conv_id, "over http");
+  blocked = false; // the proxy lets WebSockets through again
+  await a.log.waitFor((ev) => ev.some((e) => e.kind === "connected" && e.transport === "websocket"), "moved to the WebSocket", 15000);
+  assert.equal(a.log.of("stopped").length, 0, "the move never stops the client");
+  await b.send(conv_id, "after the move");
+  await a.send(conv_id, "over the websocket");
+  await a.log.waitMessages(conv_id, 3);
+  await b.log.waitMessages(conv_id, 3);
+  assert.deepEqual(a.log.messages(conv_id).map((m) => m.body), ["over http", "after the move", "over the websocket"]);
+  closeAll(a, b);
+});
+
 test("a send retried across a reconnect is stored once (client_msg_id)", async () => {
   const a = await srv.client("dup-a"), b = await srv.client("dup-b");
   await Promise.all([a.log.waitConnected(), b.log.waitConnected()]);
