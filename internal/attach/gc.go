@@ -31,8 +31,9 @@ func (s *Service) gcLoop(ctx context.Context) {
 
 // GC does one pass over the records that need work (store.DueAttachments):
 // an expired upload is aborted and deleted, an expired unattached file
-// deleted, and a record in state deleting has its blobs and then itself
-// deleted. It returns how many records it deleted. Every chat process runs it; each
+// deleted, a record in state deleting has its blobs and then itself
+// deleted, and a thumbnail left pending (by a crash, or a full queue) is
+// queued again. It returns how many records it deleted. Every chat process runs it; each
 // step is idempotent, and a record leaves uploading or complete for
 // deleting by a compare-and-set, so a file a message names meanwhile is
 // never deleted.
@@ -86,6 +87,9 @@ func (s *Service) collect(ctx context.Context, a store.Attachment, now time.Time
 		}
 		a = next
 	default:
+		if a.Thumb == store.ThumbPending && (a.State == store.AttachComplete || a.State == store.AttachAttached) {
+			s.requeueThumb(a, now)
+		}
 		return false, nil
 	}
 	if err := s.remove(ctx, a); err != nil {

@@ -63,12 +63,16 @@ type Service struct {
 	log *slog.Logger
 	now func() time.Time
 
+	thumbs chan uint64 // thumbnails to make (thumbs.go)
+
 	// mu guards the work in progress in this process.
 	mu struct {
 		sync.Mutex
 		// receiving: uploads whose part this process is receiving
 		// (http_upload.go), one part at a time per upload.
 		receiving map[uint64]bool
+		// queued: thumbnails queued or being made (thumbs.go).
+		queued map[uint64]bool
 	}
 }
 
@@ -91,13 +95,14 @@ func New(cfg Config, st store.Store, bs blob.Store, ids IDs, log *slog.Logger, n
 	if now == nil {
 		now = time.Now
 	}
-	s := &Service{cfg: cfg, st: st, att: st, bs: bs, ids: ids, log: log, now: now}
+	s := &Service{cfg: cfg, st: st, att: st, bs: bs, ids: ids, log: log, now: now, thumbs: make(chan uint64, thumbQueue)}
 	if p, ok := bs.(blob.Presigner); ok {
 		s.pre = p
 	} else if len(cfg.Key) != KeyBytes {
 		return nil, fmt.Errorf("attach: the URL key must be %d bytes, got %d", KeyBytes, len(cfg.Key))
 	}
 	s.mu.receiving = map[uint64]bool{}
+	s.mu.queued = map[uint64]bool{}
 	return s, nil
 }
 
@@ -135,9 +140,15 @@ func (s *Service) Handle(ctx context.Context, c protocol.Caller, f *protocol.Fra
 	return nil, protocol.Errorf(protocol.CodeUnknownType, "unknown frame type %q", f.Type)
 }
 
-// Run runs the GC loop until ctx ends.
+// Run runs the GC loop and the thumbnail worker until ctx ends.
 func (s *Service) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range thumbWorkers {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.thumbWorker(ctx) }()
+	}
 	s.gcLoop(ctx)
+	wg.Wait()
 }
 
 // FileKey and ThumbKey are the blob keys of attachment id's file and

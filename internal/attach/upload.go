@@ -294,6 +294,13 @@ func (s *Service) uploadComplete(ctx context.Context, c protocol.Caller, f *prot
 	next := a
 	next.State, next.ExpiresAt = store.AttachComplete, s.now().Add(s.cfg.UnattachedTTL).UnixMilli()
 	next.BlobUpload, next.HashState = "", nil
+	cv, err := s.st.Conversation(ctx, a.ConvID)
+	if err != nil {
+		return nil, s.storeErr("conversation", err)
+	}
+	if !cv.E2E && imageTypes[a.MediaType] {
+		s.probe(ctx, &next)
+	}
 	if err := s.att.UpdateAttachment(ctx, next, a); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			// Completed meanwhile (a retry on another connection), or
@@ -307,6 +314,9 @@ func (s *Service) uploadComplete(ctx context.Context, c protocol.Caller, f *prot
 			}
 		}
 		return nil, s.storeErr("upload complete", err)
+	}
+	if next.Thumb == store.ThumbPending {
+		s.queueThumb(next.ID)
 	}
 	return s.uploadFrame(next, nil), nil
 }

@@ -7,6 +7,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"image"
+	"image/jpeg"
+	"image/png"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -614,4 +617,108 @@ func TestGC(t *testing.T) {
 		t.Fatalf("GC of a deleting record deleted %d", n)
 	}
 	f.nothingStored(kept.AttachmentID, "")
+}
+
+func pngBytes(t *testing.T, w, h int) []byte {
+	t.Helper()
+	img := image.NewRGBA(image.Rect(0, 0, w, h))
+	for i := range img.Pix {
+		img.Pix[i] = byte(i)
+	}
+	var b bytes.Buffer
+	if err := png.Encode(&b, img); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// TestThumbnails: an image of a plain conversation gets its dimensions at
+// completion and a thumbnail made off the request path (t/<id>, a JPEG);
+// one over max_image_pixels, or not the image it claims to be, is refused
+// without being decoded; a thumbnail left pending (a crash) is made again
+// after the GC finds it.
+func TestThumbnails(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxImagePixels = 400 * 300
+	f := newFixture(t, cfg)
+	ctx := context.Background()
+	up := func(data []byte, media string) *protocol.UploadInfo {
+		t.Helper()
+		u, perr := f.create("alice", conv, int64(len(data)), hexSum(data), media, "picture")
+		if perr != nil {
+			t.Fatal(perr)
+		}
+		if code, ans := f.sendPart(u, data, 1); code != 200 {
+			t.Fatalf("PUT: %d %v", code, ans)
+		}
+		c, perr := f.complete("alice", u.AttachmentID)
+		if perr != nil {
+			t.Fatal(perr)
+		}
+		return c
+	}
+	img := up(pngBytes(t, 400, 300), "image/png")
+	if img.Width != 400 || img.Height != 300 || img.Thumbnail != protocol.ThumbPending {
+		t.Fatalf("image: %+v", img)
+	}
+	big := up(pngBytes(t, 401, 300), "image/png")
+	if big.Width != 401 || big.Thumbnail != protocol.ThumbRefused {
+		t.Fatalf("over max_image_pixels: %+v", big)
+	}
+	fake := up([]byte("<svg onload=alert(1)>"), "image/png")
+	if fake.Width != 0 || fake.Thumbnail != protocol.ThumbRefused {
+		t.Fatalf("not an image: %+v", fake)
+	}
+	doc := up([]byte("hello"), "text/plain")
+	if doc.Thumbnail != protocol.ThumbNone {
+		t.Fatalf("not an image type: %+v", doc)
+	}
+	// The worker makes the queued one.
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { f.svc.Run(rctx); close(done) }()
+	waitThumb := func(id uint64) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); f.record(id).Thumb != store.ThumbReady; {
+			if time.Now().After(deadline) {
+				t.Fatalf("thumbnail of %d still %d", id, f.record(id).Thumb)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		r, info, err := f.bs.Open(ctx, ThumbKey(id), 0, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		c, err := jpeg.DecodeConfig(r)
+		if err != nil || max(c.Width, c.Height) != f.cfg.ThumbnailPx || info.Size == 0 {
+			t.Fatalf("thumbnail: %+v %v (%d bytes)", c, err, info.Size)
+		}
+	}
+	waitThumb(img.AttachmentID)
+	cancel()
+	<-done
+	for _, id := range []uint64{big.AttachmentID, fake.AttachmentID, doc.AttachmentID} {
+		if _, err := f.bs.Stat(ctx, ThumbKey(id)); !errors.Is(err, blob.ErrNotFound) {
+			t.Fatalf("thumbnail of %d: %v", id, err)
+		}
+	}
+	// A thumbnail left pending by a crash: made again by a restarted
+	// process once the GC sees it, past the grace after its upload began.
+	again := up(pngBytes(t, 40, 30), "image/png")
+	f.close()
+	f.open()
+	if a := f.record(again.AttachmentID); a.Thumb != store.ThumbPending {
+		t.Fatalf("before the restart's GC: %+v", a)
+	}
+	f.advance(thumbGrace)
+	rctx, cancel = context.WithCancel(ctx)
+	defer cancel()
+	go f.svc.Run(rctx)
+	for deadline := time.Now().Add(20 * time.Second); f.record(again.AttachmentID).Thumb != store.ThumbReady; {
+		if time.Now().After(deadline) {
+			t.Fatal("a pending thumbnail was not made after a restart")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
