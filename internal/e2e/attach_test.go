@@ -615,6 +615,34 @@ func TestAttachmentAdmin(t *testing.T) {
 	}
 }
 
+// TestAttachmentModeration: the server API's moderation recall of a file
+// message deletes its file as the sender's recall does; its edit is a
+// conflict.
+func TestAttachmentModeration(t *testing.T) {
+	srv := servertest.Start(t, servertest.WithAdmin())
+	n := &attachNode{srv: srv}
+	adm := newAdmin(t, srv)
+	alice := dialRaw(t, srv, "alice", "a1")
+	bob := dialRaw(t, srv, "bob", "b1")
+	g := alice.createGroup("g", "bob")
+	data := randomBytes(4096)
+	up := n.upload(alice, g, "x.bin", "application/octet-stream", data)
+	ack := mustOK(t, alice.sendFile(g, "f1", up.AttachmentID, ""), protocol.TypeAck)
+	path := convPath(g, "/messages/"+u64(ack.Seq))
+	adm.fails(http.MethodPatch, path, map[string]string{"client_msg_id": "e1", "body": "x"}, http.StatusConflict, protocol.CodeConflict)
+	var rec ackAns
+	adm.ok(http.MethodDelete, path+"?client_msg_id=r1", nil, &rec)
+	wantErr(t, "recalled by moderation", bob.attachmentURL(g, ack.Seq, false), protocol.CodeForbidden, 403)
+	waitFor(t, func() bool { return !dirHolds(t, srv.DataDir, data) })
+	var page struct {
+		Attachments []json.RawMessage `json:"attachments"`
+	}
+	adm.ok(http.MethodGet, convPath(g, "/attachments"), nil, &page)
+	if len(page.Attachments) != 0 {
+		t.Fatalf("records after the moderation recall: %s", page.Attachments)
+	}
+}
+
 // TestAttachmentWebhooks: message.created of a file message carries its
 // attachment_id and, in a plain conversation, the attachment's metadata;
 // in an E2E conversation no attachment object and no body (the server
@@ -695,4 +723,8 @@ func TestAttachmentWebhooks(t *testing.T) {
 			t.Fatalf("E2E event carries %q: %s", leak, raw)
 		}
 	}
+	// The author's sealed recall of an E2E file message deletes the
+	// ciphertext too.
+	mustOK(t, alice.call(protocol.Frame{Type: protocol.TypeRecall, ConvID: secure, ClientMsgID: "sr1", TargetSeq: sAck.Seq, Body: env}), protocol.TypeAck)
+	waitFor(t, func() bool { return !dirHolds(t, srv.DataDir, cipher) })
 }
