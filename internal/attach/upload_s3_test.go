@@ -1,0 +1,105 @@
+package attach
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/parley-im/parley/internal/blob"
+	blobs3 "github.com/parley-im/parley/internal/blob/s3"
+	"github.com/parley-im/parley/internal/enginetest"
+	"github.com/parley-im/parley/protocol"
+)
+
+// s3Fixture is the fixture on the S3 server of $PARLEY_TEST_S3 (skips
+// without it, fails under CI=true): parts go to presigned URLs.
+func s3Fixture(t *testing.T) *fixture {
+	t.Helper()
+	s3cfg := enginetest.S3(t)
+	f := newFixtureOn(t, testConfig(), func() blob.Store {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		bs, err := blobs3.Open(ctx, s3cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bs
+	})
+	// The S3 server checks presigned URLs against its own clock.
+	f.clock.Store(time.Now().UnixMilli())
+	return f
+}
+
+// TestUploadS3: on S3 the parts go to presigned URLs, received is counted
+// from the parts the server holds, completion joins them and hashes the
+// object read back; a part with the wrong size is not counted, and a file
+// whose hash lies is deleted with its record.
+func TestUploadS3(t *testing.T) {
+	f := s3Fixture(t)
+	ctx := context.Background()
+	data := payload(2*blob.MinPartSize + 99)
+	u := f.mustCreate(data)
+	if u.Target != protocol.TargetS3 || u.Parts != 3 {
+		t.Fatalf("upload %+v", u)
+	}
+	_, perr := f.part("alice", u.AttachmentID, 2)
+	wantCode(t, "part 2 before 1", perr, protocol.CodePartOutOfOrder)
+	if code, _ := f.sendPart(u, data, 1); code != 200 {
+		t.Fatalf("part 1: %d", code)
+	}
+	// Part 2 with too few bytes: S3 takes it, Parley does not count it.
+	p2, _ := f.part("alice", u.AttachmentID, 2)
+	short := chunk(data, u.PartSize, 2)[:1000]
+	if code, _ := f.put(p2.URL, bytes.NewReader(short), int64(len(short))); code != 200 {
+		t.Fatalf("short part 2: %d", code)
+	}
+	if s, perr := f.status("alice", u.AttachmentID); perr != nil || s.Received != 1 {
+		t.Fatalf("status after a short part: %+v %v", s, perr)
+	}
+	_, perr = f.complete("alice", u.AttachmentID)
+	wantCode(t, "complete with a short part", perr, protocol.CodeUploadIncomplete)
+	for n := 2; n <= 3; n++ {
+		if code, _ := f.sendPart(u, data, n); code != 200 {
+			t.Fatalf("part %d: %d", n, code)
+		}
+	}
+	if s, _ := f.status("alice", u.AttachmentID); s.Received != 3 {
+		t.Fatalf("received %d, want 3", s.Received)
+	}
+	c, perr := f.complete("alice", u.AttachmentID)
+	if perr != nil || c.State != protocol.UploadComplete {
+		t.Fatalf("complete: %+v %v", c, perr)
+	}
+	r, info, err := f.bs.Open(ctx, FileKey(u.AttachmentID), 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	if info.Size != int64(len(data)) {
+		t.Fatalf("stored %d bytes", info.Size)
+	}
+
+	// The hash lies: the bytes sent are not the declared file's.
+	lie := payload(100)
+	l, perr := f.create("alice", conv, 100, hexSum([]byte("something else")), "text/plain", "lie.txt")
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	if code, _ := f.sendPart(l, lie, 1); code != 200 {
+		t.Fatal(code)
+	}
+	upload := f.record(l.AttachmentID).BlobUpload
+	_, perr = f.complete("alice", l.AttachmentID)
+	wantCode(t, "complete with the wrong bytes", perr, protocol.CodeHashMismatch)
+	if _, err := f.bs.Stat(ctx, FileKey(l.AttachmentID)); !errors.Is(err, blob.ErrNotFound) {
+		t.Fatalf("lying file: %v", err)
+	}
+	if _, err := f.bs.Parts(ctx, FileKey(l.AttachmentID), upload); !errors.Is(err, blob.ErrNotFound) {
+		t.Fatalf("lying upload: %v", err)
+	}
+	if _, err := f.st.Attachment(ctx, l.AttachmentID); err == nil {
+		t.Fatal("the lying upload's record is still there")
+	}
+}
