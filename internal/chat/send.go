@@ -49,6 +49,11 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 		s.obs.Stored(s.now().Sub(start))
 	}
 	stored := res.Msg
+	if s.attach != nil && stored.Kind == protocol.KindFile && stored.Attachment != 0 {
+		// Before the ack, so that from then on the record names its
+		// message's seq (the server API lists it).
+		s.attach.Stored(ctx, stored.Attachment, stored.Seq)
+	}
 	passed := s.ownReadRaised(ctx, c, own, res)
 	reply(&protocol.Frame{
 		Type: protocol.TypeAck, RID: f.RID, ConvID: stored.ConvID, ClientMsgID: stored.ClientMsgID,
@@ -63,11 +68,7 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	// fan-out's pushes may have been lost with the connection that made
 	// the client retry. Rows are idempotent and devices drop repeated seqs.
 	s.fan.Enqueue(fanout.Job{Msg: stored, RowsWritten: res.RowsWritten, Conv: &cv, Members: s.directRecipients(ctx, cv)})
-	switch {
-	case s.attach == nil:
-	case stored.Kind == protocol.KindFile && stored.Attachment != 0:
-		s.attach.Stored(ctx, stored.Attachment, stored.Seq)
-	case recalled != 0 && !res.Duplicate:
+	if s.attach != nil && recalled != 0 && !res.Duplicate {
 		// The file goes with its message: nobody can download it any
 		// more (the message is recalled), and its bytes are deleted now
 		// rather than kept for no one.
