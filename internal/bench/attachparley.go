@@ -35,6 +35,8 @@ type parleyNode struct {
 	http   *http.Client
 	rid    atomic.Uint64
 	cmid   atomic.Uint64
+	// firstRSSErr is the first error of the RSS run's uploads.
+	firstRSSErr string
 }
 
 // startParley starts a node whose attachments live on engine.
@@ -302,9 +304,12 @@ func parleyMeasure(ctx context.Context, n *parleyNode, engine string, cfg Attach
 		}
 	}
 	if cfg.RSSUploads > 0 {
-		idle, peak, err := parleyRSS(ctx, n, cfg, body(0))
+		idle, peak, failed, err := parleyRSS(ctx, n, cfg, body(0))
 		if err != nil {
 			return err
+		}
+		if failed > 0 && cfg.Log != nil {
+			fmt.Fprintf(cfg.Log, "%-5s parley      %d of the %d concurrent uploads failed (the RSS was sampled all the same): %v\n", engine, failed, cfg.RSSUploads, n.firstRSSErr)
 		}
 		if rep.ServerRSSIdle == nil {
 			rep.ServerRSSIdle, rep.ServerRSSPeak = map[string]int64{}, map[string]int64{}
@@ -319,11 +324,11 @@ func parleyMeasure(ctx context.Context, n *parleyNode, engine string, cfg Attach
 }
 
 // parleyRSS samples the node's RSS every 50 ms while RSSUploads uploads
-// of BigBytes run at once.
-func parleyRSS(ctx context.Context, n *parleyNode, cfg AttachConfig, body func(off, size int64) io.Reader) (idle, peak int64, err error) {
+// of BigBytes run at once, and counts the uploads that failed.
+func parleyRSS(ctx context.Context, n *parleyNode, cfg AttachConfig, body func(off, size int64) io.Reader) (idle, peak int64, failed int, err error) {
 	sum := payloadSum(0, cfg.BigBytes)
 	if idle, err = ReadVmRSS(n.srv.PID()); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	var mu sync.Mutex
 	peak = idle
@@ -345,13 +350,21 @@ func parleyRSS(ctx context.Context, n *parleyNode, cfg AttachConfig, body func(o
 			}
 		}
 	})
-	_, err = parallel(cfg.RSSUploads, func(i int) error {
-		_, err := n.upload(ctx, int64(1000+i), cfg.BigBytes, "application/octet-stream", body, sum)
-		return err
+	var nfailed atomic.Int64
+	var firstErr atomic.Value
+	_, _ = parallel(cfg.RSSUploads, func(i int) error {
+		if _, err := n.upload(ctx, int64(1000+i), cfg.BigBytes, "application/octet-stream", body, sum); err != nil {
+			nfailed.Add(1)
+			firstErr.CompareAndSwap(nil, err.Error())
+		}
+		return nil
 	})
 	close(stop)
 	wg.Wait()
-	return idle, peak, err
+	if e, ok := firstErr.Load().(string); ok {
+		n.firstRSSErr = e
+	}
+	return idle, peak, int(nfailed.Load()), ctx.Err()
 }
 
 const thumbW, thumbH = 4000, 3000
