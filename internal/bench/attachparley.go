@@ -416,8 +416,12 @@ func firstThumbnail(ctx context.Context, n *parleyNode) (time.Duration, error) {
 			return 0, fmt.Errorf("PUT part %d: %s", p, resp.Status)
 		}
 	}
-	if _, err := n.rpc(ctx, "alice", protocol.Frame{Type: protocol.TypeUploadComplete, AttachmentID: up.AttachmentID}); err != nil {
+	done, err := n.rpc(ctx, "alice", protocol.Frame{Type: protocol.TypeUploadComplete, AttachmentID: up.AttachmentID})
+	if err != nil {
 		return 0, err
+	}
+	if th := done.Upload.Thumbnail; th != protocol.ThumbPending && th != protocol.ThumbReady {
+		return 0, fmt.Errorf("upload_complete of a %dx%d JPEG: thumbnail %q (width %d, height %d)", thumbW, thumbH, th, done.Upload.Width, done.Upload.Height)
 	}
 	t0 := time.Now()
 	seq, err := n.send(ctx, up.AttachmentID)
