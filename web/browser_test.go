@@ -69,16 +69,18 @@ type node struct {
 	srv  *servertest.Server
 	addr string
 	dir  string
+	cfg  []func(*config.Config)
 }
 
-func startNode(t *testing.T) *node {
+// startNode starts the node; cfg changes its configuration further.
+func startNode(t *testing.T, cfg ...func(*config.Config)) *node {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close()
-	n := &node{t: t, addr: addr, dir: t.TempDir()}
+	n := &node{t: t, addr: addr, dir: t.TempDir(), cfg: cfg}
 	n.start()
 	return n
 }
@@ -87,6 +89,9 @@ func (n *node) start() {
 	n.srv = servertest.Start(n.t, servertest.WithDataDir(n.dir), servertest.WithDevKey(), servertest.WithConfig(func(c *config.Config) {
 		c.Listen = n.addr
 		c.Web.Page = true
+		for _, f := range n.cfg {
+			f(c)
+		}
 	}))
 }
 
@@ -104,9 +109,12 @@ type browser struct {
 	// allowNetErrors tolerates network errors the browser logs while the
 	// server is down on purpose (failed WebSocket handshakes).
 	allowNetErrors bool
+	// tolerate, when set, matches console errors a test provokes on purpose.
+	tolerate *regexp.Regexp
 }
 
-func newBrowser(t *testing.T) *browser {
+// newBrowser starts Chromium; extra adds flags (the media tests' fake devices).
+func newBrowser(t *testing.T, extra ...chromedp.ExecAllocatorOption) *browser {
 	path := chromiumPath(t)
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),
@@ -116,6 +124,7 @@ func newBrowser(t *testing.T) *browser {
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.WindowSize(1100, 760),
 	)
+	opts = append(opts, extra...)
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	bctx, cancelB := chromedp.NewContext(actx)
 	if err := chromedp.Do(bctx); err != nil {
@@ -173,7 +182,7 @@ func (b *browser) attach(ctx context.Context, name string) *tab {
 				b.mu.Unlock()
 				continue
 			}
-			if !(b.allowNetErrors && m.Source == "network") {
+			if !(b.allowNetErrors && m.Source == "network") && !(b.tolerate != nil && b.tolerate.MatchString(m.Text)) {
 				b.errs = append(b.errs, fmt.Sprintf("%s: %s %s (%s)", name, m.Type, m.Text, m.URL))
 			}
 			b.mu.Unlock()
