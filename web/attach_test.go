@@ -1,6 +1,7 @@
 package web_test
 
-// Browser tests of the page's attachments: a file with its upload
+// Browser tests of the page's attachments: a picture exchanged (thumbnail,
+// then the full image), drag and drop and paste, a file with its upload
 // progress and download, a voice note recorded with Chromium's fake
 // microphone and played, an E2E conversation's file as a placeholder, and
 // uploaded HTML and SVG opened through their URLs without running script
@@ -32,6 +33,7 @@ import (
 	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 
 	"github.com/parley-im/parley/internal/config"
 )
@@ -157,6 +159,94 @@ func (n *node) uploadAs(user, conv string, data []byte, mediaType, name string) 
 	}
 	n.rpc(user, fmt.Sprintf(`{"type":"upload_complete","attachment_id":%q}`, id))
 	return id
+}
+
+const thumbShown = `(() => { const i = document.querySelector("#messages .thumb img"); return !!i && i.complete && i.naturalWidth > 0 })()`
+
+// TestWebPicture: alice sends a picture with the attach control; both see
+// the server's thumbnail inline, bob opens the full image and closes it
+// with Escape.
+func TestWebPicture(t *testing.T) {
+	n := startNode(t)
+	b := newBrowser(t)
+	alice, bob := b.user("alice"), b.user("bob")
+	alice.login(n, "alice")
+	bob.login(n, "bob")
+	alice.openDirect("bob")
+	alice.send("a picture for you")
+	bob.openConv("alice")
+	bob.waitBodies("a picture for you")
+	alice.until("attach control", `!document.getElementById("attach").hidden && !document.getElementById("attach").disabled`)
+	alice.run(chromedp.SetUploadFiles(chromedp.ID("file"), []string{writeFile(t, "sunset.png", gradientPNG(t, 640, 480))}))
+	for _, tb := range []*tab{alice, bob} {
+		tb.until("thumbnail shown", thumbShown)
+		tb.shot("thumbnail")
+	}
+	var size []int
+	bob.eval(`(() => { const i = document.querySelector("#messages .thumb img"); return [i.naturalWidth, i.naturalHeight] })()`, &size)
+	if fmt.Sprint(size) != "[320 240]" {
+		t.Fatalf("thumbnail is %v, want the server's 320×240 of the 640×480 picture", size)
+	}
+	var link string
+	bob.eval(`document.querySelector("#messages .file a.download").textContent`, &link)
+	if !strings.HasPrefix(link, "sunset.png · ") {
+		t.Fatalf("download link %q", link)
+	}
+	bob.run(chromedp.Click(chromedp.CSS("#messages .thumb")))
+	bob.until("full image", `(() => { const d = document.getElementById("viewer"), i = document.getElementById("viewer-img"); return d.open && i.complete && i.naturalWidth === 640 && i.naturalHeight === 480 })()`)
+	bob.shot("full image")
+	bob.run(chromedp.KeyEvent(kb.Escape))
+	bob.until("viewer closed", `!document.getElementById("viewer").open`)
+	bob.seqsOnce()
+}
+
+// TestWebDropAndPaste: a picture dropped onto the conversation and one
+// pasted into the composer are sent like attached ones.
+func TestWebDropAndPaste(t *testing.T) {
+	n := startNode(t)
+	b := newBrowser(t)
+	alice, bob := b.user("alice"), b.user("bob")
+	alice.login(n, "alice")
+	bob.login(n, "bob")
+	alice.openDirect("bob")
+	alice.send("incoming")
+	bob.openConv("alice")
+	alice.until("attach control", `!document.getElementById("attach").hidden`)
+	const makeFile = `(async (name, color) => {
+		const c = document.createElement("canvas"); c.width = 400; c.height = 200;
+		const g = c.getContext("2d"); g.fillStyle = color; g.fillRect(0, 0, 400, 200);
+		g.fillStyle = "#fff"; g.font = "48px sans-serif"; g.fillText(name, 20, 120);
+		const blob = await new Promise((r) => c.toBlob(r, "image/png"));
+		const dt = new DataTransfer(); dt.items.add(new File([blob], name, { type: "image/png" }));
+		return dt;
+	})`
+	alice.evalAsync(`(async () => {
+		const dt = await `+makeFile+`("dropped.png", "#0f766e");
+		document.getElementById("chat").dispatchEvent(new DragEvent("dragenter", { bubbles: true, cancelable: true, dataTransfer: dt }));
+		window.__drop = dt;
+		return true })()`, new(bool))
+	alice.until("drop target shown", `document.getElementById("chat").classList.contains("drop")`)
+	alice.shot("dragging over")
+	alice.eval(`(() => { const chat = document.getElementById("chat");
+		chat.dispatchEvent(new DragEvent("dragover", { bubbles: true, cancelable: true, dataTransfer: window.__drop }));
+		chat.dispatchEvent(new DragEvent("drop", { bubbles: true, cancelable: true, dataTransfer: window.__drop }));
+		return !chat.classList.contains("drop") })()`, new(bool))
+	bob.until("dropped picture", `[...document.querySelectorAll("#messages .thumb img")].some(i => i.alt === "dropped.png" && i.complete && i.naturalWidth > 0)`)
+	alice.evalAsync(`(async () => {
+		const dt = await `+makeFile+`("pasted.png", "#7c3aed");
+		const ev = new ClipboardEvent("paste", { bubbles: true, cancelable: true, clipboardData: dt });
+		document.getElementById("text").dispatchEvent(ev);
+		return ev.defaultPrevented })()`, new(bool))
+	for _, tb := range []*tab{alice, bob} {
+		tb.until("pasted picture", `[...document.querySelectorAll("#messages .thumb img")].some(i => i.alt === "pasted.png" && i.complete && i.naturalWidth > 0)`)
+		tb.shot("dropped and pasted")
+		tb.seqsOnce()
+	}
+	var text string
+	alice.eval(`document.getElementById("text").value`, &text)
+	if text != "" {
+		t.Fatalf("the paste put %q into the composer", text)
+	}
 }
 
 // pauseUploads holds the page's part uploads after the first `let` of them

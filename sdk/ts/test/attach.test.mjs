@@ -91,6 +91,27 @@ test("a file message: upload with progress, the receiver's download whole and as
   closeAll(ca, cb);
 });
 
+test("a picture: its width and height, and the thumbnail (waited for while the server makes it)", async () => {
+  const { ca, cb, conv_id } = await pair("thumb-a", "thumb-b");
+  const image = png(640, 480);
+  const up = await ca.upload(conv_id, new Blob([image], { type: "image/png" }), { name: "sunset.png" });
+  assert.equal(up.width, 640);
+  assert.equal(up.height, 480);
+  const ack = await ca.sendFile(conv_id, up.attachment_id);
+  await cb.log.waitMessages(conv_id, 1);
+  const body = JSON.parse(cb.log.messages(conv_id)[0].body);
+  assert.equal(body.width, 640);
+  assert.equal(body.height, 480);
+  assert.ok(["pending", "ready"].includes(body.thumbnail), `thumbnail ${body.thumbnail}`);
+  const t = await cb.download(conv_id, ack.seq, { thumbnail: true });
+  assert.equal(t.contentType, "image/jpeg");
+  const jpeg = Buffer.from(await t.bytes());
+  assert.deepEqual([...jpeg.subarray(0, 3)], [0xff, 0xd8, 0xff], "a JPEG");
+  const u = await cb.attachmentUrl(conv_id, ack.seq, { thumbnail: true });
+  assert.equal(u.thumbnail, "ready");
+  closeAll(ca, cb);
+});
+
 test("several parts from a Node file (reopenable source) and from a one-shot stream; a voice note's duration", async () => {
   const { ca, cb, conv_id } = await pair("parts-a", "parts-b");
   const data = randomBytes(2 * partBytes + 1234);
