@@ -21,6 +21,10 @@ if [[ "$action" == start ]]; then
 	cat "$dir/env"
 	# shellcheck disable=SC1091
 	source "$dir/env"
+	# Attachments in cluster mode go to the S3 server:
+	# PARLEY_TEST_S3 is http://ACCESS:SECRET@HOST:PORT/BUCKET.
+	s3="${PARLEY_TEST_S3#http://}"
+	s3_creds="${s3%%@*}" s3_rest="${s3#*@}"
 	# Every line below must work pasted as printed; the two serves and
 	# `parley token` share the development key in ./data.
 	cat <<MSG
@@ -28,6 +32,7 @@ if [[ "$action" == start ]]; then
 Cluster mode against these engines: one chat and one gateway process. In
 each terminal, from the repository root, first
   export PARLEY_CLUSTER_REDIS=$PARLEY_TEST_REDIS PARLEY_CLUSTER_NATS=$PARLEY_TEST_NATS PARLEY_CLUSTER_CASSANDRA_HOSTS=$PARLEY_TEST_CASSANDRA
+  export PARLEY_ATTACH_ENGINE=s3 PARLEY_ATTACH_S3_ENDPOINT=${s3_rest%%/*} PARLEY_ATTACH_S3_BUCKET=${s3_rest#*/} PARLEY_ATTACH_S3_ACCESS_KEY=${s3_creds%%:*} PARLEY_ATTACH_S3_SECRET_KEY=${s3_creds#*:}
 then, one line per terminal, in this order:
   go run ./cmd/parley migrate
   go run ./cmd/parley serve --roles chat --listen 127.0.0.1:7481
