@@ -161,7 +161,7 @@ func (c *Client) loop(ctx context.Context) error {
 		}
 		c.log.Debug("client: connected", "url", target, "node", hello.Node)
 		start := time.Now()
-		cn := c.serve(ctx, ws, *hello)
+		cn := c.serve(ctx, ws, *hello, target)
 		if ctx.Err() != nil {
 			c.tryEmit(Event{Kind: EventDisconnected})
 			return nil
@@ -214,9 +214,10 @@ func (c *Client) loop(ctx context.Context) error {
 }
 
 // serve runs one connection's reader, writer and dispatcher and returns
-// once all three have finished.
-func (c *Client) serve(ctx context.Context, ws *websocket.Conn, hello protocol.Hello) *conn {
+// once all three have finished. base is the URL it was dialled at.
+func (c *Client) serve(ctx context.Context, ws *websocket.Conn, hello protocol.Hello, base string) *conn {
 	cn := newConn(ws, hello, c.cfg, c.bo)
+	cn.base = base
 	cn.disp = newDispatcher(c, cn)
 	var wg sync.WaitGroup
 	wg.Add(3)

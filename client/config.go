@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"sync"
 	"time"
@@ -43,6 +44,12 @@ type Config struct {
 	State StateStore
 	// EventBuffer is the capacity of the Events channel. Default 256.
 	EventBuffer int
+	// HTTPClient carries the bytes of uploads and downloads (the URLs
+	// upload_part and attachment_url answer: Parley's own endpoints or
+	// presigned S3 URLs; they are signed, so no token is sent). nil: a
+	// client with the environment's proxy and no overall timeout (a
+	// transfer is bounded by its context).
+	HTTPClient *http.Client
 }
 
 // Defaults.
@@ -71,6 +78,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.State == nil {
 		c.State = NewMemoryState()
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{Transport: http.DefaultTransport}
 	}
 	return c
 }

@@ -188,6 +188,9 @@ type pendingReq struct {
 // goroutine draining out and sending heartbeats, and the pending requests.
 // fail ends it exactly once; after stop is closed, err says why.
 type conn struct {
+	// base is the server URL the connection was dialled at; the relative
+	// URLs of uploads and downloads resolve against its HTTP origin.
+	base string
 	// leaving ends the connection after a goaway (errMoving, saying where
 	// the client goes next: another gateway, or the same URL again).
 	leaving error

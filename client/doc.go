@@ -31,6 +31,12 @@
 //	keys_bundle     FetchBundles
 //	keys_devices    KeyDevices
 //	keys_remove     RemoveKeys
+//	upload_create   UploadCreate, Upload (declare, PUT every part, complete; attach.go)
+//	upload_status   UploadStatus, ResumeUpload
+//	upload_part     UploadPart
+//	upload_complete UploadComplete
+//	send (file)     SendFile, SendFileWithID (ParseFileBody reads the body)
+//	attachment_url  AttachmentURL, Download (GET with Range, a thumbnail)
 //
 //	msg → EventMessage (system bodies: ParseSystemEvent), receipt → EventReceipt,
 //	presence → EventPresence, typing → EventTyping, keys_low → EventKeysLow,

@@ -49,6 +49,29 @@ var (
 	ErrInvalidConfig = errors.New("client: invalid config")
 )
 
+// Sentinels of the attachment codes: errors.Is(err, ErrQuotaExceeded) is
+// true for a *Error of code quota_exceeded, and so on, whether the code
+// came in a frame or in an HTTP answer of an upload or download URL.
+var (
+	ErrQuotaExceeded    = errors.New("client: storage quota exceeded")
+	ErrTooManyUploads   = errors.New("client: too many uploads in flight")
+	ErrSizeMismatch     = errors.New("client: size does not match the declared one")
+	ErrHashMismatch     = errors.New("client: SHA-256 does not match the declared one")
+	ErrPartOutOfOrder   = errors.New("client: part out of order")
+	ErrUploadIncomplete = errors.New("client: upload incomplete")
+	ErrNotReady         = errors.New("client: not ready yet")
+)
+
+var codeSentinels = map[error]protocol.Code{
+	ErrQuotaExceeded:    protocol.CodeQuotaExceeded,
+	ErrTooManyUploads:   protocol.CodeTooManyUploads,
+	ErrSizeMismatch:     protocol.CodeSizeMismatch,
+	ErrHashMismatch:     protocol.CodeHashMismatch,
+	ErrPartOutOfOrder:   protocol.CodePartOutOfOrder,
+	ErrUploadIncomplete: protocol.CodeUploadIncomplete,
+	ErrNotReady:         protocol.CodeNotReady,
+}
+
 // Error is a failure the server reported with a protocol error code.
 type Error struct {
 	Code protocol.Code
@@ -65,8 +88,12 @@ func (e *Error) Retryable() bool { return e.Code.Retryable() }
 
 // Is makes errors.Is(err, ErrUnauthorized) true for unauthorized,
 // token_expired and token_revoked answers, errors.Is(err, ErrTokenRevoked)
-// for token_revoked and errors.Is(err, ErrBanned) for banned.
+// for token_revoked, errors.Is(err, ErrBanned) for banned, and the
+// attachment sentinels (ErrQuotaExceeded, ...) for their codes.
 func (e *Error) Is(target error) bool {
+	if code, ok := codeSentinels[target]; ok {
+		return e.Code == code
+	}
 	switch target {
 	case ErrUnauthorized:
 		return e.Code == protocol.CodeUnauthorized || e.Code == protocol.CodeTokenExpired || e.Code == protocol.CodeTokenRevoked

@@ -90,12 +90,13 @@ const envelopeBudget = 12 << 10
 // so that the receiver can compare them (docs/protocol.md, "Content inside
 // the encryption").
 type content struct {
-	T    string `json:"t"` // "text", "skdm" or "recall"
+	T    string `json:"t"` // "text", "skdm", "recall" or "file"
 	Text string `json:"text,omitempty"`
 	SKDM []byte `json:"skdm,omitempty"`
+	File *File  `json:"file,omitempty"` // a file message's file (file.go)
 
 	Conv   uint64 `json:"conv,string,omitempty"`
-	Kind   string `json:"kind,omitempty"`   // the stored message's kind: text, state, edit or recall (a distribution travels as text)
+	Kind   string `json:"kind,omitempty"`   // the stored message's kind: text, state, edit, recall or file (a distribution travels as text)
 	Target uint64 `json:"target,omitempty"` // an edit's or recall's target seq
 	From   string `json:"from,omitempty"`
 	Dev    string `json:"dev,omitempty"`
@@ -124,6 +125,7 @@ type kept struct {
 	Kind     string `json:"kind,omitempty"`
 	Target   uint64 `json:"target,omitempty"`
 	Text     string `json:"text,omitempty"`
+	File     *File  `json:"file,omitempty"`
 	Recalled bool   `json:"recalled,omitempty"`
 	// Legacy: made from the text alone an older store kept.
 	Legacy bool `json:"-"`
@@ -135,9 +137,13 @@ type Opened struct {
 	Seq          uint64
 	Sender       string
 	SenderDevice string
-	Kind         string // text, edit, recall, system, state
+	Kind         string // text, edit, recall, system, state, file
 	TargetSeq    uint64
-	Text         string
+	Text         string // a file's caption for kind file
+	// File is the file of a kind file message: its name, size, media
+	// type, key and digest, thumbnail (DownloadFile fetches and decrypts
+	// it).
+	File *File
 	// System is set for kind system.
 	System *protocol.SystemEvent
 	// Control is true for protocol messages (sender-key distributions) the
@@ -689,7 +695,7 @@ func (m *Messenger) recall(conv, target uint64, author string) error {
 	if k == nil {
 		k = &kept{From: author, Kind: protocol.KindText}
 	}
-	k.Text, k.Recalled = "", true
+	k.Text, k.File, k.Recalled = "", nil, true
 	return m.saveKept(conv, target, k)
 }
 
@@ -776,7 +782,7 @@ func (m *Messenger) sendOwn(ctx context.Context, f protocol.Frame, c content) (c
 	if c.Kind == protocol.KindRecall {
 		return ack, m.recall(f.ConvID, f.TargetSeq, c.From)
 	}
-	if err := m.saveKept(f.ConvID, ack.Seq, &kept{From: c.From, Dev: c.Dev, Kind: c.Kind, Target: c.Target, Text: c.Text}); err != nil {
+	if err := m.saveKept(f.ConvID, ack.Seq, &kept{From: c.From, Dev: c.Dev, Kind: c.Kind, Target: c.Target, Text: c.Text, File: c.File}); err != nil {
 		return ack, err
 	}
 	if c.Kind == protocol.KindEdit {
@@ -975,7 +981,7 @@ func (m *Messenger) Open(msg protocol.Message) (Opened, error) {
 		if err := checkKept(msg, k); err != nil {
 			return o, err
 		}
-		o.Text, o.Recalled = k.Text, k.Recalled
+		o.Text, o.File, o.Recalled = k.Text, k.File, k.Recalled
 		return o, nil
 	}
 	if b, err := m.st.Load("ctl/" + plainKey(msg.ConvID, msg.Seq)); err != nil {
@@ -1041,7 +1047,7 @@ func (m *Messenger) openRecalled(msg protocol.Message, o Opened, k *kept) (Opene
 	if err := checkKept(msg, k); err != nil {
 		return o, err
 	}
-	o.Text, o.Recalled = k.Text, k.Recalled
+	o.Text, o.File, o.Recalled = k.Text, k.File, k.Recalled
 	return o, nil
 }
 
@@ -1060,6 +1066,8 @@ func checkKept(msg protocol.Message, k *kept) error {
 		return bad("kind", msg.Kind, k.Kind)
 	case k.Kind != "" && k.Target != msg.TargetSeq:
 		return bad("target", seqString(msg.TargetSeq), seqString(k.Target))
+	case k.File != nil && !msg.Recalled && msg.AttachmentID != k.File.AttachmentID:
+		return bad("attachment", seqString(msg.AttachmentID), seqString(k.File.AttachmentID))
 	}
 	return nil
 }
@@ -1103,11 +1111,13 @@ func (m *Messenger) openOwn(msg protocol.Message, o Opened) (Opened, error) {
 		return o, bad("target", seqString(msg.TargetSeq), seqString(c.Target))
 	case rec.Seq != 0 && rec.Seq != msg.Seq:
 		return o, bad("seq", seqString(msg.Seq), seqString(rec.Seq))
+	case c.File != nil && c.File.AttachmentID != msg.AttachmentID:
+		return o, bad("attachment", seqString(msg.AttachmentID), seqString(c.File.AttachmentID))
 	case msg.Kind == protocol.KindRecall:
 		return o, nil // applied when it was sent
 	}
-	o.Text = c.Text
-	return o, m.saveKept(msg.ConvID, msg.Seq, &kept{From: msg.Sender, Dev: msg.SenderDevice, Kind: msg.Kind, Target: msg.TargetSeq, Text: c.Text})
+	o.Text, o.File = c.Text, c.File
+	return o, m.saveKept(msg.ConvID, msg.Seq, &kept{From: msg.Sender, Dev: msg.SenderDevice, Kind: msg.Kind, Target: msg.TargetSeq, Text: c.Text, File: c.File})
 }
 
 // openedCT is what Open keeps of a ciphertext it decrypted, under the
@@ -1238,6 +1248,13 @@ func (m *Messenger) check(msg protocol.Message, c content, first uint64) error {
 	case c.T == "text" && (c.Kind == protocol.KindText || c.Kind == protocol.KindState || c.Kind == protocol.KindEdit) && (c.Kind == protocol.KindEdit) == (c.Target != 0):
 	case c.T == "skdm" && c.Kind == protocol.KindText && c.Target == 0:
 	case c.T == "recall" && c.Kind == protocol.KindRecall && c.Target != 0:
+	case c.T == "file" && c.Kind == protocol.KindFile && c.Target == 0:
+		if err := c.File.valid(); err != nil {
+			return err
+		}
+		if c.File.AttachmentID != msg.AttachmentID {
+			return bad("attachment", seqString(msg.AttachmentID), seqString(c.File.AttachmentID))
+		}
 	default:
 		return fmt.Errorf("e2eechat: content %q sealed as kind %q, target %d", c.T, c.Kind, c.Target)
 	}
@@ -1268,6 +1285,9 @@ func (m *Messenger) apply(msg protocol.Message, d decrypted, o Opened) (Opened, 
 		return o, m.st.Save("ctl/"+plainKey(msg.ConvID, msg.Seq), []byte{1})
 	case "recall":
 		return o, m.recall(msg.ConvID, c.Target, c.From)
+	case "file":
+		o.Text, o.File = c.File.Caption, c.File
+		return o, m.saveKept(msg.ConvID, msg.Seq, &kept{From: c.From, Dev: c.Dev, Kind: c.Kind, Text: c.File.Caption, File: c.File})
 	}
 	o.Text = c.Text
 	if rewritten(msg, c) {
