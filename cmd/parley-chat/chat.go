@@ -32,6 +32,7 @@ type chatCmd struct {
 	min, max         int
 	offline          bool // runs without a connection (/help, /quit)
 	needConv         bool // needs a current conversation
+	long             bool // moves a file: fileCommandTimeout, not chatCommandTimeout
 	run              func(s *chatSession, ctx context.Context, args []string) error
 }
 
@@ -50,6 +51,8 @@ func init() {
 		{name: "/read", help: "mark the current conversation read up to the last message seen", needConv: true, run: (*chatSession).chatRead},
 		{name: "/edit", args: "SEQ TEXT", help: "replace the text of your message SEQ", min: 2, max: -1, needConv: true, run: (*chatSession).chatEdit},
 		{name: "/recall", args: "SEQ", help: "recall (unsend) your message SEQ", min: 1, max: 1, needConv: true, run: (*chatSession).chatRecall},
+		{name: "/file", args: "PATH", help: "send the file at PATH (encrypted first in an E2E conversation); run again after an interruption, it resumes", min: 1, max: -1, needConv: true, long: true, run: (*chatSession).chatFile},
+		{name: "/save", args: "SEQ [PATH]", help: "save the file of message SEQ to PATH (default: its name, in the current directory)", min: 1, max: 2, needConv: true, long: true, run: (*chatSession).chatSave},
 		{name: "/state", args: "KEY TEXT", help: "send a state message: only your latest of KEY is kept in full", min: 2, max: -1, needConv: true, run: (*chatSession).chatState},
 		{name: "/add", args: "USER...", help: "add USERs to the current group (owner, admin)", min: 1, max: -1, needConv: true, run: (*chatSession).chatAdd},
 		{name: "/remove", args: "USER...", help: "remove USERs from the current group (owner; admin: plain members)", min: 1, max: -1, needConv: true, run: (*chatSession).chatRemove},
@@ -80,7 +83,8 @@ func chatHelp() string {
 	}
 	b.WriteString(`anything else is sent to the current conversation (on a terminal the prompt
 names it and says whether it is encrypted: "conv 5 e2e>", "conv 4 plain>"); in a group, @USER mentions
-USER and @everyone (or @all) everyone. Incoming lines are "[CONV SEQ] sender: text".
+USER and @everyone (or @all) everyone. Incoming lines are "[CONV SEQ] sender: text"; a file
+is "[CONV SEQ] sender: 📎 NAME (SIZE, TYPE)" (/save SEQ fetches it).
 `)
 	return b.String()
 }
@@ -372,6 +376,14 @@ func chatFormat(m *protocol.Message, me string) string {
 			body = "(superseded)"
 		}
 		return fmt.Sprintf("%s %s set %s: %s", head, m.Sender, m.CoalesceKey, body)
+	case protocol.KindFile:
+		if m.Recalled {
+			return fmt.Sprintf("%s %s: (recalled)", head, m.Sender)
+		}
+		if b, err := client.ParseFileBody(*m); err == nil {
+			return fmt.Sprintf("%s %s: %s", head, m.Sender, fileLine(b))
+		}
+		return fmt.Sprintf("%s %s: 📎 %s", head, m.Sender, m.Body)
 	}
 	body := m.Body
 	switch {
@@ -531,6 +543,10 @@ func (s *chatSession) command(ctx context.Context, line string) bool {
 		s.printf("! usage: %s", strings.TrimSpace(cmd.name+" "+cmd.args))
 		return true
 	}
+	if cmd.name == "/file" {
+		// The path keeps its spaces: everything after the command.
+		args = []string{strings.TrimSpace(strings.TrimPrefix(line, fields[0]))}
+	}
 	if cmd.name == "/edit" || cmd.name == "/state" {
 		// The text keeps its spacing: everything after the first argument.
 		rest := strings.TrimSpace(strings.TrimPrefix(line, fields[0]))
@@ -548,7 +564,11 @@ func (s *chatSession) run(ctx context.Context, cmd chatCmd, args []string) {
 		s.printf("! no current conversation: use /dm USER, /sdm USER, /group NAME USER... or /use CONV")
 		return
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, chatCommandTimeout, errors.New("no answer from the server"))
+	timeout := chatCommandTimeout
+	if cmd.long {
+		timeout = fileCommandTimeout
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout, errors.New("no answer from the server"))
 	defer cancel()
 	if !cmd.offline {
 		lost, err := s.ready(ctx)

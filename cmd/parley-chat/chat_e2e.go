@@ -587,6 +587,8 @@ func (s *chatSession) openE2E(msg *protocol.Message) (*protocol.Message, bool) {
 		if o.Text == "" {
 			out.Body = "(removed by the server)"
 		}
+	case o.File != nil:
+		out.Body = e2eFileJSON(o.File)
 	default:
 		out.Body = o.Text
 	}
