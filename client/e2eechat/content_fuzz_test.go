@@ -2,6 +2,7 @@ package e2eechat
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/parley-im/parley/client/e2ee"
@@ -13,15 +14,22 @@ import (
 // refuse or accept, never panic, accept only a content that repeats every
 // label and refuse it under a second seq.
 func FuzzVerify(f *testing.F) {
-	for _, c := range []content{
+	for i, c := range []content{
 		{T: "text", Text: "hi", Conv: 7, Kind: protocol.KindText, From: "alice", Dev: "phone", Ctr: 1},
 		{T: "text", Text: "hi", Conv: 7, Kind: protocol.KindEdit, Target: 3, From: "alice", Dev: "phone", Ctr: 2},
 		{T: "recall", Conv: 7, Kind: protocol.KindRecall, Target: 3, From: "alice", Dev: "laptop", Ctr: 3},
 		{T: "skdm", SKDM: []byte{1, 2}, Conv: 8, Kind: protocol.KindText, From: "bob", Dev: "phone", Ctr: 1, KT: &KTHead{Size: 1, Root: []byte{9}}},
 		{T: "text", Text: "old"},
+		{T: "file", Conv: 7, Kind: protocol.KindFile, From: "alice", Dev: "phone", Ctr: 4,
+			File: &File{Name: "a.txt", Size: 3, Key: make([]byte, e2ee.AttachmentKeySize), Digest: strings.Repeat("ab", 32)}},
+		{T: "file", Conv: 7, Kind: protocol.KindFile, From: "alice", Dev: "phone", Ctr: 5, File: &File{Key: []byte{1}}},
 	} {
 		b, _ := json.Marshal(c)
-		f.Add(b, uint64(7), uint64(5), "alice", "phone", protocol.KindText, uint64(0), false)
+		kind := protocol.KindText
+		if c.T == "file" {
+			kind = protocol.KindFile
+		}
+		f.Add(b, uint64(7), uint64(5+i), "alice", "phone", kind, uint64(0), false)
 	}
 	self := e2ee.Address{User: "bob", Device: "phone"}
 	f.Fuzz(func(t *testing.T, plain []byte, conv, seq uint64, sender, device, kind string, target uint64, edited bool) {
@@ -36,6 +44,9 @@ func FuzzVerify(f *testing.F) {
 		}
 		if c.Conv != conv || c.From != sender || c.Ctr == 0 {
 			t.Fatalf("accepted %+v for %+v", c, msg)
+		}
+		if c.T == "file" && (c.File.valid() != nil || c.File.AttachmentID != msg.AttachmentID) {
+			t.Fatalf("accepted a file content %+v for %+v", c.File, msg)
 		}
 		if !rewritten(msg, c) && (c.Dev != device || c.Kind != kind || c.Target != target) {
 			t.Fatalf("accepted %+v for %+v", c, msg)
