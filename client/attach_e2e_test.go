@@ -23,7 +23,8 @@ import (
 // Attachments against a real node: the upload endpoint, the content
 // endpoint and the frames are the server's own (embedded disk engine).
 
-const testPart = 64 << 10
+// testPart is the smallest part the server takes (blob.MinPartSize).
+const testPart = 5 << 20
 
 func attachServer(t *testing.T, edit func(*config.Config)) *servertest.Server {
 	return servertest.Start(t, servertest.WithConfig(func(c *config.Config) {
@@ -74,17 +75,17 @@ func TestE2EAttachmentUploadSendDownload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := randomFile(1, 3*testPart+1000)
+	data := randomFile(1, 2*testPart+1000)
 	var prog progressLog
 	info, err := alice.Upload(ctx, conv.ConvID, bytes.NewReader(data), int64(len(data)), UploadOptions{Name: "notes.bin", MediaType: "application/octet-stream", Progress: prog.report})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.State != protocol.UploadComplete || info.Parts != 4 || info.Size != int64(len(data)) || info.SHA256 != hexSHA(data) {
+	if info.State != protocol.UploadComplete || info.Parts != 3 || info.Size != int64(len(data)) || info.SHA256 != hexSHA(data) {
 		t.Fatalf("completed upload %+v", info)
 	}
 	sent, total := prog.calls()
-	if total != int64(len(data)) || len(sent) < 5 || sent[len(sent)-1] != total {
+	if total != int64(len(data)) || len(sent) < 4 || sent[len(sent)-1] != total {
 		t.Fatalf("progress: %d calls, last %v of %d", len(sent), sent[len(sent)-1:], total)
 	}
 	for i := 1; i < len(sent); i++ {
@@ -172,7 +173,7 @@ func TestE2EAttachmentResumeAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := randomFile(2, 6*testPart+77)
+	data := randomFile(2, 3*testPart+77)
 	var id uint64
 	upCtx, stop := context.WithCancel(ctx)
 	_, err = first.Upload(upCtx, conv.ConvID, bytes.NewReader(data), int64(len(data)), UploadOptions{
@@ -288,8 +289,8 @@ func abs(x int) int {
 // the SDK's sentinels) and leave nothing usable behind.
 func TestE2EAttachmentLies(t *testing.T) {
 	srv := attachServer(t, func(c *config.Config) {
-		c.Attach.MaxFileBytes = 1 << 20
-		c.Attach.UserQuotaBytes = 3 << 19 // 1.5 MiB
+		c.Attach.MaxFileBytes = 12 << 20
+		c.Attach.UserQuotaBytes = 18 << 20
 		c.Attach.UploadsInFlight = 3
 	})
 	ctx := ctxT(t)
@@ -298,7 +299,7 @@ func TestE2EAttachmentLies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := randomFile(4, 2*testPart+5)
+	data := randomFile(4, testPart+5)
 
 	t.Run("hash mismatch deletes the upload", func(t *testing.T) {
 		var id uint64
@@ -317,7 +318,7 @@ func TestE2EAttachmentLies(t *testing.T) {
 		}
 	})
 	t.Run("too large", func(t *testing.T) {
-		if _, err := alice.UploadCreate(ctx, conv.ConvID, 1<<20+1, hexSHA(nil), "application/octet-stream", "big"); CodeOf(err) != protocol.CodeTooLarge {
+		if _, err := alice.UploadCreate(ctx, conv.ConvID, 12<<20+1, hexSHA(nil), "application/octet-stream", "big"); CodeOf(err) != protocol.CodeTooLarge {
 			t.Fatalf("upload over max_file_bytes: %v", err)
 		}
 	})
@@ -371,10 +372,10 @@ func TestE2EAttachmentLies(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := erin.UploadCreate(ctx, ec.ConvID, 1<<20, hexSHA(nil), "application/octet-stream", "a"); err != nil {
+		if _, err := erin.UploadCreate(ctx, ec.ConvID, 12<<20, hexSHA(nil), "application/octet-stream", "a"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := erin.UploadCreate(ctx, ec.ConvID, 1<<20, hexSHA(nil), "application/octet-stream", "b"); !errors.Is(err, ErrQuotaExceeded) {
+		if _, err := erin.UploadCreate(ctx, ec.ConvID, 12<<20, hexSHA(nil), "application/octet-stream", "b"); !errors.Is(err, ErrQuotaExceeded) {
 			t.Fatalf("over the quota: %v", err)
 		}
 	})

@@ -24,7 +24,8 @@ import (
 	"github.com/parley-im/parley/protocol"
 )
 
-const cliPart = 64 << 10
+// cliPart is the smallest part the server takes (blob.MinPartSize).
+const cliPart = 5 << 20
 
 func pngFile(t *testing.T, w, h int) []byte {
 	img := image.NewRGBA(image.Rect(0, 0, w, h))
@@ -80,7 +81,7 @@ func TestChatCLIFile(t *testing.T) {
 	}
 
 	// bob sends a text file; it prints for alice and /save writes it.
-	notes := bytes.Repeat([]byte("line of notes\n"), 20000) // 280,000 bytes: 5 parts
+	notes := bytes.Repeat([]byte("line of notes\n"), 20000) // 280,000 bytes
 	info, err := bob.Upload(ctx, conv, bytes.NewReader(notes), int64(len(notes)), client.UploadOptions{Name: "notes.txt", MediaType: "text/plain"})
 	if err != nil {
 		t.Fatal(err)
@@ -99,9 +100,9 @@ func TestChatCLIFile(t *testing.T) {
 	cli.do("/save "+seq+" "+saveDir, "exists")
 	cli.do("/save 1", "is not a file")
 
-	// An upload of big.bin cut short after two parts (as a killed
+	// An upload of big.bin cut short after one part (as a killed
 	// parley-chat leaves it): /file big.bin resumes it.
-	big := bytes.Repeat([]byte("0123456789abcdef"), 5*cliPart/16+3)
+	big := bytes.Repeat([]byte("0123456789abcdef"), 2*cliPart/16+3) // 3 parts
 	bigPath := filepath.Join(dir, "big.bin")
 	if err := os.WriteFile(bigPath, big, 0o600); err != nil {
 		t.Fatal(err)
@@ -113,7 +114,7 @@ func TestChatCLIFile(t *testing.T) {
 		Name: "big.bin", MediaType: "application/octet-stream",
 		OnCreate: func(u protocol.UploadInfo) { id = u.AttachmentID },
 		Progress: func(s, _ int64) {
-			if s > 2*cliPart {
+			if s > cliPart+10 {
 				stop()
 			}
 		},
