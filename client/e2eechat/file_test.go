@@ -3,6 +3,7 @@ package e2eechat
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -10,14 +11,20 @@ import (
 	"image/color"
 	"image/jpeg"
 	"image/png"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/client/e2ee"
 	"github.com/parley-im/parley/internal/config"
+	"github.com/parley-im/parley/internal/enginetest"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/protocol"
 )
@@ -286,4 +293,95 @@ func TestE2EFileResume(t *testing.T) {
 	if left, _ := os.ReadDir(tmp); len(left) != 0 {
 		t.Fatalf("ciphertext left behind: %v", left)
 	}
+}
+
+// TestE2EFilesS3NoPlaintext: on the S3 engine, after E2E files are sent
+// (several parts, a picture), no object of the bucket holds a byte of
+// their plaintext or names, while a plain conversation's file is there
+// in clear. The node gets a bucket of its own, emptied and removed after.
+func TestE2EFilesS3NoPlaintext(t *testing.T) {
+	s3cfg := enginetest.S3(t) // skips without PARLEY_TEST_S3, fails under CI=true
+	var rb [6]byte
+	_, _ = rand.Read(rb[:])
+	bucket := "canary-" + hex.EncodeToString(rb[:])
+	logs := &syncBuf{}
+	srv := servertest.Start(t, servertest.WithLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))),
+		servertest.WithConfig(func(c *config.Config) {
+			c.Attach.Engine, c.Attach.PartBytes = "s3", filePart
+			c.Attach.S3.Endpoint, c.Attach.S3.Bucket, c.Attach.S3.Region = s3cfg.Endpoint, bucket, s3cfg.Region
+			c.Attach.S3.AccessKey, c.Attach.S3.SecretKey, c.Attach.S3.Secure = s3cfg.AccessKey, s3cfg.SecretKey, s3cfg.Secure
+		}))
+	cl, err := minio.New(s3cfg.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(s3cfg.AccessKey, s3cfg.SecretKey, ""), Secure: s3cfg.Secure, Region: s3cfg.Region})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for obj := range cl.ListObjects(ctx, bucket, minio.ListObjectsOptions{Recursive: true}) {
+			if obj.Err == nil {
+				_ = cl.RemoveObject(ctx, bucket, obj.Key, minio.RemoveObjectOptions{})
+			}
+		}
+		for up := range cl.ListIncompleteUploads(ctx, bucket, "", true) {
+			if up.Err == nil {
+				_ = cl.RemoveIncompleteUpload(ctx, bucket, up.Key)
+			}
+		}
+		_ = cl.RemoveBucket(ctx, bucket)
+	})
+	ctx := ctxT(t)
+	alice := startDev(t, srv, "alice", "phone", 5)
+	bob := startDev(t, srv, "bob", "phone", 5)
+	conv, err := alice.c.OpenDirectE2E(ctx, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := canaryFile(filePart + 4321) // two parts
+	ack, _, err := alice.m.SendFile(ctx, conv.ConvID, bytes.NewReader(data), int64(len(data)), FileOptions{Name: canary + ".txt", MediaType: "text/plain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, o := bob.openFile(t, conv.ConvID, ack.Seq)
+	if !bytes.Equal(bob.fetch(t, conv.ConvID, ack.Seq, o.File), data) {
+		t.Fatal("the file did not decrypt to itself through S3")
+	}
+	plainConv, err := alice.c.OpenDirect(ctx, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := bytes.Repeat([]byte(control+" "), 100)
+	info, err := alice.c.Upload(ctx, plainConv.ConvID, bytes.NewReader(ctl), int64(len(ctl)), client.UploadOptions{Name: "control.txt", MediaType: "text/plain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := alice.c.SendFile(ctx, plainConv.ConvID, info.AttachmentID, client.FileMessage{}); err != nil {
+		t.Fatal(err)
+	}
+
+	objects, sawControl := 0, false
+	for obj := range cl.ListObjects(ctx, bucket, minio.ListObjectsOptions{Recursive: true}) {
+		if obj.Err != nil {
+			t.Fatal(obj.Err)
+		}
+		r, err := cl.GetObject(ctx, bucket, obj.Key, minio.GetObjectOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(r)
+		r.Close()
+		if err != nil {
+			t.Fatalf("read %s: %v", obj.Key, err)
+		}
+		objects++
+		if bytes.Contains(b, []byte("CANARY-7f3a9c")) || strings.Contains(obj.Key, "CANARY-7f3a9c") {
+			t.Fatalf("plaintext canary in S3 object %s", obj.Key)
+		}
+		sawControl = sawControl || bytes.Contains(b, []byte(control))
+	}
+	if objects < 2 || !sawControl {
+		t.Fatalf("%d objects, control plaintext found: %v — the scan would prove nothing", objects, sawControl)
+	}
+	srv.Close()
+	assertNoCanary(t, srv.DataDir, logs.String())
 }
