@@ -12,7 +12,11 @@
 // bundle and first-message sender must be certified by the account key
 // this device trusts for its user (identity.go): a change of a user's
 // account key is reported (OnIdentity), refused under e2ee.TrustStrict,
-// and blocks sending to a verified user until Verify.
+// and blocks sending to a verified user until Verify. Files (file.go) are
+// encrypted before upload (SendFile: the server holds only ciphertext
+// under a made-up name and type), described inside the content with
+// their key and digest and a thumbnail made here, and decrypted by
+// DownloadFile only after digest and MAC verify.
 package e2eechat
 
 import (
