@@ -53,12 +53,13 @@ func testImage(t *testing.T, w, h int) []byte {
 	return b.Bytes()
 }
 
-// openFile finds message seq of conv in d's history and opens it.
+// openFile opens d's history of conv up to message seq and returns that
+// one.
 func (d *dev) openFile(t *testing.T, conv, seq uint64) (protocol.Message, Opened) {
 	t.Helper()
 	for _, msg := range d.history(t, conv) {
+		o, err := d.m.Open(msg) // in order: a group's sender keys come first
 		if msg.Seq == seq {
-			o, err := d.m.Open(msg)
 			if err != nil {
 				t.Fatalf("open file message %d: %v", seq, err)
 			}

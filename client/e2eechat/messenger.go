@@ -110,6 +110,14 @@ type content struct {
 	KT  *KTHead `json:"kt,omitempty"`
 }
 
+// shown is the text a content shows: a file's caption, else its text.
+func (c content) shown() string {
+	if c.File != nil {
+		return c.File.Caption
+	}
+	return c.Text
+}
+
 // KTHead is a key transparency checkpoint (tree size and root hash) as
 // the sender last verified it, carried inside the content so that its
 // receivers can compare it with their own view of the log.
@@ -786,7 +794,7 @@ func (m *Messenger) sendOwn(ctx context.Context, f protocol.Frame, c content) (c
 	if c.Kind == protocol.KindRecall {
 		return ack, m.recall(f.ConvID, f.TargetSeq, c.From)
 	}
-	if err := m.saveKept(f.ConvID, ack.Seq, &kept{From: c.From, Dev: c.Dev, Kind: c.Kind, Target: c.Target, Text: c.Text, File: c.File}); err != nil {
+	if err := m.saveKept(f.ConvID, ack.Seq, &kept{From: c.From, Dev: c.Dev, Kind: c.Kind, Target: c.Target, Text: c.shown(), File: c.File}); err != nil {
 		return ack, err
 	}
 	if c.Kind == protocol.KindEdit {
@@ -1120,8 +1128,8 @@ func (m *Messenger) openOwn(msg protocol.Message, o Opened) (Opened, error) {
 	case msg.Kind == protocol.KindRecall:
 		return o, nil // applied when it was sent
 	}
-	o.Text, o.File = c.Text, c.File
-	return o, m.saveKept(msg.ConvID, msg.Seq, &kept{From: msg.Sender, Dev: msg.SenderDevice, Kind: msg.Kind, Target: msg.TargetSeq, Text: c.Text, File: c.File})
+	o.Text, o.File = c.shown(), c.File
+	return o, m.saveKept(msg.ConvID, msg.Seq, &kept{From: msg.Sender, Dev: msg.SenderDevice, Kind: msg.Kind, Target: msg.TargetSeq, Text: c.shown(), File: c.File})
 }
 
 // openedCT is what Open keeps of a ciphertext it decrypted, under the

@@ -200,14 +200,19 @@ func (s *chatSession) chatFile(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("file: %w", err)
 	}
-	ack, err := s.c.SendFile(ctx, conv, info.AttachmentID, client.FileMessage{})
+	var fm client.FileMessage
+	if info.Width == 0 && strings.HasPrefix(mt, "image/") {
+		// The server keeps these only when it read none itself.
+		fm.Width, fm.Height, _ = e2eechat.ImageSize(f, size)
+	}
+	ack, err := s.c.SendFile(ctx, conv, info.AttachmentID, fm)
 	if err != nil {
 		return fmt.Errorf("file: %w (the upload is kept: /file %s again sends it)", err, path)
 	}
 	s.forgetUpload(dir, conv, path, info.SHA256)
 	p.done()
 	p.shown = false
-	body := protocol.FileBody{AttachmentID: info.AttachmentID, Name: name, Size: size, MediaType: mt, Width: info.Width, Height: info.Height}
+	body := protocol.FileBody{AttachmentID: info.AttachmentID, Name: name, Size: size, MediaType: mt, Width: max(info.Width, fm.Width), Height: max(info.Height, fm.Height)}
 	s.printOnce(&protocol.Message{ConvID: conv, Seq: ack.Seq, Sender: s.user(), Kind: protocol.KindFile, Body: fileJSON(body)})
 	return nil
 }

@@ -64,6 +64,7 @@ func TestChatCLIFile(t *testing.T) {
 	keys := t.TempDir()
 	cli := startKeyedCLI(t, ctx, srv.URL, srv.Token("alice"), keys)
 	cli.do("/dm bob", "* conv ")
+	cli.do("hi bob", "alice: hi bob") // seq 1: not a file
 	dir := t.TempDir()
 	pic := filepath.Join(dir, "cat.png")
 	if err := os.WriteFile(pic, pngFile(t, 80, 60), 0o600); err != nil {
