@@ -350,8 +350,12 @@ func TestE2EAttachmentLies(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// A byte too many: the node's streamed route refuses a body over
+		// the part size from its Content-Length (413 too_large) before
+		// the endpoint would (400 size_mismatch); either way nothing is
+		// counted.
 		more := bytes.NewReader(data[:testPart+1])
-		if _, err := alice.put(ctx, target, io.NewSectionReader(more, 0, testPart+1), func(int64) {}); !errors.Is(err, ErrSizeMismatch) {
+		if _, err := alice.put(ctx, target, io.NewSectionReader(more, 0, testPart+1), func(int64) {}); !errors.Is(err, ErrSizeMismatch) && CodeOf(err) != protocol.CodeTooLarge {
 			t.Fatalf("a part with a byte too many: %v", err)
 		}
 		fewer := bytes.NewReader(data[:testPart-1])
