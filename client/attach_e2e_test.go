@@ -6,6 +6,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"image"
+	"image/color"
+	"image/jpeg"
+	"image/png"
 	"io"
 	"math/rand/v2"
 	"sync"
@@ -216,6 +220,69 @@ func TestE2EAttachmentResumeAfterRestart(t *testing.T) {
 	if _, _, err := bob.Download(ctx, conv.ConvID, ack.Seq, &got, DownloadOptions{}); err != nil || !bytes.Equal(got.Bytes(), data) {
 		t.Fatalf("download of the resumed file: %d bytes, %v", got.Len(), err)
 	}
+}
+
+func testPNG(t *testing.T, w, h int) []byte {
+	img := image.NewRGBA(image.Rect(0, 0, w, h))
+	for y := 0; y < h; y++ {
+		for x := 0; x < w; x++ {
+			img.Set(x, y, color.RGBA{uint8(x), uint8(y), 200, 255})
+		}
+	}
+	var b bytes.Buffer
+	if err := png.Encode(&b, img); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+func TestE2EAttachmentThumbnail(t *testing.T) {
+	srv := attachServer(t, nil)
+	alice := startE2E(t, srv.URL, srv.Token("alice"), "phone", nil)
+	bob := startE2E(t, srv.URL, srv.Token("bob"), "phone", nil)
+	ctx := ctxT(t)
+	g, err := alice.CreateGroup(ctx, "pics", []string{"bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pic := testPNG(t, 800, 600)
+	info, err := alice.Upload(ctx, g.ConvID, bytes.NewReader(pic), int64(len(pic)), UploadOptions{Name: "cat.png", MediaType: "image/png"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Width != 800 || info.Height != 600 {
+		t.Fatalf("image size %dx%d", info.Width, info.Height)
+	}
+	ack, err := alice.SendFile(ctx, g.ConvID, info.AttachmentID, FileMessage{Caption: "a cat"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var thumb bytes.Buffer
+	ai, _, err := bob.Download(ctx, g.ConvID, ack.Seq, &thumb, DownloadOptions{Thumbnail: true})
+	if err != nil {
+		t.Fatalf("thumbnail: %v", err)
+	}
+	img, err := jpeg.Decode(&thumb)
+	if err != nil {
+		t.Fatalf("the thumbnail is not a JPEG: %v", err)
+	}
+	if b := img.Bounds(); max(b.Dx(), b.Dy()) > 320 || b.Dx()*600 != b.Dy()*800 && abs(b.Dx()*600-b.Dy()*800) > 800 {
+		t.Fatalf("thumbnail of %dx%d for an 800x600 image", b.Dx(), b.Dy())
+	}
+	if ai.Width != 800 || ai.Height != 600 {
+		t.Fatalf("attachment info %+v", ai)
+	}
+	var full bytes.Buffer
+	if _, _, err := bob.Download(ctx, g.ConvID, ack.Seq, &full, DownloadOptions{}); err != nil || !bytes.Equal(full.Bytes(), pic) {
+		t.Fatalf("full image: %v", err)
+	}
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
 }
 
 // TestE2EAttachmentLies: the lying cases get their documented codes (as
