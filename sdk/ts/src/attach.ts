@@ -252,9 +252,11 @@ async function sendPart(c: AttachConn, info: UploadInfo, n: number, bytes: Blob 
     const msg = typeof j?.error === "string" ? j.error : r.text.slice(0, 200);
     if (code === "part_out_of_order" && typeof j?.received === "number") return j.received;
     last = parleyError(code, `PUT part ${n}: ${msg}`);
-    // An expired or refused signature (the URL outlived url_ttl) or a
-    // server-side failure: a fresh URL. Anything else is the client's fault.
-    if (r.status === 401 || r.status === 403 || r.status === 408 || r.status === 429 || r.status >= 500) continue;
+    // An expired or refused signature (the URL outlived url_ttl), the same
+    // part still being received from an attempt that failed on this side
+    // (409 conflict), or a server-side failure: again, with a fresh URL.
+    // Anything else is the client's fault.
+    if (r.status === 401 || r.status === 403 || r.status === 408 || code === "conflict" || r.status === 429 || r.status >= 500) continue;
     throw last;
   }
   throw last instanceof ParleyError ? last : new ParleyError("connection_lost", `PUT part ${n}: ${last}`);

@@ -91,9 +91,11 @@ async function sendPart(c, info, n, bytes, onBytes, signal) {
         if (code === "part_out_of_order" && typeof j?.received === "number")
             return j.received;
         last = parleyError(code, `PUT part ${n}: ${msg}`);
-        // An expired or refused signature (the URL outlived url_ttl) or a
-        // server-side failure: a fresh URL. Anything else is the client's fault.
-        if (r.status === 401 || r.status === 403 || r.status === 408 || r.status === 429 || r.status >= 500)
+        // An expired or refused signature (the URL outlived url_ttl), the same
+        // part still being received from an attempt that failed on this side
+        // (409 conflict), or a server-side failure: again, with a fresh URL.
+        // Anything else is the client's fault.
+        if (r.status === 401 || r.status === 403 || r.status === 408 || code === "conflict" || r.status === 429 || r.status >= 500)
             continue;
         throw last;
     }
