@@ -20,6 +20,10 @@ import (
 // as net/http does, instead of closing under it. Repeated, because a reset
 // depends on timing.
 func TestEdgeOversizedRequestsReadTheirAnswer(t *testing.T) {
+	// Race builds serve on net/http, which resets a connection whose
+	// client still sends after its answer when the drain it allows runs
+	// out; the event loop is the server of every other build.
+	nbioOnly(t)
 	srv := servertest.Start(t)
 	url := srv.HTTPURL + "/v1/rpc?device=d"
 	body := bytes.Repeat([]byte("x"), 100*protocol.DefaultLimits.MaxFrameBytes)
@@ -48,10 +52,7 @@ func checkAnswer(t *testing.T, i int, what string, resp *http.Response, err erro
 	b, _ := io.ReadAll(resp.Body)
 	var e struct{ Code string }
 	_ = json.Unmarshal(b, &e)
-	// Race builds serve on net/http, whose own 431 is plain text; the
-	// JSON bodies come from the event loop's parser (see nbioOnly).
-	jsonBody := !raceBuild || status != http.StatusRequestHeaderFieldsTooLarge
-	if resp.StatusCode != status || (jsonBody && e.Code != string(protocol.CodeTooLarge)) {
+	if resp.StatusCode != status || e.Code != string(protocol.CodeTooLarge) {
 		t.Fatalf("try %d, %s: %d %s, want %d too_large", i, what, resp.StatusCode, b, status)
 	}
 }

@@ -64,6 +64,7 @@ func (n *inproc) options() []servertest.Option {
 		servertest.WithConfig(func(c *config.Config) {
 			if n.cluster != nil {
 				c.Cluster = *n.cluster
+				c.Attach.MaxFileBytes = 0 // attachments off: cluster mode needs S3 for them
 			}
 			c.Fanout.MinBackoff, c.Fanout.MaxBackoff, c.Fanout.Scan = 10*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
 		}),

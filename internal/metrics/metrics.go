@@ -49,6 +49,8 @@ var errorCodes = []protocol.Code{
 	protocol.CodeStoreUnavailable, protocol.CodeInternal, protocol.CodeTimeout, protocol.CodeOverloaded,
 	protocol.CodeE2ERequired, protocol.CodeE2EUnsupported, protocol.CodeBadKey, protocol.CodeAccountConflict,
 	protocol.CodeTokenRevoked, protocol.CodeBanned,
+	protocol.CodeQuotaExceeded, protocol.CodeTooManyUploads, protocol.CodeSizeMismatch, protocol.CodeHashMismatch,
+	protocol.CodePartOutOfOrder, protocol.CodeUploadIncomplete, protocol.CodeNotReady,
 }
 
 // Values of the kind label of parley_compensations_total (ledger.KindRows,
