@@ -15,6 +15,11 @@ import (
 // there are not reachable right now and will catch up by sync.
 var ErrNoSubscriber = errors.New("bus: no subscriber for node")
 
+// ErrStale means the node does not hold the group list a delivery names
+// (Group.List): it restarted, evicted the list, or never received it. The
+// publisher sends the delivery again with the list.
+var ErrStale = errors.New("bus: the node does not hold the group list named")
+
 // Delivery is one push batch for one gateway node.
 type Delivery struct {
 	// Users receive Frame on every connection they have on the node.
@@ -31,6 +36,32 @@ type Delivery struct {
 	CoalesceKey string
 	// Kick, when set, asks the node to close a replaced session instead.
 	Kick *Kick
+	// Group, when set, addresses the delivery to the node's list of the
+	// online members of conversation ConvID instead of Users: the list
+	// the node holds under Group.List, or the one the delivery carries.
+	Group *Group
+}
+
+// Group names the list of a group's members online on one node that a
+// delivery goes to. The publisher (the conversation's owner) numbers each
+// version of its lists; a node keeps the last list it was sent per group
+// and writes a delivery to those of its members whose join_seq is at or
+// below the delivery's Seq. A delivery without Members that names a list
+// the node does not hold is refused with ErrStale, never guessed at.
+type Group struct {
+	// List identifies the version of the list: unique across publishers
+	// and restarts (a publisher's random prefix and a counter).
+	List string
+	// Full says Members is the whole list (possibly empty), which replaces
+	// what the node holds for the group.
+	Full    bool
+	Members []Member
+}
+
+// Member is one entry of a group list.
+type Member struct {
+	User    string
+	JoinSeq uint64
 }
 
 // Kick names a session to close because the same user and device connected
@@ -43,12 +74,14 @@ type Kick struct {
 }
 
 // Handler consumes deliveries for a node. It must not block for long: it
-// runs on the bus's delivery path.
-type Handler func(Delivery)
+// runs on the bus's delivery path. An error (ErrStale) is the publisher's
+// Publish error.
+type Handler func(Delivery) error
 
 // Bus routes deliveries to the node that holds the recipients.
 type Bus interface {
-	// Publish hands d to node's subscriber.
+	// Publish hands d to node's subscriber; the handler's error is
+	// returned (errors.Is holds for ErrStale).
 	Publish(ctx context.Context, node string, d Delivery) error
 	// Subscribe registers h for node until the returned cancel is called.
 	Subscribe(ctx context.Context, node string, h Handler) (cancel func(), err error)

@@ -70,7 +70,13 @@ func (s *Service) systemEvent(ctx context.Context, c Caller, cv store.Conversati
 		return 0, s.storeErr("append", err)
 	}
 	s.readOwnEvent(ctx, c, cv.ID, res.Msg.Seq)
-	s.fan.Enqueue(fanout.Job{Msg: res.Msg, RowsWritten: res.RowsWritten})
+	j := fanout.Job{Msg: res.Msg, RowsWritten: res.RowsWritten}
+	if ev.Event == "member_removed" || ev.Event == "member_left" {
+		// The fan-out forgets them right after this event's pushes, before
+		// the conversation's next message (Job.Leavers).
+		j.Leavers = ev.Users
+	}
+	s.fan.Enqueue(j)
 	return res.Msg.Seq, nil
 }
 
@@ -141,8 +147,10 @@ func (s *Service) removeMembers(ctx context.Context, c Caller, convID uint64, us
 	wctx, cancel := context.WithTimeout(ctx, leaveFanoutWait)
 	s.fan.Wait(wctx, convID, seq)
 	cancel()
-	// The online index forgets them first: from here on no push reaches
-	// them, and what is stored until their leave_seq they get by sync.
+	// The online index forgets them (again, if the event's fan-out did:
+	// Job.Leavers) and tells the other chat processes: from here on no
+	// push reaches them, and what is stored until their leave_seq they
+	// get by sync.
 	s.fan.Left(convID, users)
 	if _, err := s.store.RemoveMembers(ctx, convID, users); err != nil {
 		return nil, s.storeErr("remove members", err)

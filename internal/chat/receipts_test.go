@@ -46,17 +46,18 @@ func newReceiptRig(t *testing.T) *receiptRig {
 	}
 	t.Cleanup(func() { led.Close() })
 	r := &receiptRig{t: t, st: st, led: led, reg: memory.New(), b: local.New()}
-	cancel, err := r.b.Subscribe(ctx, "n1", func(d bus.Delivery) {
+	cancel, err := r.b.Subscribe(ctx, "n1", func(d bus.Delivery) error {
 		var f protocol.Frame
 		if err := json.Unmarshal(d.Frame, &f); err != nil {
 			t.Errorf("push does not decode: %v", err)
-			return
+			return nil
 		}
 		if f.Type == protocol.TypeReceipt {
 			r.mu.Lock()
 			r.seen = append(r.seen, f)
 			r.mu.Unlock()
 		}
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)

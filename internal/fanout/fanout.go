@@ -197,9 +197,17 @@ func (f *Fanout) FanOut(ctx context.Context, j Job) error {
 		return fmt.Errorf("recipients: %w", err)
 	}
 	rc := f.collectReached(j.Msg)
-	pushed, err := f.pushMessage(ctx, recipients, j.Msg, rc)
+	var pushed int
+	if lists, ok := f.groupLists(cv, tier); ok {
+		pushed, err = f.pushGroup(ctx, lists, j.Msg, rc)
+	} else {
+		pushed, err = f.pushMessage(ctx, recipients, j.Msg, rc)
+	}
 	if err != nil {
 		return err
+	}
+	if len(j.Leavers) > 0 && cv.Kind == store.Group {
+		f.online.Left(cv.ID, j.Leavers)
 	}
 	rows, err := f.rows(ctx, j, cv, tier, recipients)
 	if err != nil {

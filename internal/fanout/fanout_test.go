@@ -120,10 +120,11 @@ func TestPushIsOneDeliveryPerNode(t *testing.T) {
 	var mu sync.Mutex
 	got := map[string][]bus.Delivery{}
 	for _, n := range []string{"n1", "n2", "n3"} {
-		cancel, _ := r.b.Subscribe(ctx, n, func(d bus.Delivery) {
+		cancel, _ := r.b.Subscribe(ctx, n, func(d bus.Delivery) error {
 			mu.Lock()
 			got[n] = append(got[n], d)
 			mu.Unlock()
+			return nil
 		})
 		defer cancel()
 	}
@@ -245,7 +246,7 @@ func TestConsumerGetsEveryMessage(t *testing.T) {
 	r.connect(t, "a", "n1")
 	r.connect(t, "b", "n2")
 	for _, n := range []string{"n1", "n2"} {
-		stop, err := r.b.Subscribe(ctx, n, func(bus.Delivery) {})
+		stop, err := r.b.Subscribe(ctx, n, func(bus.Delivery) error { return nil })
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -32,6 +32,13 @@ type Job struct {
 	// Members are a direct conversation's two members when the sender
 	// knows them (they never change); nil: the fan-out reads them.
 	Members []string
+	// Leavers are the members that leave a group with this message (its
+	// member_removed or member_left event): they receive it, and the
+	// online index forgets them right after its pushes, before the next
+	// message of the conversation is fanned out, so none after it reaches
+	// them (the chat service's Left, after the event's fan-out, is then
+	// a repeat). Nil for messages read back from the outbox.
+	Leavers []string
 }
 
 // handler fans out one message (Fanout.FanOut). An error means the work

@@ -113,6 +113,94 @@ func byNode(users []string, online map[string][]registry.Entry) map[string][]str
 	return out
 }
 
+// groupLists are the node lists of a tracked group's online members, when
+// the online index keeps them (cluster mode's roster).
+func (f *Fanout) groupLists(cv store.Conversation, tier uint8) (map[string]*NodeList, bool) {
+	if cv.Kind != store.Group || tier == TierSmall {
+		return nil, false
+	}
+	ni, ok := f.online.(NodeIndex)
+	if !ok {
+		return nil, false
+	}
+	return ni.GroupNodes(cv.ID)
+}
+
+// pushGroup pushes stored message m of a tracked group as one delivery per
+// gateway node with online members, each naming the node's list of them
+// (bus.Group): no registry read, and a delivery's size does not grow with
+// the members once the node holds its list. A node gets the list itself
+// with the first delivery of each version, and again when it answers that
+// it does not hold it (bus.ErrStale: it restarted or evicted it). A node
+// that cannot take the delivery gets a compensation task with its users,
+// as any push.
+func (f *Fanout) pushGroup(ctx context.Context, lists map[string]*NodeList, m store.Message, rc *reached) (int, error) {
+	if len(lists) == 0 {
+		return 0, nil
+	}
+	wm := Wire(m)
+	data, err := json.Marshal(&protocol.Frame{Type: protocol.TypeMsg, Message: &wm})
+	if err != nil {
+		return 0, fmt.Errorf("encode push: %w", err)
+	}
+	d := delivery{conv: m.ConvID, seq: m.Seq, key: m.CoalesceKey, rc: rc}
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		n    int
+		errs []error
+	)
+	one := func(node string, l *NodeList) {
+		k, err := f.publishGroup(ctx, node, l, data, d)
+		mu.Lock()
+		n += k
+		errs = append(errs, err)
+		mu.Unlock()
+	}
+	if len(lists) == 1 {
+		for node, l := range lists {
+			one(node, l)
+		}
+	} else {
+		for node, l := range lists {
+			wg.Go(func() { one(node, l) })
+		}
+		wg.Wait()
+	}
+	if f.obs.Pushed != nil {
+		f.obs.Pushed(n)
+	}
+	return n, errors.Join(errs...)
+}
+
+// publishGroup hands data to node for its list l and returns how many
+// users may see it there.
+func (f *Fanout) publishGroup(ctx context.Context, node string, l *NodeList, data []byte, d delivery) (int, error) {
+	g := &bus.Group{List: l.Version}
+	if !l.Sent.Load() {
+		g.Full, g.Members = true, l.Members
+	}
+	bd := bus.Delivery{Frame: data, ConvID: d.conv, Seq: d.seq, CoalesceKey: d.key, Group: g}
+	err := f.bus.Publish(ctx, node, bd)
+	if errors.Is(err, bus.ErrStale) && !g.Full {
+		l.Sent.Store(false)
+		bd.Group = &bus.Group{List: l.Version, Full: true, Members: l.Members}
+		err = f.bus.Publish(ctx, node, bd)
+	}
+	us := make([]string, 0, len(l.Members))
+	for _, m := range l.Members {
+		if m.JoinSeq <= d.seq {
+			us = append(us, m.User)
+		}
+	}
+	if err == nil {
+		l.Sent.Store(true)
+		d.rc.add(us)
+		return len(us), nil
+	}
+	return 0, f.handoffFailed(ctx, node, us, d, err)
+}
+
 // publish hands data to node for us and returns how many users it took.
 func (f *Fanout) publish(ctx context.Context, node string, us []string, data []byte, d delivery) (int, error) {
 	err := f.bus.Publish(ctx, node, bus.Delivery{Users: us, Frame: data, ConvID: d.conv, Seq: d.seq, CoalesceKey: d.key})
@@ -120,15 +208,22 @@ func (f *Fanout) publish(ctx context.Context, node string, us []string, data []b
 		d.rc.add(us)
 		return len(us), nil
 	}
+	return 0, f.handoffFailed(ctx, node, us, d, err)
+}
+
+// handoffFailed handles a node that did not take a push for us: for a
+// message, a compensation task (the ledger re-sends it with us), unless
+// the node has gone.
+func (f *Fanout) handoffFailed(ctx context.Context, node string, us []string, d delivery, err error) error {
 	f.pushFailed()
-	if d.seq == 0 || errors.Is(err, bus.ErrNoSubscriber) {
-		return 0, nil
+	if d.seq == 0 || errors.Is(err, bus.ErrNoSubscriber) || len(us) == 0 {
+		return nil
 	}
 	f.log.Warn("push hand-off failed; recorded for retry", "node", node, "err", err)
 	if rerr := f.record(ctx, ledger.Task{Kind: ledger.KindPush, Conv: d.conv, Seq: d.seq, Users: us, Node: node}); rerr != nil {
-		return 0, fmt.Errorf("push to %s: %w; and the ledger: %w", node, err, rerr)
+		return fmt.Errorf("push to %s: %w; and the ledger: %w", node, err, rerr)
 	}
-	return 0, nil
+	return nil
 }
 
 func (f *Fanout) pushFailed() {

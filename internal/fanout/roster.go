@@ -2,11 +2,17 @@ package fanout
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/store"
 )
@@ -41,6 +47,10 @@ import (
 type Roster struct {
 	dir presence.Directory
 	log *slog.Logger
+	// prefix and lists number the versions of the groups' node lists
+	// (GroupNodes): unique across processes and restarts.
+	prefix string
+	lists  atomic.Uint64
 
 	mu    sync.Mutex
 	users map[string]*rosterUser
@@ -60,6 +70,7 @@ type rosterShard struct {
 
 type rosterUser struct {
 	online bool
+	nodes  []string          // gateway nodes of its devices, when online
 	ver    uint64            // bumped by every notification of the user
 	groups map[uint64]uint64 // tracked group → join_seq
 }
@@ -67,11 +78,25 @@ type rosterUser struct {
 type rosterGroup struct {
 	members map[string]uint64 // every current member → join_seq; under Roster.mu
 
-	// mu guards online, changed also under Roster.mu.
+	// mu guards online, nodes and lists, changed also under Roster.mu.
 	mu     sync.Mutex
-	online map[string]uint64 // the online members
+	online map[string]uint64   // the online members
+	nodes  map[string][]string // their gateway nodes, where known
 	// snap is online as a slice, shared until a change (nil after one).
 	snap atomic.Pointer[[]store.Member]
+	// lists are the online members by node (GroupNodes), built after a
+	// change; prev is the last built, whose unchanged lists keep their
+	// versions.
+	lists, prev map[string]*NodeList
+}
+
+// NodeList is one version of the list of a group's online members on one
+// gateway node. Its members are read-only; Sent records that the node
+// acknowledged a delivery carrying it, so later ones name it only.
+type NodeList struct {
+	Version string
+	Members []bus.Member
+	Sent    atomic.Bool
 }
 
 func (r *Roster) shard(conv uint64) *rosterShard {
@@ -98,7 +123,9 @@ func NewRoster(dir presence.Directory, log *slog.Logger) *Roster {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Roster{log: log, users: make(map[string]*rosterUser),
+	var nonce [6]byte
+	_, _ = rand.Read(nonce[:])
+	r := &Roster{log: log, users: make(map[string]*rosterUser), prefix: hex.EncodeToString(nonce[:]) + ".",
 		dirty: make(map[string]bool), kick: make(chan struct{}, 1)}
 	for i := range r.view {
 		r.view[i].m = make(map[uint64]*rosterGroup)
@@ -209,7 +236,14 @@ func (r *Roster) read(ctx context.Context, users []string) error {
 		}
 		r.mu.Unlock()
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		states, err := r.dir.States(rctx, part)
+		var states map[string]presence.State
+		var where map[string][]string
+		var err error
+		if p, ok := r.dir.(placer); ok {
+			states, where, err = p.Placed(rctx, part)
+		} else {
+			states, err = r.dir.States(rctx, part)
+		}
 		cancel()
 		if err != nil {
 			return err
@@ -218,7 +252,7 @@ func (r *Roster) read(ctx context.Context, users []string) error {
 		var changes map[*rosterGroup][]onlineChange
 		for i, name := range part {
 			if u := r.users[name]; u != nil && u == ents[i] && u.ver == vers[i] {
-				changes = r.setLocked(changes, name, u, states[name].Online)
+				changes = r.setLocked(changes, name, u, states[name].Online, where[name])
 			}
 		}
 		for g, cs := range changes {
@@ -229,21 +263,32 @@ func (r *Roster) read(ctx context.Context, users []string) error {
 	return nil
 }
 
-// onlineChange is a member of a group going online or offline.
+// placer is a directory that also tells the gateway nodes of online
+// users' devices (relay.Relay in cluster mode).
+type placer interface {
+	Placed(ctx context.Context, users []string) (map[string]presence.State, map[string][]string, error)
+}
+
+// onlineChange is a member of a group going online (or moving between
+// gateway nodes) or offline.
 type onlineChange struct {
 	user   string
 	join   uint64
 	online bool
+	nodes  []string
 }
 
-// setLocked records user's online state and adds the changes of its
-// groups' online members to changes (returned, made if nil), to apply
+// setLocked records user's online state and nodes and adds the changes of
+// its groups' online members to changes (returned, made if nil), to apply
 // per group at once.
-func (r *Roster) setLocked(changes map[*rosterGroup][]onlineChange, name string, u *rosterUser, online bool) map[*rosterGroup][]onlineChange {
-	if u.online == online {
+func (r *Roster) setLocked(changes map[*rosterGroup][]onlineChange, name string, u *rosterUser, online bool, nodes []string) map[*rosterGroup][]onlineChange {
+	if !online {
+		nodes = nil
+	}
+	if u.online == online && slices.Equal(u.nodes, nodes) {
 		return changes
 	}
-	u.online = online
+	u.online, u.nodes = online, nodes
 	for conv, join := range u.groups {
 		g := r.group(conv)
 		if g == nil {
@@ -252,7 +297,7 @@ func (r *Roster) setLocked(changes map[*rosterGroup][]onlineChange, name string,
 		if changes == nil {
 			changes = make(map[*rosterGroup][]onlineChange)
 		}
-		changes[g] = append(changes[g], onlineChange{user: name, join: join, online: online})
+		changes[g] = append(changes[g], onlineChange{user: name, join: join, online: online, nodes: nodes})
 	}
 	return changes
 }
@@ -264,11 +309,20 @@ func (g *rosterGroup) apply(cs []onlineChange) {
 	for _, c := range cs {
 		if c.online {
 			g.online[c.user] = c.join
+			if len(c.nodes) > 0 {
+				g.nodes[c.user] = c.nodes
+			} else {
+				delete(g.nodes, c.user)
+			}
 		} else {
 			delete(g.online, c.user)
+			delete(g.nodes, c.user)
 		}
 	}
 	g.snap.Store(nil)
+	if g.lists != nil {
+		g.prev, g.lists = g.lists, nil
+	}
 }
 
 // addLocked makes members members of g and returns the users new to the
@@ -290,7 +344,7 @@ func (r *Roster) addLocked(conv uint64, g *rosterGroup, members []store.Member) 
 		u.groups[conv] = m.JoinSeq
 		g.members[m.UserID] = m.JoinSeq
 		if u.online {
-			online = append(online, onlineChange{user: m.UserID, join: m.JoinSeq, online: true})
+			online = append(online, onlineChange{user: m.UserID, join: m.JoinSeq, online: true, nodes: u.nodes})
 		}
 	}
 	if len(online) > 0 {
@@ -333,7 +387,7 @@ func (r *Roster) Track(conv uint64, members []store.Member) {
 		fresh = r.addLocked(conv, g, members)
 	} else {
 		// Built whole before the send path can see it.
-		g = &rosterGroup{members: make(map[string]uint64, len(members)), online: make(map[string]uint64)}
+		g = &rosterGroup{members: make(map[string]uint64, len(members)), online: make(map[string]uint64), nodes: make(map[string][]string)}
 		fresh = r.addLocked(conv, g, members)
 		sh := r.shard(conv)
 		sh.mu.Lock()
@@ -448,6 +502,44 @@ func (r *Roster) GroupOnline(conv uint64) ([]store.Member, bool) {
 	}
 	g.snap.Store(&snap)
 	return snap, true
+}
+
+// GroupNodes returns the online members of a tracked group by gateway
+// node, and true; false if conv is not tracked, or if an online member's
+// nodes are not known (the directory does not tell them): the caller then
+// finds the nodes itself. A node's list keeps its version while its
+// members stay the same; the map and lists are shared until the next
+// change: callers must not modify them.
+func (r *Roster) GroupNodes(conv uint64) (map[string]*NodeList, bool) {
+	g := r.group(conv)
+	if g == nil {
+		return nil, false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.nodes) != len(g.online) {
+		return nil, false
+	}
+	if g.lists != nil {
+		return g.lists, true
+	}
+	byNode := make(map[string][]bus.Member)
+	for u, join := range g.online {
+		for _, n := range g.nodes[u] {
+			byNode[n] = append(byNode[n], bus.Member{User: u, JoinSeq: join})
+		}
+	}
+	lists := make(map[string]*NodeList, len(byNode))
+	for n, ms := range byNode {
+		slices.SortFunc(ms, func(a, b bus.Member) int { return strings.Compare(a.User, b.User) })
+		if p := g.prev[n]; p != nil && slices.Equal(p.Members, ms) {
+			lists[n] = p
+			continue
+		}
+		lists[n] = &NodeList{Version: r.prefix + strconv.FormatUint(r.lists.Add(1), 36), Members: ms}
+	}
+	g.lists, g.prev = lists, nil
+	return lists, true
 }
 
 // Size returns how many users and groups the roster holds (tests,

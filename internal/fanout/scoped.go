@@ -125,5 +125,21 @@ func (s *Scoped) Untrack(conv uint64) {
 	s.Index.Untrack(conv)
 }
 
+// NodeIndex is an Index that also tells a tracked group's online members
+// by gateway node (Roster): a group message then leaves as one delivery
+// per node naming the node's list, with no registry read.
+type NodeIndex interface {
+	GroupNodes(conv uint64) (map[string]*NodeList, bool)
+}
+
+// GroupNodes is the scoped index's GroupNodes, false if it has none; call
+// it after Tracked.
+func (s *Scoped) GroupNodes(conv uint64) (map[string]*NodeList, bool) {
+	if ni, ok := s.Index.(NodeIndex); ok {
+		return ni.GroupNodes(conv)
+	}
+	return nil, false
+}
+
 // Groups returns how many groups have an entry record (tests, metrics).
 func (s *Scoped) Groups() int { return s.built.Len() }

@@ -246,6 +246,7 @@ type Gateway struct {
 	polls         sync.Map    // poll session id → *mailbox
 	pushes        chan queued // deliveries waiting for the dispatcher (push.go)
 	shards        [64]shard
+	groups        [groupShards]groupShard // group lists (groups.go)
 	edge          edgeCounters
 	sends         userBuckets               // per-user send budgets (fair.go)
 	handshakes    userBuckets               // per-user handshake budgets (fair.go)
@@ -299,6 +300,9 @@ func New(cfg Config, d Deps) (*Gateway, error) {
 	}
 	for i := range g.shards {
 		g.shards[i].users = make(map[string][]*session)
+	}
+	for i := range g.groups {
+		g.groups[i].m = make(map[uint64]*groupList)
 	}
 	g.up = g.newUpgrader()
 	// The queue exists before the subscription: a delivery may arrive
@@ -388,11 +392,12 @@ func (g *Gateway) each(f func(*session)) {
 	}
 }
 
-// deliver writes a bus delivery to the local sessions of its users.
-func (g *Gateway) deliver(d bus.Delivery) {
+// deliver writes a bus delivery to the local sessions of its users, or
+// of its group list's users (groups.go).
+func (g *Gateway) deliver(d bus.Delivery) error {
 	if d.Kick != nil && d.Kick.Code != 0 {
 		g.Disconnect(d.Kick.User, d.Kick.Device, d.Kick.Code)
-		return
+		return nil
 	}
 	if d.Kick != nil {
 		for _, s := range g.sessionsOf(d.Kick.User) {
@@ -400,13 +405,24 @@ func (g *Gateway) deliver(d bus.Delivery) {
 				s.close(protocol.CloseReplaced, "replaced by a newer connection of this device")
 			}
 		}
-		return
+		return nil
+	}
+	users := d.Users
+	if d.Group != nil {
+		var err error
+		if users, err = g.groupRecipients(d, g.now().UnixMilli()); err != nil {
+			return err
+		}
+		if len(users) == 0 {
+			return nil
+		}
 	}
 	m := &message{frame: newWireFrame(d.Frame), conv: d.ConvID, seq: d.Seq, key: d.CoalesceKey}
 	select {
-	case g.pushes <- queued{m: m, users: d.Users}:
+	case g.pushes <- queued{m: m, users: users}:
 	case <-g.ctx.Done():
 	}
+	return nil
 }
 
 // sweep enforces idle timeouts and re-sends unacknowledged pushes.
@@ -425,6 +441,7 @@ func (g *Gateway) sweep() {
 		if ticks++; ticks%60 == 0 {
 			g.sends.sweep(now)
 			g.handshakes.sweep(now)
+			g.sweepGroups(now.Add(-groupListIdle).UnixMilli())
 		}
 		idleBefore := now.Add(-g.cfg.IdleTimeout).UnixMilli()
 		resendBefore := now.Add(-g.cfg.RetransmitAfter).UnixMilli()

@@ -17,12 +17,12 @@ func Run(t *testing.T, open func(t *testing.T) bus.Bus) {
 	t.Run("RoutesToNode", func(t *testing.T) {
 		b := open(t)
 		got1, got2 := make(chan bus.Delivery, 4), make(chan bus.Delivery, 4)
-		c1, err := b.Subscribe(ctx, "n1", func(d bus.Delivery) { got1 <- d })
+		c1, err := b.Subscribe(ctx, "n1", func(d bus.Delivery) error { got1 <- d; return nil })
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c1()
-		c2, err := b.Subscribe(ctx, "n2", func(d bus.Delivery) { got2 <- d })
+		c2, err := b.Subscribe(ctx, "n2", func(d bus.Delivery) error { got2 <- d; return nil })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +44,7 @@ func Run(t *testing.T, open func(t *testing.T) bus.Bus) {
 	t.Run("KickTravels", func(t *testing.T) {
 		b := open(t)
 		got := make(chan bus.Delivery, 1)
-		c, _ := b.Subscribe(ctx, "n1", func(d bus.Delivery) { got <- d })
+		c, _ := b.Subscribe(ctx, "n1", func(d bus.Delivery) error { got <- d; return nil })
 		defer c()
 		if err := b.Publish(ctx, "n1", bus.Delivery{Kick: &bus.Kick{User: "u", Device: "d", Session: "s"}}); err != nil {
 			t.Fatal(err)
@@ -60,6 +60,33 @@ func Run(t *testing.T, open func(t *testing.T) bus.Bus) {
 			t.Fatalf("got %+v, want disconnect of u/d with 4004", d.Kick)
 		}
 	})
+	t.Run("GroupTravels", func(t *testing.T) {
+		b := open(t)
+		got := make(chan bus.Delivery, 2)
+		c, _ := b.Subscribe(ctx, "n1", func(d bus.Delivery) error {
+			got <- d
+			if d.Group != nil && !d.Group.Full {
+				return bus.ErrStale // this node holds no list
+			}
+			return nil
+		})
+		defer c()
+		full := bus.Delivery{Frame: []byte(`{}`), ConvID: 5, Seq: 8, Group: &bus.Group{List: "x.1", Full: true,
+			Members: []bus.Member{{User: "a", JoinSeq: 2}, {User: "b", JoinSeq: 9}}}}
+		if err := b.Publish(ctx, "n1", full); err != nil {
+			t.Fatal(err)
+		}
+		d := recv(t, got)
+		if d.Group == nil || d.Group.List != "x.1" || !d.Group.Full || len(d.Group.Members) != 2 || d.Group.Members[1] != (bus.Member{User: "b", JoinSeq: 9}) {
+			t.Fatalf("got group %+v", d.Group)
+		}
+		// The handler's refusal reaches the publisher.
+		err := b.Publish(ctx, "n1", bus.Delivery{Frame: []byte(`{}`), ConvID: 5, Seq: 9, Group: &bus.Group{List: "x.1"}})
+		if !errors.Is(err, bus.ErrStale) {
+			t.Fatalf("err = %v, want ErrStale", err)
+		}
+		recv(t, got)
+	})
 	t.Run("NoSubscriber", func(t *testing.T) {
 		b := open(t)
 		err := b.Publish(ctx, "nobody", bus.Delivery{Frame: []byte("x")})
@@ -72,13 +99,14 @@ func Run(t *testing.T, open func(t *testing.T) bus.Bus) {
 		var mu sync.Mutex
 		n := 0
 		done := make(chan struct{})
-		c, _ := b.Subscribe(ctx, "n1", func(bus.Delivery) {
+		c, _ := b.Subscribe(ctx, "n1", func(bus.Delivery) error {
 			mu.Lock()
 			n++
 			if n == 800 {
 				close(done)
 			}
 			mu.Unlock()
+			return nil
 		})
 		defer c()
 		var wg sync.WaitGroup

@@ -37,7 +37,9 @@ func (b *Bus) Publish(_ context.Context, node string, d bus.Delivery) error {
 	if s == nil {
 		return fmt.Errorf("local: publish to %q: %w", node, bus.ErrNoSubscriber)
 	}
-	s.h(d)
+	if err := s.h(d); err != nil {
+		return fmt.Errorf("local: publish to %q: %w", node, err)
+	}
 	return nil
 }
 

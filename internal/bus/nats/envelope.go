@@ -10,15 +10,22 @@ import (
 
 // The envelope of a Delivery on the wire, all integers uvarint:
 //
-//	version(1) flags ConvID Seq {len CoalesceKey} len(Users) {len user}...
-//	[3×{len string} if kick] [code if kick code] Frame...
+//	version(1|2) flags ConvID Seq {len CoalesceKey} len(Users) {len user}...
+//	[3×{len string} if kick] [code if kick code]
+//	[{len List} len(Members) {{len user} join_seq}... if group] Frame...
 //
 // Frame is already encoded JSON and goes last, unframed, so it is never
-// copied into another encoding or escaped.
+// copied into another encoding or escaped. A group delivery is version 2:
+// a node that predates it refuses the envelope (ErrRejected) instead of
+// taking the group's fields for the frame, and its publisher falls back
+// to a delivery with Users.
 const (
-	envelopeVersion = 1
-	flagKick        = 1
-	flagKickCode    = 2
+	envelopeVersion      = 1
+	envelopeVersionGroup = 2
+	flagKick             = 1
+	flagKickCode         = 2
+	flagGroup            = 4
+	flagGroupFull        = 8
 )
 
 var errEnvelope = errors.New("bad envelope")
@@ -36,8 +43,20 @@ func encodeDelivery(d bus.Delivery) []byte {
 			flags |= flagKickCode
 		}
 	}
+	version := byte(envelopeVersion)
+	if d.Group != nil {
+		version = envelopeVersionGroup
+		flags |= flagGroup
+		if d.Group.Full {
+			flags |= flagGroupFull
+		}
+		n += 2*binary.MaxVarintLen64 + len(d.Group.List)
+		for _, m := range d.Group.Members {
+			n += 2*binary.MaxVarintLen64 + len(m.User)
+		}
+	}
 	b := make([]byte, 0, n)
-	b = append(b, envelopeVersion, flags)
+	b = append(b, version, flags)
 	b = binary.AppendUvarint(b, d.ConvID)
 	b = binary.AppendUvarint(b, d.Seq)
 	b = appendString(b, d.CoalesceKey)
@@ -51,6 +70,14 @@ func encodeDelivery(d bus.Delivery) []byte {
 		b = appendString(b, d.Kick.Session)
 		if d.Kick.Code != 0 {
 			b = binary.AppendUvarint(b, uint64(d.Kick.Code))
+		}
+	}
+	if d.Group != nil {
+		b = appendString(b, d.Group.List)
+		b = binary.AppendUvarint(b, uint64(len(d.Group.Members)))
+		for _, m := range d.Group.Members {
+			b = appendString(b, m.User)
+			b = binary.AppendUvarint(b, m.JoinSeq)
 		}
 	}
 	return append(b, d.Frame...)
@@ -67,10 +94,13 @@ func decodeDelivery(b []byte) (bus.Delivery, error) {
 	if len(b) < 2 {
 		return d, fmt.Errorf("%w: %d bytes", errEnvelope, len(b))
 	}
-	if b[0] != envelopeVersion {
+	if b[0] != envelopeVersion && b[0] != envelopeVersionGroup {
 		return d, fmt.Errorf("%w: version %d", errEnvelope, b[0])
 	}
 	flags := b[1]
+	if (flags&flagGroup != 0) != (b[0] == envelopeVersionGroup) {
+		return d, fmt.Errorf("%w: version %d with flags %d", errEnvelope, b[0], flags)
+	}
 	r := reader{b: b[2:]}
 	d.ConvID = r.uvarint()
 	d.Seq = r.uvarint()
@@ -92,6 +122,21 @@ func decodeDelivery(b []byte) (bus.Delivery, error) {
 		if flags&flagKickCode != 0 {
 			d.Kick.Code = int(min(r.uvarint(), 4999))
 		}
+	}
+	if flags&flagGroup != 0 {
+		g := &bus.Group{List: r.string(), Full: flags&flagGroupFull != 0}
+		n := r.uvarint()
+		// Each member takes at least two bytes.
+		if n > uint64(len(r.b))/2 {
+			return bus.Delivery{}, fmt.Errorf("%w: %d members in %d bytes", errEnvelope, n, len(r.b))
+		}
+		if n > 0 {
+			g.Members = make([]bus.Member, n)
+			for i := range g.Members {
+				g.Members[i] = bus.Member{User: r.string(), JoinSeq: r.uvarint()}
+			}
+		}
+		d.Group = g
 	}
 	if r.err != nil {
 		return bus.Delivery{}, r.err

@@ -18,6 +18,10 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 		{"state update", bus.Delivery{Users: []string{"a"}, Frame: []byte(`{}`), ConvID: 4, CoalesceKey: "typing:alice"}},
 		{"kick", bus.Delivery{Kick: &bus.Kick{User: "u", Device: "d", Session: "n1-7"}}},
 		{"empty user name", bus.Delivery{Users: []string{""}, Frame: []byte("x")}},
+		{"group by list", bus.Delivery{Frame: []byte(`{}`), ConvID: 7, Seq: 9, Group: &bus.Group{List: "ab12.3"}}},
+		{"group with list", bus.Delivery{Frame: []byte(`{}`), ConvID: 7, Seq: 9, Group: &bus.Group{List: "ab12.4", Full: true,
+			Members: []bus.Member{{User: "alice", JoinSeq: 1}, {User: "bob", JoinSeq: 1 << 40}}}}},
+		{"group emptied", bus.Delivery{Frame: []byte(`{}`), ConvID: 7, Seq: 9, Group: &bus.Group{List: "ab12.5", Full: true}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := decodeDelivery(encodeDelivery(tc.d))
@@ -44,6 +48,11 @@ func TestEnvelopeRejectsCorruption(t *testing.T) {
 		{"huge user count", []byte{1, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f}},
 		{"string past end", []byte{1, 0, 0, 0, 0, 1, 50, 'a'}},
 		{"coalesce key past end", []byte{1, 0, 0, 0, 9, 'k'}},
+		// A group's fields in a version 1 envelope would be read as the
+		// frame by a node that predates them.
+		{"group in version 1", []byte{1, flagGroup, 0, 0, 0, 0, 1, 'l', 0}},
+		{"version 2 without group", []byte{2, 0, 0, 0, 0, 0}},
+		{"huge member count", []byte{2, flagGroup, 0, 0, 0, 0, 1, 'l', 0xff, 0xff, 0x0f}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if d, err := decodeDelivery(tc.b); err == nil {
@@ -57,6 +66,8 @@ func FuzzEnvelope(f *testing.F) {
 	f.Add(encodeDelivery(bus.Delivery{Users: []string{"a", "b"}, Frame: []byte(`{"x":1}`), ConvID: 9, Seq: 3, CoalesceKey: "k"}))
 	f.Add(encodeDelivery(bus.Delivery{Kick: &bus.Kick{User: "u", Device: "d", Session: "s"}}))
 	f.Add([]byte{1, 0})
+	f.Add(encodeDelivery(bus.Delivery{Frame: []byte(`{}`), ConvID: 7, Seq: 9, Group: &bus.Group{List: "p.4", Full: true,
+		Members: []bus.Member{{User: "alice", JoinSeq: 1}}}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		d, err := decodeDelivery(b)
 		if err != nil {
@@ -76,7 +87,7 @@ func FuzzEnvelope(f *testing.F) {
 // TestEnvelopeKnowsEveryField trips when bus.Delivery grows a field the
 // envelope does not carry yet: it would be dropped silently between nodes.
 func TestEnvelopeKnowsEveryField(t *testing.T) {
-	known := []string{"Users", "Frame", "ConvID", "Seq", "CoalesceKey", "Kick"}
+	known := []string{"Users", "Frame", "ConvID", "Seq", "CoalesceKey", "Kick", "Group"}
 	typ := reflect.TypeOf(bus.Delivery{})
 	if typ.NumField() != len(known) {
 		t.Fatalf("bus.Delivery has %d fields, the envelope carries %v: extend encodeDelivery", typ.NumField(), known)

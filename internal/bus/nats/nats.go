@@ -222,6 +222,8 @@ func (b *Bus) Publish(ctx context.Context, node string, d bus.Delivery) error {
 		return fmt.Errorf("nats: publish to %q: %w", node, err)
 	case string(reply.Data) == replyGone:
 		return fmt.Errorf("nats: publish to %q: %w", node, bus.ErrNoSubscriber)
+	case string(reply.Data) == replyStale:
+		return fmt.Errorf("nats: publish to %q: %w", node, bus.ErrStale)
 	case len(reply.Data) > 0:
 		return fmt.Errorf("nats: publish to %q: %w: %s", node, ErrRejected, reply.Data)
 	}
@@ -265,9 +267,14 @@ func (b *Bus) Subscribe(ctx context.Context, node string, h bus.Handler) (func()
 	}, nil
 }
 
-// replyGone answers a delivery that reached a canceled subscription; it
-// cannot be mistaken for a decode error, which starts with "bad envelope".
-const replyGone = "gone"
+// replyGone answers a delivery that reached a canceled subscription, and
+// replyStale one whose group list the node does not hold (bus.ErrStale);
+// neither can be mistaken for a decode error, which starts with "bad
+// envelope".
+const (
+	replyGone  = "gone"
+	replyStale = "stale"
+)
 
 func (b *Bus) handle(h bus.Handler, m *natsio.Msg) {
 	d, err := decodeDelivery(m.Data)
@@ -276,7 +283,14 @@ func (b *Bus) handle(h bus.Handler, m *natsio.Msg) {
 		_ = m.Respond([]byte(err.Error()))
 		return
 	}
-	h(d)
+	if err := h(d); err != nil {
+		reply := []byte(replyStale)
+		if !errors.Is(err, bus.ErrStale) {
+			reply = []byte("refused: " + err.Error())
+		}
+		_ = m.Respond(reply)
+		return
+	}
 	// An empty reply is the ack; a failed one only costs the publisher a
 	// timeout, so there is nothing more to do about it here.
 	_ = m.Respond(nil)

@@ -79,7 +79,7 @@ func TestAcrossConnections(t *testing.T) {
 	cfg := Config{Subject: unique() + ".node"}
 	pub, sub := newBus(t, connect(t, url), cfg), newBus(t, connect(t, url), cfg)
 	got := make(chan bus.Delivery, 1)
-	cancel, err := sub.Subscribe(ctx, "gw-1", func(d bus.Delivery) { got <- d })
+	cancel, err := sub.Subscribe(ctx, "gw-1", func(d bus.Delivery) error { got <- d; return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,10 +100,11 @@ func TestCancelWaitsForHandler(t *testing.T) {
 	b := newBus(t, connect(t, testURL(t)), Config{Subject: unique() + ".node"})
 	entered, release := make(chan struct{}), make(chan struct{})
 	var done bool
-	cancel, err := b.Subscribe(ctx, "n1", func(bus.Delivery) {
+	cancel, err := b.Subscribe(ctx, "n1", func(bus.Delivery) error {
 		close(entered)
 		<-release
 		done = true
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +156,7 @@ func TestPublishErrors(t *testing.T) {
 		}
 	})
 	t.Run("UndecodableIsRejected", func(t *testing.T) {
-		cancel, err := b.Subscribe(ctx, "n1", func(bus.Delivery) { t.Error("handler got an undecodable delivery") })
+		cancel, err := b.Subscribe(ctx, "n1", func(bus.Delivery) error { t.Error("handler got an undecodable delivery"); return nil })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -206,7 +207,7 @@ func TestBusSurvivesServerRestart(t *testing.T) {
 	cfg := Config{Subject: "parley.node", AckTimeout: time.Second}
 	pub, sub := newBus(t, pubConn, cfg), newBus(t, subConn, cfg)
 	got := make(chan bus.Delivery, 16)
-	cancel, err := sub.Subscribe(ctx, "gw", func(d bus.Delivery) { got <- d })
+	cancel, err := sub.Subscribe(ctx, "gw", func(d bus.Delivery) error { got <- d; return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +249,7 @@ func BenchmarkPublish(b *testing.B) {
 	}
 	cfg := Config{Subject: unique() + ".node"}
 	pub, sub := newBus(b, connect(b, url), cfg), newBus(b, connect(b, url), cfg)
-	cancel, err := sub.Subscribe(ctx, "gw", func(bus.Delivery) {})
+	cancel, err := sub.Subscribe(ctx, "gw", func(bus.Delivery) error { return nil })
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -317,6 +317,18 @@ const statesBatch = 1000
 // those without any from Redis: two or three pipelined round trips per
 // statesBatch users.
 func (r *Relay) States(ctx context.Context, users []string) (map[string]presence.State, error) {
+	return r.states(ctx, users, nil)
+}
+
+// Placed is States, also answering the gateway nodes of each online
+// user's devices (sorted): the fan-out's roster groups members by node.
+func (r *Relay) Placed(ctx context.Context, users []string) (map[string]presence.State, map[string][]string, error) {
+	where := make(map[string][]string)
+	states, err := r.states(ctx, users, where)
+	return states, where, err
+}
+
+func (r *Relay) states(ctx context.Context, users []string, where map[string][]string) (map[string]presence.State, error) {
 	out := make(map[string]presence.State, len(users))
 	for len(users) > 0 {
 		part := users[:min(len(users), statesBatch)]
@@ -349,7 +361,17 @@ func (r *Relay) States(ctx context.Context, users []string) (map[string]presence
 		r.mu.Unlock()
 		var offline []string
 		for _, u := range part {
-			if len(online[u]) > 0 {
+			if es := online[u]; len(es) > 0 {
+				nodes := make([]string, 0, len(es))
+				for _, e := range es {
+					if !slices.Contains(nodes, e.Node) {
+						nodes = append(nodes, e.Node)
+					}
+				}
+				slices.Sort(nodes)
+				if where != nil {
+					where[u] = nodes
+				}
 				out[u] = presence.State{Online: true}
 			} else {
 				offline = append(offline, u)
