@@ -84,17 +84,6 @@ function modP(x: bigint): bigint {
   return r < 0n ? r + P : r;
 }
 
-function powP(b: bigint, e: bigint): bigint {
-  let r = 1n;
-  let x = modP(b);
-  while (e > 0n) {
-    if (e & 1n) r = (r * x) % P;
-    x = (x * x) % P;
-    e >>= 1n;
-  }
-  return r;
-}
-
 const PREFIX = (() => {
   const p = new Uint8Array(32).fill(0xff);
   p[0] = 0xfe;
@@ -128,7 +117,7 @@ export function verify(pub: Uint8Array, msg: Uint8Array, sig: Uint8Array): boole
   const u = modP(leBig(ub));
   const den = modP(u + 1n);
   if (den === 0n) return false;
-  const y = modP((u - 1n) * powP(den, P - 2n));
+  const y = Point.Fp.mul(modP(u - 1n), Point.Fp.inv(den));
   const enc = Point.Fp.toBytes(y);
   enc[31] |= sig[63] & 0x80;
   let A;
