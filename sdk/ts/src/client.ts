@@ -723,9 +723,10 @@ export class Client {
   private async conv(f: Record<string, unknown>, retry: boolean): Promise<ConvInfo> {
     return ((await this.request(f, retry)) as SConv).conv;
   }
-  openDirect(peer: string): Promise<ConvInfo> { return this.conv({ type: "open_direct", peer }, true); }
+  /** opts.e2e: an end-to-end encrypted conversation (fixed at creation; bodies must be E2E envelopes, see e2ee/E2EChat). */
+  openDirect(peer: string, opts: { e2e?: boolean } = {}): Promise<ConvInfo> { return this.conv({ type: "open_direct", peer, ...(opts.e2e ? { e2e: true } : {}) }, true); }
   /** Not retried: a lost answer could otherwise create a second group. */
-  createGroup(name: string, members: string[]): Promise<ConvInfo> { return this.conv({ type: "create_group", name, members }, false); }
+  createGroup(name: string, members: string[], opts: { e2e?: boolean } = {}): Promise<ConvInfo> { return this.conv({ type: "create_group", name, members, ...(opts.e2e ? { e2e: true } : {}) }, false); }
   addMembers(convId: string, members: string[]): Promise<ConvInfo> { return this.conv({ type: "add_members", conv_id: convId, members }, true); }
   removeMembers(convId: string, members: string[]): Promise<ConvInfo> { return this.conv({ type: "remove_members", conv_id: convId, members }, true); }
   leave(convId: string): Promise<ConvInfo> { return this.conv({ type: "leave", conv_id: convId }, false); }

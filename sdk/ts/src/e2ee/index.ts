@@ -17,3 +17,4 @@ export * from "./messages.js";
 export * from "./ratchet.js";
 export * from "./store.js";
 export * from "./weblock.js";
+export * from "./chat.js";

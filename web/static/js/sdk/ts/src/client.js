@@ -679,9 +679,10 @@ export class Client {
     async conv(f, retry) {
         return (await this.request(f, retry)).conv;
     }
-    openDirect(peer) { return this.conv({ type: "open_direct", peer }, true); }
+    /** opts.e2e: an end-to-end encrypted conversation (fixed at creation; bodies must be E2E envelopes, see e2ee/E2EChat). */
+    openDirect(peer, opts = {}) { return this.conv({ type: "open_direct", peer, ...(opts.e2e ? { e2e: true } : {}) }, true); }
     /** Not retried: a lost answer could otherwise create a second group. */
-    createGroup(name, members) { return this.conv({ type: "create_group", name, members }, false); }
+    createGroup(name, members, opts = {}) { return this.conv({ type: "create_group", name, members, ...(opts.e2e ? { e2e: true } : {}) }, false); }
     addMembers(convId, members) { return this.conv({ type: "add_members", conv_id: convId, members }, true); }
     removeMembers(convId, members) { return this.conv({ type: "remove_members", conv_id: convId, members }, true); }
     leave(convId) { return this.conv({ type: "leave", conv_id: convId }, false); }
