@@ -169,14 +169,24 @@ func validate(f *Frame, lim Limits) *Error {
 		// author's sealed recall); the service refuses it elsewhere.
 		f.Kind = KindRecall
 		return maxBody(f, lim)
-	case TypeDelivered, TypeRead:
-		if e := needConv(f); e != nil {
-			return e
+	case TypeDelivered:
+		if len(f.Positions) == 0 {
+			return needPosition(f)
 		}
-		if f.Seq == 0 {
-			return Errorf(CodeInvalidArgument, "seq is required")
+		if f.ConvID != 0 || f.Seq != 0 {
+			return Errorf(CodeInvalidArgument, "give conv_id and seq, or positions, not both")
+		}
+		if len(f.Positions) > lim.MaxSyncConvs {
+			return Errorf(CodeTooLarge, "%d positions in one delivered is over %d", len(f.Positions), lim.MaxSyncConvs)
+		}
+		for _, p := range f.Positions {
+			if p.ConvID == 0 || p.Seq == 0 {
+				return Errorf(CodeInvalidArgument, "conv_id and seq are required in every positions entry")
+			}
 		}
 		return nil
+	case TypeRead:
+		return needPosition(f)
 	case TypeSync:
 		if len(f.Convs) > lim.MaxSyncConvs {
 			return Errorf(CodeTooLarge, "%d conversations in one sync is over %d", len(f.Convs), lim.MaxSyncConvs)
@@ -254,6 +264,17 @@ func validate(f *Frame, lim Limits) *Error {
 		return Errorf(CodeBadFrame, "type is required")
 	}
 	return Errorf(CodeUnknownType, "unknown frame type %q", f.Type)
+}
+
+// needPosition checks a single position: conv_id and a seq.
+func needPosition(f *Frame) *Error {
+	if e := needConv(f); e != nil {
+		return e
+	}
+	if f.Seq == 0 {
+		return Errorf(CodeInvalidArgument, "seq is required")
+	}
+	return nil
 }
 
 func needConv(f *Frame) *Error {

@@ -88,6 +88,10 @@ type Frame struct {
 	TargetSeq   uint64 `json:"target_seq,omitempty"`
 	Seq         uint64 `json:"seq,omitempty"`
 
+	// delivered: several cumulative positions in one frame (instead of
+	// conv_id and seq)
+	Positions []Position `json:"positions,omitempty"`
+
 	// sync
 	Convs []SyncConv `json:"convs,omitempty"`
 	All   bool       `json:"all,omitempty"`
@@ -115,10 +119,13 @@ type Frame struct {
 	States []PresenceState `json:"states,omitzero"`
 
 	// server → client
-	MsgID      uint64         `json:"msg_id,omitempty,string"`
-	ServerTime int64          `json:"server_time,omitempty"`
-	Duplicate  bool           `json:"duplicate,omitempty"`
-	Message    *Message       `json:"message,omitempty"`
+	MsgID      uint64   `json:"msg_id,omitempty,string"`
+	ServerTime int64    `json:"server_time,omitempty"`
+	Duplicate  bool     `json:"duplicate,omitempty"`
+	Message    *Message `json:"message,omitempty"`
+	// Ack is a msg push's acknowledgement policy (AckBatch, AckNone;
+	// absent: acknowledge promptly).
+	Ack        string         `json:"ack,omitempty"`
 	Messages   []Message      `json:"messages,omitzero"`
 	HasMore    bool           `json:"has_more,omitempty"`
 	Snapshot   []ConvSnapshot `json:"snapshot,omitzero"`
@@ -207,6 +214,27 @@ func (f *Frame) FillLists() {
 		}
 	}
 }
+
+// Position is one entry of a delivered frame's positions: this device has
+// every message of ConvID up to and including Seq.
+type Position struct {
+	ConvID uint64 `json:"conv_id,string"`
+	Seq    uint64 `json:"seq"`
+}
+
+// Acknowledgement policies of a msg push (its ack field), set from the
+// conversation's fan-out tier. Absent (direct conversations and small
+// groups): the push is re-sent until a delivered covers it, and clients
+// acknowledge within about 100 ms (delivered receipts are shown).
+const (
+	// AckBatch (medium groups): tracked and re-sent like the others, but
+	// clients coalesce its acknowledgements per connection, across
+	// conversations, into one delivered frame about once a second.
+	AckBatch = "batch"
+	// AckNone (large groups): not tracked, never re-sent, not to be
+	// acknowledged; a device finds what it missed by seq (gap fill, sync).
+	AckNone = "none"
+)
 
 // SyncConv is one entry of a sync request: the client has every message of
 // ConvID up to and including AfterSeq.
