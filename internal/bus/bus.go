@@ -34,6 +34,10 @@ type Delivery struct {
 	// conversation and key supersedes an older one still waiting for its
 	// ack, which is then never re-sent.
 	CoalesceKey string
+	// Untracked marks a message push the gateway writes and forgets: no
+	// re-send, no acknowledgement expected (a large group's: its devices
+	// find what they missed by seq).
+	Untracked bool
 	// Kick, when set, asks the node to close a replaced session instead.
 	Kick *Kick
 	// Group, when set, addresses the delivery to the node's list of the

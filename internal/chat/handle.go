@@ -39,7 +39,17 @@ func (s *Service) handle(ctx context.Context, c Caller, f *protocol.Frame, reply
 	case protocol.TypeSend, protocol.TypeEdit, protocol.TypeRecall:
 		return nil, s.send(ctx, c, f, reply)
 	case protocol.TypeDelivered:
-		return s.okIfAsked(f, s.delivered(ctx, c, f.ConvID, f.Seq))
+		if len(f.Positions) == 0 {
+			return s.okIfAsked(f, s.delivered(ctx, c, f.ConvID, f.Seq))
+		}
+		// Every position is applied; the first failure is the answer.
+		var first *protocol.Error
+		for _, p := range f.Positions {
+			if err := s.delivered(ctx, c, p.ConvID, p.Seq); err != nil && first == nil {
+				first = err
+			}
+		}
+		return s.okIfAsked(f, first)
 	case protocol.TypeRead:
 		return s.okIfAsked(f, s.read(ctx, c, f.ConvID, f.Seq))
 	case protocol.TypeSync:

@@ -199,9 +199,9 @@ func (f *Fanout) FanOut(ctx context.Context, j Job) error {
 	rc := f.collectReached(j.Msg)
 	var pushed int
 	if lists, ok := f.groupLists(cv, tier); ok {
-		pushed, err = f.pushGroup(ctx, lists, j.Msg, rc)
+		pushed, err = f.pushGroup(ctx, lists, j.Msg, tier, rc)
 	} else {
-		pushed, err = f.pushMessage(ctx, recipients, j.Msg, rc)
+		pushed, err = f.pushMessage(ctx, recipients, j.Msg, tier, rc)
 	}
 	if err != nil {
 		return err

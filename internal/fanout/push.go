@@ -26,12 +26,27 @@ func (f *Fanout) Push(ctx context.Context, users []string, frame *protocol.Frame
 	return n
 }
 
-// pushMessage pushes stored message m to recipients; rc, if not nil,
-// collects the users whose node took it.
-func (f *Fanout) pushMessage(ctx context.Context, recipients []string, m store.Message, rc *reached) (int, error) {
+// pushMessage pushes stored message m of a conversation in tier to
+// recipients; rc, if not nil, collects the users whose node took it.
+func (f *Fanout) pushMessage(ctx context.Context, recipients []string, m store.Message, tier uint8, rc *reached) (int, error) {
 	wm := Wire(m)
-	return f.push(ctx, recipients, &protocol.Frame{Type: protocol.TypeMsg, Message: &wm},
-		delivery{conv: m.ConvID, seq: m.Seq, key: m.CoalesceKey, rc: rc})
+	ack := AckPolicy(tier)
+	return f.push(ctx, recipients, &protocol.Frame{Type: protocol.TypeMsg, Message: &wm, Ack: ack},
+		delivery{conv: m.ConvID, seq: m.Seq, key: m.CoalesceKey, untracked: ack == protocol.AckNone, rc: rc})
+}
+
+// AckPolicy is the acknowledgement policy of a push in tier (the msg
+// frame's ack): a large group's pushes are untracked (its devices fill
+// gaps by seq and sync: online push only), a medium group's
+// acknowledged in batches, the others promptly (delivered receipts).
+func AckPolicy(tier uint8) string {
+	switch tier {
+	case TierLarge:
+		return protocol.AckNone
+	case TierMedium:
+		return protocol.AckBatch
+	}
+	return ""
 }
 
 // delivery is what a push carries besides its frame: a message's
@@ -40,6 +55,7 @@ func (f *Fanout) pushMessage(ctx context.Context, recipients []string, m store.M
 type delivery struct {
 	conv, seq uint64
 	key       string
+	untracked bool
 	rc        *reached
 }
 
@@ -134,16 +150,17 @@ func (f *Fanout) groupLists(cv store.Conversation, tier uint8) (map[string]*Node
 // it does not hold it (bus.ErrStale: it restarted or evicted it). A node
 // that cannot take the delivery gets a compensation task with its users,
 // as any push.
-func (f *Fanout) pushGroup(ctx context.Context, lists map[string]*NodeList, m store.Message, rc *reached) (int, error) {
+func (f *Fanout) pushGroup(ctx context.Context, lists map[string]*NodeList, m store.Message, tier uint8, rc *reached) (int, error) {
 	if len(lists) == 0 {
 		return 0, nil
 	}
 	wm := Wire(m)
-	data, err := json.Marshal(&protocol.Frame{Type: protocol.TypeMsg, Message: &wm})
+	ack := AckPolicy(tier)
+	data, err := json.Marshal(&protocol.Frame{Type: protocol.TypeMsg, Message: &wm, Ack: ack})
 	if err != nil {
 		return 0, fmt.Errorf("encode push: %w", err)
 	}
-	d := delivery{conv: m.ConvID, seq: m.Seq, key: m.CoalesceKey, rc: rc}
+	d := delivery{conv: m.ConvID, seq: m.Seq, key: m.CoalesceKey, untracked: ack == protocol.AckNone, rc: rc}
 	var (
 		mu   sync.Mutex
 		wg   sync.WaitGroup
@@ -180,7 +197,7 @@ func (f *Fanout) publishGroup(ctx context.Context, node string, l *NodeList, dat
 	if !l.Sent.Load() {
 		g.Full, g.Members = true, l.Members
 	}
-	bd := bus.Delivery{Frame: data, ConvID: d.conv, Seq: d.seq, CoalesceKey: d.key, Group: g}
+	bd := bus.Delivery{Frame: data, ConvID: d.conv, Seq: d.seq, CoalesceKey: d.key, Untracked: d.untracked, Group: g}
 	err := f.bus.Publish(ctx, node, bd)
 	if errors.Is(err, bus.ErrStale) && !g.Full {
 		l.Sent.Store(false)
@@ -203,7 +220,7 @@ func (f *Fanout) publishGroup(ctx context.Context, node string, l *NodeList, dat
 
 // publish hands data to node for us and returns how many users it took.
 func (f *Fanout) publish(ctx context.Context, node string, us []string, data []byte, d delivery) (int, error) {
-	err := f.bus.Publish(ctx, node, bus.Delivery{Users: us, Frame: data, ConvID: d.conv, Seq: d.seq, CoalesceKey: d.key})
+	err := f.bus.Publish(ctx, node, bus.Delivery{Users: us, Frame: data, ConvID: d.conv, Seq: d.seq, CoalesceKey: d.key, Untracked: d.untracked})
 	if err == nil {
 		d.rc.add(us)
 		return len(us), nil

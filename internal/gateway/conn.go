@@ -366,7 +366,11 @@ func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Fram
 		g.obs.FrameIn(f.Type)
 	}
 	if f.Type == protocol.TypeDelivered {
-		s.ack(f.ConvID, f.Seq)
+		if len(f.Positions) == 0 {
+			s.ack(f.ConvID, f.Seq)
+		} else {
+			s.ackMany(f.Positions)
+		}
 	}
 	if perr := g.admitFrame(s, f); perr != nil {
 		if g.obs.Error != nil {

@@ -417,7 +417,7 @@ func (g *Gateway) deliver(d bus.Delivery) error {
 			return nil
 		}
 	}
-	m := &message{frame: newWireFrame(d.Frame), conv: d.ConvID, seq: d.Seq, key: d.CoalesceKey}
+	m := &message{frame: newWireFrame(d.Frame), conv: d.ConvID, seq: d.Seq, key: d.CoalesceKey, untracked: d.Untracked}
 	select {
 	case g.pushes <- queued{m: m, users: users}:
 	case <-g.ctx.Done():

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/parley-im/parley/protocol"
 )
 
 // recorder is a transport that keeps what was written, call by call.
@@ -159,4 +161,61 @@ func TestDispatcherKeepsDeliveryOrderPerConnection(t *testing.T) {
 
 func contextWithCancel() (context.Context, context.CancelFunc) {
 	return context.WithCancel(context.Background())
+}
+
+// TestUntrackedPushesAreWrittenNeverResent: a large group's pushes reach
+// the connection, alone or in a batch beside tracked ones, but only the
+// tracked ones wait for an ack and come back in a re-send.
+func TestUntrackedPushesAreWrittenNeverResent(t *testing.T) {
+	g := testGateway(t)
+	s, r := g.testSession("a")
+	big := func(seq uint64) queued {
+		q := msg(9, seq)
+		q.m.untracked = true
+		q.users = []string{"a"}
+		return q
+	}
+	small := msg(7, 1)
+	small.users = []string{"a"}
+	g.writeBatch([]queued{big(1)})
+	g.writeBatch([]queued{big(2), small, big(3)})
+	if got := fmt.Sprint(r.calls); got != `[[{"c":9,"s":1}] [{"c":9,"s":2} {"c":7,"s":1} {"c":9,"s":3}]]` {
+		t.Fatalf("writes: %s", got)
+	}
+	if n := len(s.mu.inflight); n != 1 || s.mu.inflight[0].m.conv != 7 {
+		t.Fatalf("tracked: %+v, want only conv 7's push", s.mu.inflight)
+	}
+	r.calls = nil
+	later := g.now().Add(time.Hour).UnixMilli()
+	s.retransmit(later, later)
+	if got := fmt.Sprint(r.calls); got != `[[{"c":7,"s":1}]]` {
+		t.Fatalf("re-sent: %s, want only the tracked push", got)
+	}
+}
+
+// TestDeliveredPositionsAckAcrossConversations: one delivered frame with
+// several positions acknowledges the tracked pushes of each conversation
+// up to its seq, and nothing beyond.
+func TestDeliveredPositionsAckAcrossConversations(t *testing.T) {
+	g := testGateway(t)
+	s, _ := g.testSession("a")
+	var batch []queued
+	for _, cs := range [][2]uint64{{1, 1}, {2, 1}, {1, 2}, {3, 5}, {2, 2}} {
+		q := msg(cs[0], cs[1])
+		q.users = []string{"a"}
+		batch = append(batch, q)
+	}
+	g.writeBatch(batch)
+	f, perr := protocol.DecodeClient([]byte(`{"type":"delivered","positions":[{"conv_id":"1","seq":2},{"conv_id":"2","seq":1},{"conv_id":"3","seq":4}]}`), protocol.DefaultLimits)
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	s.ackMany(f.Positions)
+	var left []string
+	for _, p := range s.mu.inflight {
+		left = append(left, fmt.Sprintf("%d/%d", p.m.conv, p.m.seq))
+	}
+	if got := fmt.Sprint(left); got != "[3/5 2/2]" {
+		t.Fatalf("still tracked: %s, want [3/5 2/2]", got)
+	}
 }

@@ -54,6 +54,9 @@ type message struct {
 	frame     *wireFrame
 	conv, seq uint64
 	key       string // coalesce key of a state update
+	// untracked: written and forgotten (a large group's push), never
+	// re-sent and never waiting for an ack.
+	untracked bool
 }
 
 // pending is a push waiting for the device's delivered ack.
@@ -69,16 +72,21 @@ type pending struct {
 const keepInflight = 8
 
 // push writes the frames of ms (one write when the transport can take
-// them together) and, for messages (seq ≠ 0), tracks each until acked.
+// them together) and, for tracked messages (seq ≠ 0), tracks each until
+// acked.
 // nowMS is the delivery's time, read once per batch; buf is scratch space
 // for concatenating frames, returned for reuse.
 func (s *session) push(ms []*message, nowMS int64, buf []byte) []byte {
 	if s.closed.Load() || !s.greeted.Load() {
 		return buf
 	}
+	if len(ms) == 1 && (ms[0].seq == 0 || ms[0].untracked) {
+		s.write(ms[0].frame)
+		return buf
+	}
 	s.mu.Lock()
 	for _, m := range ms {
-		if m.seq == 0 {
+		if m.seq == 0 || m.untracked {
 			continue
 		}
 		if m.key != "" {
@@ -128,6 +136,19 @@ func (s *session) supersedeLocked(conv, seq uint64, key string) {
 func (s *session) ack(conv, seq uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.ackLocked(conv, seq)
+}
+
+// ackMany drops the tracked pushes every position covers.
+func (s *session) ackMany(ps []protocol.Position) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range ps {
+		s.ackLocked(p.ConvID, p.Seq)
+	}
+}
+
+func (s *session) ackLocked(conv, seq uint64) {
 	if len(s.mu.inflight) == 0 {
 		return
 	}

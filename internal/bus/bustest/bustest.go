@@ -27,12 +27,12 @@ func Run(t *testing.T, open func(t *testing.T) bus.Bus) {
 			t.Fatal(err)
 		}
 		defer c2()
-		want := bus.Delivery{Users: []string{"a", "b"}, Frame: []byte(`{"type":"msg"}`), ConvID: 9, Seq: 3}
+		want := bus.Delivery{Users: []string{"a", "b"}, Frame: []byte(`{"type":"msg"}`), ConvID: 9, Seq: 3, Untracked: true}
 		if err := b.Publish(ctx, "n2", want); err != nil {
 			t.Fatal(err)
 		}
 		d := recv(t, got2)
-		if string(d.Frame) != string(want.Frame) || len(d.Users) != 2 || d.ConvID != 9 || d.Seq != 3 {
+		if string(d.Frame) != string(want.Frame) || len(d.Users) != 2 || d.ConvID != 9 || d.Seq != 3 || !d.Untracked {
 			t.Fatalf("got %+v, want %+v", d, want)
 		}
 		select {

@@ -10,7 +10,7 @@ import (
 
 // The envelope of a Delivery on the wire, all integers uvarint:
 //
-//	version(1|2) flags ConvID Seq {len CoalesceKey} len(Users) {len user}...
+//	version(1|2) flags(kick 1, kick code 2, group 4, group full 8, untracked 16) ConvID Seq {len CoalesceKey} len(Users) {len user}...
 //	[3×{len string} if kick] [code if kick code]
 //	[{len List} len(Members) {{len user} join_seq}... if group] Frame...
 //
@@ -26,6 +26,7 @@ const (
 	flagKickCode         = 2
 	flagGroup            = 4
 	flagGroupFull        = 8
+	flagUntracked        = 16
 )
 
 var errEnvelope = errors.New("bad envelope")
@@ -36,6 +37,9 @@ func encodeDelivery(d bus.Delivery) []byte {
 		n += binary.MaxVarintLen64 + len(u)
 	}
 	var flags byte
+	if d.Untracked {
+		flags |= flagUntracked
+	}
 	if d.Kick != nil {
 		flags |= flagKick
 		n += 4*binary.MaxVarintLen64 + len(d.Kick.User) + len(d.Kick.Device) + len(d.Kick.Session)
@@ -101,6 +105,7 @@ func decodeDelivery(b []byte) (bus.Delivery, error) {
 	if (flags&flagGroup != 0) != (b[0] == envelopeVersionGroup) {
 		return d, fmt.Errorf("%w: version %d with flags %d", errEnvelope, b[0], flags)
 	}
+	d.Untracked = flags&flagUntracked != 0
 	r := reader{b: b[2:]}
 	d.ConvID = r.uvarint()
 	d.Seq = r.uvarint()

@@ -16,11 +16,13 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 		{"push", bus.Delivery{Users: []string{"alice", "bob"}, Frame: []byte(`{"type":"msg","seq":3}`), ConvID: 1<<40 + 5, Seq: 300}},
 		{"receipt", bus.Delivery{Users: []string{"a"}, Frame: []byte(`{}`)}},
 		{"state update", bus.Delivery{Users: []string{"a"}, Frame: []byte(`{}`), ConvID: 4, CoalesceKey: "typing:alice"}},
+		{"untracked", bus.Delivery{Users: []string{"a"}, Frame: []byte(`{}`), ConvID: 4, Seq: 8, Untracked: true}},
 		{"kick", bus.Delivery{Kick: &bus.Kick{User: "u", Device: "d", Session: "n1-7"}}},
 		{"empty user name", bus.Delivery{Users: []string{""}, Frame: []byte("x")}},
 		{"group by list", bus.Delivery{Frame: []byte(`{}`), ConvID: 7, Seq: 9, Group: &bus.Group{List: "ab12.3"}}},
 		{"group with list", bus.Delivery{Frame: []byte(`{}`), ConvID: 7, Seq: 9, Group: &bus.Group{List: "ab12.4", Full: true,
 			Members: []bus.Member{{User: "alice", JoinSeq: 1}, {User: "bob", JoinSeq: 1 << 40}}}}},
+		{"group untracked", bus.Delivery{Frame: []byte(`{}`), ConvID: 7, Seq: 9, Untracked: true, Group: &bus.Group{List: "ab12.6"}}},
 		{"group emptied", bus.Delivery{Frame: []byte(`{}`), ConvID: 7, Seq: 9, Group: &bus.Group{List: "ab12.5", Full: true}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -87,7 +89,7 @@ func FuzzEnvelope(f *testing.F) {
 // TestEnvelopeKnowsEveryField trips when bus.Delivery grows a field the
 // envelope does not carry yet: it would be dropped silently between nodes.
 func TestEnvelopeKnowsEveryField(t *testing.T) {
-	known := []string{"Users", "Frame", "ConvID", "Seq", "CoalesceKey", "Kick", "Group"}
+	known := []string{"Users", "Frame", "ConvID", "Seq", "CoalesceKey", "Untracked", "Kick", "Group"}
 	typ := reflect.TypeOf(bus.Delivery{})
 	if typ.NumField() != len(known) {
 		t.Fatalf("bus.Delivery has %d fields, the envelope carries %v: extend encodeDelivery", typ.NumField(), known)

@@ -53,6 +53,8 @@ func ownerKey(user string, f *protocol.Frame) (uint64, bool) {
 		return store.DirectKey(user, f.Peer, f.E2E), true
 	case ownerWrites[f.Type] && f.ConvID != 0:
 		return f.ConvID, true
+	case f.Type == protocol.TypeDelivered && len(f.Positions) > 0:
+		return f.Positions[0].ConvID, true // one partition's (Remote.positions)
 	}
 	return 0, false
 }
@@ -94,8 +96,19 @@ func NewRemote(nc *natsio.Conn, ns string, timeout time.Duration, partitions int
 	return &Remote{nc: nc, ns: ns, timeout: timeout, partitions: partitions}
 }
 
-// Handle forwards f to one chat process and relays its single answer.
+// Handle forwards f to one chat process and relays its single answer. A
+// delivered of several positions goes to their partitions' owners, one
+// request per partition, and is answered once: the first error, or ok.
 func (r *Remote) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, reply func(*protocol.Frame)) {
+	if f.Type == protocol.TypeDelivered && len(f.Positions) > 0 {
+		r.positions(ctx, c, f, reply)
+		return
+	}
+	r.forward(ctx, c, f, reply)
+}
+
+// forward sends f to its chat process and relays the answer.
+func (r *Remote) forward(ctx context.Context, c chat.Caller, f *protocol.Frame, reply func(*protocol.Frame)) {
 	raw, err := json.Marshal(f)
 	if err != nil {
 		reply(chat.ErrorFrame(f.RID, protocol.Errorf(protocol.CodeInternal, "encode request")))
@@ -123,6 +136,39 @@ func (r *Remote) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, r
 		return
 	}
 	reply(&resp)
+}
+
+// positions sends a delivered frame's positions to their owners, grouped
+// by partition, and answers f once.
+func (r *Remote) positions(ctx context.Context, c chat.Caller, f *protocol.Frame, reply func(*protocol.Frame)) {
+	byPart := make(map[int][]protocol.Position, 1)
+	var order []int
+	for _, p := range f.Positions {
+		part := lease.Partition(p.ConvID, r.partitions)
+		if _, ok := byPart[part]; !ok {
+			order = append(order, part)
+		}
+		byPart[part] = append(byPart[part], p)
+	}
+	if len(order) == 1 {
+		r.forward(ctx, c, f, reply)
+		return
+	}
+	var first *protocol.Frame
+	for _, part := range order {
+		sub := &protocol.Frame{Type: protocol.TypeDelivered, RID: f.RID, Positions: byPart[part]}
+		r.forward(ctx, c, sub, func(resp *protocol.Frame) {
+			if resp.Type == protocol.TypeError && first == nil {
+				first = resp
+			}
+		})
+	}
+	switch {
+	case first != nil:
+		reply(first)
+	case f.RID != "":
+		reply(&protocol.Frame{Type: protocol.TypeOK, RID: f.RID})
+	}
 }
 
 // headerMoved marks the answer of a chat process that refused a write
