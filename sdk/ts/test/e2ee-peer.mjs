@@ -7,6 +7,8 @@
 import { createInterface } from "node:readline";
 import * as e from "../dist/e2ee/index.js";
 import { FileStore } from "../dist/e2ee/filestore.js";
+import { Client } from "../dist/index.js";
+import WebSocket from "ws";
 
 const devs = new Map();
 const b64 = (s) => (s === undefined || s === null ? undefined : e.fromBase64(s));
@@ -136,8 +138,80 @@ const ops = {
   },
 };
 
+// E2E chats on a real server: a Client, its Device and an E2EChat per
+// device name.
+const chats = new Map();
+const chat = (name) => {
+  const c = chats.get(name);
+  if (!c) throw new Error("no chat " + name);
+  return c;
+};
+Object.assign(ops, {
+  async chatStart(q) {
+    const { user, device } = address(q.dev);
+    const client = new Client({ url: q.url, token: q.token, device, WebSocket, minBackoffMs: 50, maxBackoffMs: 1000 });
+    const up = new Promise((res) => client.on("connected", res));
+    client.start();
+    await up;
+    const d = await e.Device.open(new e.MemoryStore(), { user, device });
+    if (q.accountKey) await d.importAccountKey(q.accountKey);
+    const c = new e.E2EChat(client, d);
+    chats.set(q.dev, { client, d, c });
+    return { identityKey: e.serializeKey(d.identityKey) };
+  },
+  async chatAccountKey(q) {
+    const { d } = chat(q.dev);
+    if (!(await d.accountKey())) await d.createAccountKey();
+    return { key: await d.exportAccountKey() };
+  },
+  async chatPublish(q) {
+    return chat(q.dev).c.publishKeys(q.n);
+  },
+  async chatSend(q) {
+    const { c } = chat(q.dev);
+    const ack = q.peer ? await c.sendDirect(q.conv, q.peer, q.text) : q.members ? await c.sendGroup(q.conv, q.members, q.text) : await c.send(q.conv, q.text);
+    return { seq: ack.seq };
+  },
+  // chatRead opens every message of the conversation's history in order.
+  async chatRead(q) {
+    const { client, c } = chat(q.dev);
+    const { messages } = await client.history(q.conv, { afterSeq: 0, limit: 200 });
+    const out = [];
+    for (const m of messages) {
+      try {
+        const o = await c.open(m);
+        out.push({ seq: m.seq, kind: o.kind, text: o.text ?? "", control: !!o.control, system: o.system?.event ?? "" });
+      } catch (err) {
+        out.push({ seq: m.seq, kind: m.kind, error: err.code ?? String(err.message) });
+      }
+    }
+    return { messages: out };
+  },
+  async chatOpen(q) {
+    try {
+      const o = await chat(q.dev).c.open(q.message);
+      return { text: o.text ?? "" };
+    } catch (err) {
+      return { error: err.code ?? String(err.message) };
+    }
+  },
+  async chatSafetyNumber(q) {
+    return { number: await chat(q.dev).c.safetyNumber(q.user) };
+  },
+  async chatStop(q) {
+    chat(q.dev).client.close();
+    chats.delete(q.dev);
+    return {};
+  },
+});
+
 const rl = createInterface({ input: process.stdin });
 let chain = Promise.resolve();
+rl.on("close", () => {
+  chain.then(() => {
+    for (const { client } of chats.values()) client.close();
+  });
+});
 rl.on("line", (line) => {
   chain = chain.then(async () => {
     let q;
