@@ -2,6 +2,7 @@ package e2ee
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -665,6 +666,47 @@ func TestTypeScriptInterop(t *testing.T) {
 		p.must(&sn, "safetyNumber", "", map[string]any{"localId": "bob", "localKey": bk.Bytes(), "remoteId": "alice", "remoteKey": ak1.Bytes()})
 		if want := SafetyNumber("alice", ak1, "bob", bk); sn.Number != want || len(want) != 60 {
 			t.Fatalf("safety number: ts %s, go %s", sn.Number, want)
+		}
+	})
+
+	t.Run("AttachmentsBothWays", func(t *testing.T) {
+		p.t = t
+		for _, n := range []int{0, 1, 541, 542, 70000} {
+			plain := bytes.Repeat([]byte{byte(n)}, n)
+			key := NewAttachmentKey()
+			// Go encrypts, TS decrypts.
+			var ct bytes.Buffer
+			digest, err := EncryptAttachment(&ct, bytes.NewReader(plain), int64(n), key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r struct {
+				Plain []byte `json:"plain"`
+			}
+			p.must(&r, "attachDecrypt", "", map[string]any{"data": ct.Bytes(), "key": key, "digest": digest, "size": n})
+			if !bytes.Equal(r.Plain, plain) {
+				t.Fatalf("size %d: ts decrypts %d bytes", n, len(r.Plain))
+			}
+			bad := bytes.Clone(ct.Bytes())
+			bad[len(bad)/2] ^= 1
+			err = p.call(nil, "attachDecrypt", "", map[string]any{"data": bad, "key": key, "digest": digest, "size": n})
+			wantCode(t, err, "attachment_digest")
+			// TS encrypts, Go decrypts; the size bucket is the same.
+			var enc struct {
+				Data   []byte `json:"data"`
+				Digest []byte `json:"digest"`
+			}
+			p.must(&enc, "attachEncrypt", "", map[string]any{"plain": plain, "key": key})
+			if int64(len(enc.Data)) != EncryptedSize(int64(n)) {
+				t.Fatalf("size %d: ts wrote %d bytes, go's bucket is %d", n, len(enc.Data), EncryptedSize(int64(n)))
+			}
+			var out bytes.Buffer
+			if err := DecryptAttachment(&out, bytes.NewReader(enc.Data), int64(len(enc.Data)), key, enc.Digest, int64(n)); err != nil {
+				t.Fatalf("size %d: go decrypts the TS attachment: %v", n, err)
+			}
+			if !bytes.Equal(out.Bytes(), plain) {
+				t.Fatalf("size %d: go decrypts other bytes", n)
+			}
 		}
 	})
 

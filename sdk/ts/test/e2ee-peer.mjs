@@ -133,6 +133,12 @@ const ops = {
   async verify(q) {
     return { ok: e.verify(key(q.pub), b64(q.msg), b64(q.sig)) };
   },
+  async attachEncrypt(q) {
+    return e.encryptAttachment(b64(q.plain), b64(q.key));
+  },
+  async attachDecrypt(q) {
+    return { plain: await e.decryptAttachment(b64(q.data), b64(q.key), b64(q.digest), q.size) };
+  },
   async safetyNumber(q) {
     return { number: e.safetyNumber(q.localId, key(q.localKey), q.remoteId, key(q.remoteKey)) };
   },

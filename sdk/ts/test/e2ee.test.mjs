@@ -9,6 +9,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as e from "../dist/e2ee/index.js";
 import { FileStore } from "../dist/e2ee/filestore.js";
+import { sha256 } from "@noble/hashes/sha2.js";
 
 const h = (s) => e.fromHex(s);
 
@@ -267,4 +268,22 @@ test("FileStore: 0600 files in a 0700 directory, locked, batches replayed after 
   const d2 = await e.Device.open(st2, { user: "u", device: "d" });
   assert.ok(e.equal(d2.identityKey, d.identityKey));
   await st2.close();
+});
+
+test("attachments: Signal's scheme — padding buckets, digest and MAC checked before decryption", async () => {
+  assert.equal(e.paddedSize(0), 541);
+  assert.equal(e.paddedSize(541), 541);
+  assert.ok(e.paddedSize(100000) >= 100000 && e.paddedSize(100000) < 105000);
+  for (const n of [0, 1, 15, 16, 541, 542, 5000]) {
+    const plain = e.randomBytes(n);
+    const key = e.newAttachmentKey();
+    const { data, digest } = await e.encryptAttachment(plain, key);
+    assert.equal(data.length, e.encryptedSize(n), "size " + n);
+    assert.deepEqual(await e.decryptAttachment(data, key, digest, n), plain);
+    const flipped = data.slice();
+    flipped[20] ^= 1;
+    await assert.rejects(e.decryptAttachment(flipped, key, digest, n), { code: "attachment_digest" });
+    await assert.rejects(e.decryptAttachment(flipped, key, sha256(flipped), n), { code: "attachment_mac" });
+    await assert.rejects(e.decryptAttachment(data, key, digest, data.length), { code: "attachment_format" });
+  }
 });

@@ -22,7 +22,10 @@ export type E2EECode =
   | "no_account"
   | "bad_certificate"
   | "verified_changed"
-  | "locked";
+  | "locked"
+  | "attachment_digest"
+  | "attachment_mac"
+  | "attachment_format";
 
 export class E2EEError extends Error {
   readonly code: E2EECode;

@@ -18,3 +18,4 @@ export * from "./ratchet.js";
 export * from "./store.js";
 export * from "./weblock.js";
 export * from "./chat.js";
+export * from "./attachment.js";
