@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -50,6 +51,10 @@ type Config struct {
 	// client with the environment's proxy and no overall timeout (a
 	// transfer is bounded by its context).
 	HTTPClient *http.Client
+	// TLSConfig configures wss:// connections (for example RootCAs for a
+	// private certificate authority) and, when HTTPClient is nil, the
+	// default one's HTTPS transfers. nil: the system's roots.
+	TLSConfig *tls.Config
 }
 
 // Defaults.
@@ -80,7 +85,13 @@ func (c Config) withDefaults() Config {
 		c.State = NewMemoryState()
 	}
 	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{Transport: http.DefaultTransport}
+		var rt http.RoundTripper = http.DefaultTransport
+		if t, ok := rt.(*http.Transport); ok && c.TLSConfig != nil {
+			t = t.Clone()
+			t.TLSClientConfig = c.TLSConfig.Clone()
+			rt = t
+		}
+		c.HTTPClient = &http.Client{Transport: rt}
 	}
 	return c
 }

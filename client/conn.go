@@ -94,7 +94,7 @@ func dialWith(ctx context.Context, cfg Config, base, token string) (*websocket.C
 	if err != nil {
 		return nil, nil, &dialError{err: fmt.Errorf("url: %w", err), permanent: true}
 	}
-	d := websocket.Dialer{HandshakeTimeout: cfg.RequestTimeout, Proxy: http.ProxyFromEnvironment}
+	d := websocket.Dialer{HandshakeTimeout: cfg.RequestTimeout, Proxy: http.ProxyFromEnvironment, TLSClientConfig: cfg.TLSConfig}
 	hdr := http.Header{"Authorization": {"Bearer " + token}}
 	ws, resp, err := d.DialContext(ctx, target, hdr)
 	if err != nil {

@@ -1,6 +1,8 @@
 // Package deploy holds what runs Parley outside the binary: the systemd
-// unit, the Prometheus alert rules and the Grafana dashboard. Its test
-// checks that the rules and the dashboard query only what a node exports.
+// unit, the Prometheus alert rules, the Grafana dashboard and the nginx
+// reverse-proxy example. Its tests
+// check that the rules and the dashboard query only what a node exports,
+// and run the proxy example in a real nginx in front of a node.
 package deploy
 
 import (

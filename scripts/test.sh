@@ -5,7 +5,8 @@ cd "$(dirname "$0")/.."
 
 # What the run covers depends on the machine: the engine suites run only
 # where PARLEY_TEST_* name running engines, the Autobahn cases only with
-# kosoku, the browser tests only with Chromium, the alert rules only with
+# kosoku, the browser tests only with Chromium, the proxy example only with
+# nginx, the alert rules only with
 # promtool. The summary at the end (and `scripts/test.sh --summary`, which
 # prints it and runs nothing) says which ran and which were skipped.
 steps=()    # "name: outcome" of each step, in order
@@ -28,6 +29,11 @@ coverage() {
 		echo "  ran      the browser tests (web/, real Chromium)"
 	else
 		echo "  SKIPPED  the browser tests: no Chromium (apt-get install chromium, or set PARLEY_CHROMIUM)"
+	fi
+	if command -v nginx >/dev/null 2>&1 || [[ -x /usr/sbin/nginx ]]; then
+		echo "  ran      the reverse-proxy example in a real nginx"
+	else
+		echo "  SKIPPED  the reverse-proxy example: no nginx (apt-get install nginx-light)"
 	fi
 	if command -v promtool >/dev/null 2>&1; then
 		echo "  ran      the alert rules' checks (promtool)"

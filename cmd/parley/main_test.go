@@ -206,4 +206,9 @@ func TestStartedLine(t *testing.T) {
 	if got := startedLine(cfg, "127.0.0.1:7482"); !strings.Contains(got, "ws://127.0.0.1:7482/v1/ws") {
 		t.Errorf("gateway only: %q", got)
 	}
+	cfg.Roles = config.RoleAll
+	cfg.TLS.CertFile, cfg.TLS.KeyFile = "cert.pem", "key.pem"
+	if got := startedLine(cfg, "127.0.0.1:7483"); !strings.Contains(got, "wss://127.0.0.1:7483/v1/ws") || !strings.Contains(got, "page on https://127.0.0.1:7483/") {
+		t.Errorf("tls: %q", got)
+	}
 }

@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/parley-im/parley/internal/config"
@@ -28,6 +30,11 @@ func runServe(ctx context.Context, args []string) error {
 	if cfg.UsesDevKey() {
 		log.Warn("using the development token key in the data directory; configure auth.hs256_key_file or auth.ed25519_public_key_file for production", "data_dir", cfg.DataDir)
 	}
+	// SIGHUP reads the TLS certificate and key again; it never stops the
+	// node. Registered before the node starts so an early one is not fatal.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	srv, err := server.Start(ctx, cfg, server.Deps{Logger: log})
 	if err != nil {
 		return err
@@ -36,7 +43,18 @@ func runServe(ctx context.Context, args []string) error {
 	if a := srv.AdminAddr(); a != "" {
 		fmt.Fprintf(os.Stderr, "parley: admin API on http://%s/v1/admin/\n", a)
 	}
-	<-ctx.Done()
+	for waiting := true; waiting; {
+		select {
+		case <-ctx.Done():
+			waiting = false
+		case <-hup:
+			if !srv.TLS() {
+				log.Info("SIGHUP: no tls.cert_file configured, nothing to reload")
+			} else if err := srv.ReloadTLS(); err != nil {
+				log.Error("SIGHUP: keeping the certificate served so far", "err", err)
+			}
+		}
+	}
 	log.Info("stopping: draining connections", "timeout", cfg.Gateway.DrainTimeout)
 	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Gateway.DrainTimeout+5*time.Second)
 	defer cancel()
@@ -48,14 +66,18 @@ func runServe(ctx context.Context, args []string) error {
 // gateway, and the web page's when it serves one; a chat-only node serves no clients, only /healthz, /readyz and
 // /metrics.
 func startedLine(cfg config.Config, addr string) string {
+	ws, web := "ws", "http"
+	if cfg.TLS.Enabled() {
+		ws, web = "wss", "https"
+	}
 	if cfg.RoleSet()[config.RoleGateway] {
-		line := fmt.Sprintf("parley: serving on ws://%s/v1/ws (node %s, data %s)", addr, cfg.NodeID, cfg.DataDir)
+		line := fmt.Sprintf("parley: serving on %s://%s/v1/ws (node %s, data %s)", ws, addr, cfg.NodeID, cfg.DataDir)
 		if cfg.Web.Page {
-			line += fmt.Sprintf("\nparley: web chat page on http://%s/", addr)
+			line += fmt.Sprintf("\nparley: web chat page on %s://%s/", web, addr)
 		}
 		return line
 	}
-	return fmt.Sprintf("parley: chat node %s up (no client endpoints); health and metrics on http://%s/healthz, /readyz, /metrics", cfg.NodeID, addr)
+	return fmt.Sprintf("parley: chat node %s up (no client endpoints); health and metrics on %s://%s/healthz, /readyz, /metrics", cfg.NodeID, web, addr)
 }
 
 // stdout receives help (a variable for tests).

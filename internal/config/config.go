@@ -73,6 +73,9 @@ const (
 type Config struct {
 	Listen  string `yaml:"listen" help:"address to listen on, host:port (port 0: any free port)"`
 	DataDir string `yaml:"data_dir" help:"directory of the embedded store, the ledger and the development token key"`
+	// TLS serves the listen address over HTTPS/WSS when both files are
+	// set (docs/deploy.md, "TLS").
+	TLS TLS `yaml:"tls"`
 	// NodeID names this node to its peers. Empty means derived from the
 	// host name and the listen port (see Load), which is stable across
 	// restarts as long as neither changes.
@@ -150,6 +153,18 @@ type Cluster struct {
 
 // Enabled reports whether any cluster engine is configured.
 func (c Cluster) Enabled() bool { return c.Redis != "" || c.NATS != "" || c.CassandraHosts != "" }
+
+// TLS names the certificate and key the node serves its listen address
+// with. Both empty: plain HTTP (TLS ends at a proxy in front). The files are
+// read at start and again on SIGHUP, so a renewed certificate is picked up
+// without a restart; connections already open keep the one they began with.
+type TLS struct {
+	CertFile string `yaml:"cert_file" help:"PEM certificate chain to serve HTTPS and WSS with (empty: plain HTTP); read again on SIGHUP"`
+	KeyFile  string `yaml:"key_file" help:"PEM private key of tls.cert_file; read again on SIGHUP"`
+}
+
+// Enabled reports whether the node serves TLS.
+func (t TLS) Enabled() bool { return t.CertFile != "" || t.KeyFile != "" }
 
 // Log configures the server's structured log.
 type Log struct {
@@ -483,6 +498,10 @@ func (c Config) Validate() error {
 		p.Add("listen", "port %q is not a number in 0-65535", port)
 	}
 	p.Check(c.DataDir != "", "data_dir", "must not be empty")
+	if c.TLS.Enabled() {
+		p.Check(c.TLS.CertFile != "", "tls.cert_file", "must be set with tls.key_file")
+		p.Check(c.TLS.KeyFile != "", "tls.key_file", "must be set with tls.cert_file")
+	}
 	p.Check(protocol.ValidID(c.NodeID), "node_id", "%q must be 1-64 bytes of [A-Za-z0-9._@-]", c.NodeID)
 	p.Check(c.NodeNumber >= -1 && c.NodeNumber <= snowflake.MaxNode, "node_number", "must be -1 or 0-%d, got %d", snowflake.MaxNode, c.NodeNumber)
 	c.validateRoles(&p)

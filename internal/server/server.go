@@ -15,6 +15,7 @@ package server
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -102,7 +103,8 @@ type Server struct {
 	ln       net.Listener
 	streamed []streamedRoute // routes whose bodies stream (stream.go)
 	engine   *nbhttp.Engine
-	std      *http.Server // instead of engine in race-detector builds
+	std      *http.Server // instead of engine in race-detector builds and with TLS
+	certs    *certSource  // the certificate served; nil: plain HTTP
 	reg      *prometheus.Registry
 	metrics  *metrics.Metrics
 	presence *presence.Tracker
@@ -152,8 +154,15 @@ func Start(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error
 	if err := cfg.Validate(); err != nil {
 		return nil, err // "config: ..."
 	}
-	// Bind before anything is written: a node that cannot listen leaves
-	// no development key or empty data directories behind.
+	// Read the certificate and bind before anything is written: a node
+	// that cannot serve leaves no development key or empty data
+	// directories behind.
+	var certs *certSource
+	if cfg.TLS.Enabled() {
+		if certs, err = newCertSource(cfg.TLS.CertFile, cfg.TLS.KeyFile); err != nil {
+			return nil, err
+		}
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("server: listen: %w", err)
@@ -163,7 +172,7 @@ func Start(ctx context.Context, cfg config.Config, d Deps) (_ *Server, err error
 		_ = ln.Close()
 		return nil, err
 	}
-	s.ln = ln
+	s.ln, s.certs = ln, certs
 	s.onClose(func() error { _ = ln.Close(); return nil })
 	setNBIOLogger(d.Logger)
 	s.bgCtx, s.bgCancel = context.WithCancel(context.Background())
@@ -746,6 +755,15 @@ func (s *Server) listen() error {
 	if s.gw != nil {
 		handler = s.gw.Track(handler)
 	}
+	if s.certs != nil {
+		// TLS runs on net/http and crypto/tls: a goroutine per connection
+		// (docs/deploy.md, "TLS", gives the cost); the event loop serves
+		// plain connections only.
+		s.std = gateway.StdServer(gcfg, handler)
+		s.std.TLSConfig = s.certs.config()
+		go func() { _ = s.std.Serve(tls.NewListener(ln, s.std.TLSConfig)) }()
+		return nil
+	}
 	if stdServer {
 		s.std = gateway.StdServer(gcfg, handler)
 		go func() { _ = s.std.Serve(ln) }()
@@ -856,6 +874,23 @@ func (s *Server) disconnect(ctx context.Context, user, device string) (int, erro
 
 // Addr is the address the node listens on.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// TLS reports whether the node serves HTTPS and WSS.
+func (s *Server) TLS() bool { return s.certs != nil }
+
+// ReloadTLS reads the certificate and key files again (serve calls it on
+// SIGHUP). New handshakes get the new certificate; on an error the node
+// keeps serving the one it had. Without TLS it does nothing.
+func (s *Server) ReloadTLS() error {
+	if s.certs == nil {
+		return nil
+	}
+	if err := s.certs.Reload(); err != nil {
+		return err
+	}
+	s.log.Info("tls certificate loaded", "cert_file", s.cfg.TLS.CertFile, "not_after", s.certs.NotAfter())
+	return nil
+}
 
 // Metrics exposes the node's collectors (for tests and benchmarks).
 func (s *Server) Metrics() *metrics.Metrics { return s.metrics }

@@ -22,8 +22,8 @@ import (
 // Server is a running test node.
 type Server struct {
 	*server.Server
-	URL     string // ws://127.0.0.1:PORT
-	HTTPURL string // http://127.0.0.1:PORT
+	URL     string // ws://127.0.0.1:PORT (wss:// with TLS)
+	HTTPURL string // http://127.0.0.1:PORT (https:// with TLS)
 	DataDir string
 	// AdminURL (http://127.0.0.1:PORT) and AdminKey are the server API's,
 	// with WithAdmin.
@@ -168,6 +168,9 @@ func start(su Setup) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{Server: srv, URL: "ws://" + srv.Addr(), HTTPURL: "http://" + srv.Addr(), DataDir: c.DataDir}
+	if srv.TLS() {
+		s.URL, s.HTTPURL = "wss://"+srv.Addr(), "https://"+srv.Addr()
+	}
 	// The key the node verifies with, as it resolved it.
 	if s.key, err = tokenKey(c); err != nil {
 		s.Close()
