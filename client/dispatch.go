@@ -10,9 +10,14 @@ import (
 )
 
 const (
-	// deliveredDelay coalesces delivered frames: at most one per
-	// conversation per burst of this length.
+	// deliveredDelay coalesces delivered acknowledgements of direct
+	// conversations and small groups (pushes without an ack policy): the
+	// sender's delivered receipt waits at most this long for them.
 	deliveredDelay = 100 * time.Millisecond
+	// batchDelay is how long acknowledgements of medium groups' pushes
+	// (ack "batch") may wait: one delivered frame with positions then
+	// covers every conversation handed over meanwhile.
+	batchDelay = time.Second
 	// dispatchRetry spaces retries of the dispatcher's own requests
 	// (history, conv_list, sync) after a retryable error without a hint.
 	dispatchRetry = time.Second
@@ -29,9 +34,12 @@ type dispatcher struct {
 	log *slog.Logger
 
 	conv   map[uint64]*convOrder
-	dirty  map[uint64]uint64 // delivered positions not yet acknowledged
+	dirty  map[uint64]uint64 // positions handed over, not yet saved and acknowledged
 	flushT *time.Timer
 	flushC <-chan time.Time // nil while no flush is armed
+	// flushAt is when the armed flush fires: a position due sooner (a
+	// direct conversation's behind a medium group's) brings it forward.
+	flushAt time.Time
 
 	syncLeft int                      // initial sync answers still expected
 	listing  bool                     // a conv_list is in flight
@@ -185,12 +193,35 @@ func (d *dispatcher) deliver(convID uint64, msgs []protocol.Message) bool {
 		}
 		d.c.setPosition(convID, m.Seq)
 		d.dirty[convID] = m.Seq
-		if d.flushC == nil {
-			d.flushT = time.NewTimer(deliveredDelay)
-			d.flushC = d.flushT.C
-		}
+	}
+	if len(msgs) > 0 {
+		d.armFlush(d.ackDelay(convID))
 	}
 	return true
+}
+
+// ackDelay is how soon what was handed over in convID is to be saved and
+// acknowledged, by the ack policy of its last push: promptly by default
+// (delivered receipts), within batchDelay for a medium group, and a large
+// group's (never acknowledged) is only saved, on the same slow timer.
+func (d *dispatcher) ackDelay(convID uint64) time.Duration {
+	if o := d.conv[convID]; o != nil && o.ack != "" {
+		return batchDelay
+	}
+	return deliveredDelay
+}
+
+// armFlush makes sure a flush fires within delay.
+func (d *dispatcher) armFlush(delay time.Duration) {
+	at := time.Now().Add(delay)
+	if d.flushC != nil {
+		if !at.Before(d.flushAt) {
+			return
+		}
+		d.flushT.Stop()
+	}
+	d.flushT = time.NewTimer(delay)
+	d.flushC, d.flushAt = d.flushT.C, at
 }
 
 func (d *dispatcher) saveDirty() {
@@ -209,15 +240,29 @@ func (d *dispatcher) saveDirty() {
 // flush persists and acknowledges everything handed over since the last
 // flush: the position is saved before the server is told, so the server
 // never believes this device has something its store does not record.
+// Every position goes in one delivered frame (several frames only past
+// max_sync_convs); a large group's (ack "none") is saved, never sent.
 func (d *dispatcher) flush() {
 	if d.flushT != nil {
 		d.flushT.Stop()
 	}
 	d.flushT, d.flushC = nil, nil
 	d.saveDirty()
+	var ps []protocol.Position
 	for convID, seq := range d.dirty {
-		d.cn.enqueue(protocol.Frame{Type: protocol.TypeDelivered, ConvID: convID, Seq: seq})
+		if o := d.conv[convID]; o == nil || o.ack != protocol.AckNone {
+			ps = append(ps, protocol.Position{ConvID: convID, Seq: seq})
+		}
 		delete(d.dirty, convID)
+	}
+	for len(ps) > 0 {
+		n := min(len(ps), d.cn.limits().MaxSyncConvs)
+		if n == 1 {
+			d.cn.enqueue(protocol.Frame{Type: protocol.TypeDelivered, ConvID: ps[0].ConvID, Seq: ps[0].Seq})
+		} else {
+			d.cn.enqueue(protocol.Frame{Type: protocol.TypeDelivered, Positions: ps[:n:n]})
+		}
+		ps = ps[n:]
 	}
 }
 
@@ -345,6 +390,7 @@ func (d *dispatcher) onPush(f *protocol.Frame) {
 	case protocol.TypeMsg:
 		m := *f.Message
 		o := d.order(m.ConvID)
+		o.ack = f.Ack
 		if o.known && m.Seq <= o.last {
 			d.log.Debug("client: push at or below the position dropped", "conv_id", m.ConvID, "seq", m.Seq, "position", o.last)
 		}

@@ -27,6 +27,9 @@ type convOrder struct {
 	// from one whose messages were stored after the page was read.
 	fetching   bool
 	fetchCover uint64
+	// ack is the acknowledgement policy of the conversation's last push
+	// (protocol.AckBatch, AckNone, or "": promptly).
+	ack string
 }
 
 func newConvOrder(last uint64, known bool) *convOrder {
