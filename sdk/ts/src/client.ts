@@ -1,7 +1,7 @@
 import { Backoff } from "./backoff.js";
 import type {
   ConvInfo, ConvSnapshot, ConvSummary, Hello, Message, PresenceState, SAck, SConv, SConvList, SError, SHistory,
-  SPresence, SReceipt, SSnapshot, ServerFrame, SyncConv,
+  Position, SPresence, SReceipt, SSnapshot, ServerFrame, SyncConv,
 } from "./frames.js";
 import { ConvOrder } from "./order.js";
 import { ParleyError, parleyError } from "./errors.js";
@@ -116,7 +116,14 @@ export function newClientMsgId(): string {
   return `${Date.now().toString(36)}-${Math.random().toString(36).slice(2)}`;
 }
 
+/** Acknowledgements of direct conversations and small groups (pushes
+ * without an ack policy) wait at most this long: delivered receipts. */
 const deliveredDelayMs = 100;
+/** Acknowledgements of medium groups' pushes (ack "batch") may wait this
+ * long: one delivered frame with positions then covers every conversation
+ * handed over meanwhile. A large group's (ack "none") are never sent; its
+ * positions are saved on the same slow timer. */
+const batchDelayMs = 1000;
 
 /**
  * Client keeps one connection to a Parley server alive and turns its push
@@ -153,6 +160,9 @@ export class Client {
   private positions: Record<string, number>;
   private dirty = new Map<string, number>();
   private flushTimer: ReturnType<typeof setTimeout> | null = null;
+  private flushAt = 0;
+  /** The ack policy of each conversation's last push ("batch", "none"). */
+  private ackPolicy = new Map<string, string>();
   private heartbeat: ReturnType<typeof setInterval> | null = null;
   private reconnectTimer: ReturnType<typeof setTimeout> | null = null;
   private waiters: Array<() => void> = [];
@@ -467,6 +477,8 @@ export class Client {
       case "msg": {
         const m = f.message;
         const o = this.order(m.conv_id);
+        if (f.ack) this.ackPolicy.set(m.conv_id, f.ack);
+        else this.ackPolicy.delete(m.conv_id);
         const ready = o.offer(m);
         if (!o.known) {
           void this.list();
@@ -494,18 +506,38 @@ export class Client {
       this.positions[convId] = m.seq;
       this.dirty.set(convId, m.seq);
     }
-    if (this.dirty.size > 0 && !this.flushTimer) this.flushTimer = setTimeout(() => this.flush(), deliveredDelayMs);
+    if (msgs.length > 0) this.armFlush(this.ackPolicy.has(convId) ? batchDelayMs : deliveredDelayMs);
   }
 
-  /** Saves positions, then acknowledges them with cumulative delivered frames. */
+  /** Makes sure a flush runs within delayMs. */
+  private armFlush(delayMs: number) {
+    const at = Date.now() + delayMs;
+    if (this.flushTimer) {
+      if (at >= this.flushAt) return;
+      clearTimeout(this.flushTimer);
+    }
+    this.flushAt = at;
+    this.flushTimer = setTimeout(() => this.flush(), delayMs);
+  }
+
+  /** Saves positions, then acknowledges them: one cumulative delivered
+   * frame for all (several only past max_sync_convs), a large group's left out. */
   private flush() {
     if (this.flushTimer) clearTimeout(this.flushTimer);
     this.flushTimer = null;
+    const ps: Position[] = [];
     for (const [convId, seq] of this.dirty) {
       this.o.positions.save(convId, seq);
-      if (this.t) this.t.send({ type: "delivered", conv_id: convId, seq });
+      if (this.ackPolicy.get(convId) !== "none") ps.push({ conv_id: convId, seq });
     }
     this.dirty.clear();
+    if (!this.t) return;
+    const max = this.hello?.limits.max_sync_convs ?? 1000;
+    for (let i = 0; i < ps.length; i += max) {
+      const chunk = ps.slice(i, i + max);
+      if (chunk.length === 1) this.t.send({ type: "delivered", conv_id: chunk[0].conv_id, seq: chunk[0].seq });
+      else this.t.send({ type: "delivered", positions: chunk });
+    }
   }
 
   private async syncAll(): Promise<void> {

@@ -40,7 +40,14 @@ export function newClientMsgId() {
         return c.randomUUID();
     return `${Date.now().toString(36)}-${Math.random().toString(36).slice(2)}`;
 }
+/** Acknowledgements of direct conversations and small groups (pushes
+ * without an ack policy) wait at most this long: delivered receipts. */
 const deliveredDelayMs = 100;
+/** Acknowledgements of medium groups' pushes (ack "batch") may wait this
+ * long: one delivered frame with positions then covers every conversation
+ * handed over meanwhile. A large group's (ack "none") are never sent; its
+ * positions are saved on the same slow timer. */
+const batchDelayMs = 1000;
 /**
  * Client keeps one connection to a Parley server alive and turns its push
  * stream into an ordered, gap-free, duplicate-free stream of events per
@@ -76,6 +83,9 @@ export class Client {
     positions;
     dirty = new Map();
     flushTimer = null;
+    flushAt = 0;
+    /** The ack policy of each conversation's last push ("batch", "none"). */
+    ackPolicy = new Map();
     heartbeat = null;
     reconnectTimer = null;
     waiters = [];
@@ -409,6 +419,10 @@ export class Client {
             case "msg": {
                 const m = f.message;
                 const o = this.order(m.conv_id);
+                if (f.ack)
+                    this.ackPolicy.set(m.conv_id, f.ack);
+                else
+                    this.ackPolicy.delete(m.conv_id);
                 const ready = o.offer(m);
                 if (!o.known) {
                     void this.list();
@@ -434,20 +448,43 @@ export class Client {
             this.positions[convId] = m.seq;
             this.dirty.set(convId, m.seq);
         }
-        if (this.dirty.size > 0 && !this.flushTimer)
-            this.flushTimer = setTimeout(() => this.flush(), deliveredDelayMs);
+        if (msgs.length > 0)
+            this.armFlush(this.ackPolicy.has(convId) ? batchDelayMs : deliveredDelayMs);
     }
-    /** Saves positions, then acknowledges them with cumulative delivered frames. */
+    /** Makes sure a flush runs within delayMs. */
+    armFlush(delayMs) {
+        const at = Date.now() + delayMs;
+        if (this.flushTimer) {
+            if (at >= this.flushAt)
+                return;
+            clearTimeout(this.flushTimer);
+        }
+        this.flushAt = at;
+        this.flushTimer = setTimeout(() => this.flush(), delayMs);
+    }
+    /** Saves positions, then acknowledges them: one cumulative delivered
+     * frame for all (several only past max_sync_convs), a large group's left out. */
     flush() {
         if (this.flushTimer)
             clearTimeout(this.flushTimer);
         this.flushTimer = null;
+        const ps = [];
         for (const [convId, seq] of this.dirty) {
             this.o.positions.save(convId, seq);
-            if (this.t)
-                this.t.send({ type: "delivered", conv_id: convId, seq });
+            if (this.ackPolicy.get(convId) !== "none")
+                ps.push({ conv_id: convId, seq });
         }
         this.dirty.clear();
+        if (!this.t)
+            return;
+        const max = this.hello?.limits.max_sync_convs ?? 1000;
+        for (let i = 0; i < ps.length; i += max) {
+            const chunk = ps.slice(i, i + max);
+            if (chunk.length === 1)
+                this.t.send({ type: "delivered", conv_id: chunk[0].conv_id, seq: chunk[0].seq });
+            else
+                this.t.send({ type: "delivered", positions: chunk });
+        }
     }
     async syncAll() {
         const convs = Object.entries(this.positions).map(([conv_id, after_seq]) => ({ conv_id, after_seq }));
