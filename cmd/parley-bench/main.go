@@ -200,7 +200,8 @@ func runBenchFanout(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Messages, "messages", cfg.Messages, "messages sent per scenario")
 	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "messages per second; 0 sends each after the previous ACK")
 	fs.IntVar(&cfg.BodyBytes, "body-bytes", cfg.BodyBytes, "message body size")
-	fs.DurationVar(&cfg.AckEvery, "ack-every", cfg.AckEvery, "each member connection's cumulative delivered cadence; 0 acks every push")
+	fs.DurationVar(&cfg.AckEvery, "ack-every", cfg.AckEvery, "each member connection's cumulative delivered cadence (with -ack-by push: of the pushes asking for batched acks); 0 acks every push")
+	ackBy := fs.String("ack-by", "push", "push: acknowledge as each push's ack field asks, as the SDKs do; timer: every push on the -ack-every cadence")
 	procs := fs.Int("procs", 3, fmt.Sprintf("client processes of the delivery scenario (each holds at most %d)", bench.MaxConnsPerClient))
 	members := fs.Int("delivery-members", 10000, "members of the delivery scenario's group, all online")
 	only := fs.String("only", "", "comma-separated scenario names to run (default: all)")
@@ -218,6 +219,11 @@ func runBenchFanout(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	byPush, err := parseAckBy(*ackBy)
+	if err != nil {
+		return fmt.Errorf("fanout: %w", err)
+	}
+	cfg.AckByPush = byPush
 	target, err := cluster()
 	if err != nil {
 		return fmt.Errorf("fanout: %w", err)
@@ -256,7 +262,7 @@ func runBenchFanout(ctx context.Context, args []string) error {
 		return []string{fanoutClientCmd,
 			"-addr", c.Addr, "-data-dir", c.DataDir, "-local-ip", c.LocalIP, "-prefix", c.Prefix,
 			"-from", strconv.Itoa(c.From), "-to", strconv.Itoa(c.To), "-device", c.Device,
-			"-concurrency", strconv.Itoa(c.Concurrency), "-ack-every", c.AckEvery.String()}
+			"-concurrency", strconv.Itoa(c.Concurrency), "-ack-every", c.AckEvery.String(), "-ack-by", ackByString(c.AckByPush)}
 	}
 	if target != nil {
 		_, err = bench.RunClusterFanout(ctx, *target, cfg)
@@ -324,7 +330,12 @@ func runBenchFanoutClient(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Device, "device", cfg.Device, "device id of every connection")
 	fs.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "handshakes in flight")
 	fs.DurationVar(&cfg.AckEvery, "ack-every", cfg.AckEvery, "cumulative delivered cadence; 0 acks every push")
+	ackBy := fs.String("ack-by", "push", "push or timer (see fanout)")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var err error
+	if cfg.AckByPush, err = parseAckBy(*ackBy); err != nil {
 		return err
 	}
 	cfg.Logger = benchLogger().With("client", fmt.Sprintf("%s%d-%d", cfg.Prefix, cfg.From, cfg.To))
@@ -353,4 +364,22 @@ func runBenchStormClient(ctx context.Context, args []string) error {
 	cfg.URLs, cfg.Key = t.URLs, t.Key
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("client", fmt.Sprintf("%s%d-%d", cfg.Prefix, cfg.From, cfg.To))
 	return bench.RunStormClient(ctx, cfg, os.Stdin, os.Stdout)
+}
+
+// parseAckBy reads -ack-by: push (true) or timer.
+func parseAckBy(s string) (bool, error) {
+	switch s {
+	case "push":
+		return true, nil
+	case "timer":
+		return false, nil
+	}
+	return false, fmt.Errorf("-ack-by must be push or timer, got %q", s)
+}
+
+func ackByString(byPush bool) string {
+	if byPush {
+		return "push"
+	}
+	return "timer"
 }

@@ -223,8 +223,8 @@ func RunClusterFanout(ctx context.Context, t ClusterTarget, cfg FanoutConfig) (r
 		httpc: &http.Client{Timeout: 10 * time.Second}, metricsURL: sum.url(),
 		run: strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36),
 	}
-	fmt.Fprintf(cfg.Out, "cluster: gateways %v, chat processes %v; %d messages per scenario at %s, %d-byte bodies, clients ack every %v\n",
-		t.Gateways, t.Chats, cfg.Messages, rateString(cfg.Rate), cfg.BodyBytes, cfg.AckEvery)
+	fmt.Fprintf(cfg.Out, "cluster: gateways %v, chat processes %v; %d messages per scenario at %s, %d-byte bodies, clients ack %s\n",
+		t.Gateways, t.Chats, cfg.Messages, rateString(cfg.Rate), cfg.BodyBytes, ackString(cfg.AckByPush, cfg.AckEvery))
 	var errs []error
 	for i, s := range cfg.Scenarios {
 		res, err := r.scenario(ctx, i, s)

@@ -84,8 +84,10 @@ type FanoutConfig struct {
 	// measured rather than a backlog; 0 sends each after the previous ACK.
 	Rate      float64
 	BodyBytes int
-	// AckEvery is the client processes' delivered cadence.
-	AckEvery time.Duration
+	// AckEvery is the client processes' delivered cadence; with AckByPush
+	// (FanoutClientConfig) that of the pushes that ask for batched acks.
+	AckEvery  time.Duration
+	AckByPush bool
 	// Chunk is the member ids per create_group / add_members frame; frames
 	// are limited to 64 KiB.
 	Chunk int
@@ -114,7 +116,7 @@ type FanoutConfig struct {
 func DefaultFanoutConfig() FanoutConfig {
 	return FanoutConfig{
 		Scenarios: DefaultFanoutScenarios(10000, 3),
-		Messages:  50, Rate: 5, BodyBytes: 100, AckEvery: time.Second, Chunk: 2000, CreateMembers: -1,
+		Messages:  50, Rate: 5, BodyBytes: 100, AckEvery: time.Second, AckByPush: true, Chunk: 2000, CreateMembers: -1,
 		DeliveryWait: 20 * time.Second, Timeout: 20 * time.Minute,
 		Out: os.Stdout, Stderr: os.Stderr, Logger: slog.Default(),
 	}
@@ -328,8 +330,8 @@ func RunFanout(ctx context.Context, cfg FanoutConfig) (results []FanoutResult, e
 		run:       strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36),
 		serverPID: serverPID, pprofAddr: pprofAddr,
 	}
-	fmt.Fprintf(cfg.Out, "server %s; %d messages per scenario at %s, %d-byte bodies, clients ack every %v\n",
-		addr, cfg.Messages, rateString(cfg.Rate), cfg.BodyBytes, cfg.AckEvery)
+	fmt.Fprintf(cfg.Out, "server %s; %d messages per scenario at %s, %d-byte bodies, clients ack %s\n",
+		addr, cfg.Messages, rateString(cfg.Rate), cfg.BodyBytes, ackString(cfg.AckByPush, cfg.AckEvery))
 	var errs []error
 	for i, s := range cfg.Scenarios {
 		res, err := r.scenario(ctx, i, s)
@@ -451,7 +453,7 @@ func (r *fanoutRun) scenario(ctx context.Context, idx int, s FanoutScenario) (re
 		cc := DefaultFanoutClientConfig()
 		cc.Addr, cc.DataDir, cc.Prefix, cc.From, cc.To = r.addr, r.dir, prefix, part[0], part[1]
 		cc.LocalIP = fmt.Sprintf("127.0.0.%d", 30+r.sources%200)
-		cc.AckEvery = r.cfg.AckEvery
+		cc.AckEvery, cc.AckByPush = r.cfg.AckEvery, r.cfg.AckByPush
 		r.sources++
 		p, err := r.cfg.startClient(fmt.Sprintf("%s client %d", s.Name, k), cc)
 		if err != nil {
@@ -999,4 +1001,15 @@ func (c *rpcConn) sendAll(ctx context.Context, conv uint64, prefix string, n int
 		}
 	}
 	return seqs, errs, nil
+}
+
+// ackString describes the clients' acknowledgements.
+func ackString(byPush bool, every time.Duration) string {
+	if byPush {
+		return fmt.Sprintf("as each push asks (none: never; batch: every %v; else at once)", every)
+	}
+	if every == 0 {
+		return "every push"
+	}
+	return fmt.Sprintf("every %v", every)
 }

@@ -32,12 +32,17 @@ type FanoutClientConfig struct {
 	// covering what it has received; 0 acknowledges each push at once.
 	// It must stay well below the node's re-send delay (5 s by default).
 	AckEvery time.Duration
-	Logger   *slog.Logger
+	// AckByPush follows each push's ack field as the SDKs do: a large
+	// group's (none) is never acknowledged, a medium group's (batch) on
+	// the AckEvery cadence, others at once. Without it every push is
+	// acknowledged on the AckEvery cadence.
+	AckByPush bool
+	Logger    *slog.Logger
 }
 
 // DefaultFanoutClientConfig returns the defaults of the optional fields.
 func DefaultFanoutClientConfig() FanoutClientConfig {
-	return FanoutClientConfig{Device: "d1", Concurrency: 32, AckEvery: time.Second, Logger: slog.Default()}
+	return FanoutClientConfig{Device: "d1", Concurrency: 32, AckEvery: time.Second, AckByPush: true, Logger: slog.Default()}
 }
 
 // Validate reports a configuration the client cannot run with.

@@ -450,16 +450,18 @@ func (lc *loopClient) read(c *loopConn, buf []byte, batch *recBatch) bool {
 				continue
 			}
 			advanced := batch.push(&c.seqs, p)
-			if advanced {
-				if lc.cfg.AckEvery == 0 {
-					// A delivered per push, as a client that acks each
-					// message it shows; the frames of one read go out in
-					// one write.
-					c.out = lc.appendDelivered(c.out, p.Conv, c.seqs.contig)
-					acked = true
-				} else {
-					c.pendConv, c.pendSeq = p.Conv, c.seqs.contig
-				}
+			switch {
+			case !advanced:
+			case lc.cfg.AckByPush && p.Ack == protocol.AckNone:
+				// Untracked (a large group's): never acknowledged.
+			case lc.cfg.AckEvery == 0 || lc.cfg.AckByPush && p.Ack == "":
+				// A delivered per push, as a client that acks each
+				// message it shows; the frames of one read go out in
+				// one write.
+				c.out = lc.appendDelivered(c.out, p.Conv, c.seqs.contig)
+				acked = true
+			default:
+				c.pendConv, c.pendSeq = p.Conv, c.seqs.contig
 			}
 		}
 	}

@@ -3,6 +3,8 @@ package bench
 import (
 	"bytes"
 	"math"
+
+	"github.com/parley-im/parley/protocol"
 )
 
 // pushInfo is what the fan-out client reads of a push: enough to check
@@ -14,6 +16,9 @@ type pushInfo struct {
 	// Stamp is the body's first stampLen bytes when they are all digits
 	// (the send time of a benchmark message), else empty.
 	Stamp []byte
+	// Ack is the frame's acknowledgement policy (protocol.AckBatch,
+	// AckNone, or empty: promptly).
+	Ack string
 }
 
 // parsePush reads a server frame's JSON payload. It reports isMsg=false
@@ -35,7 +40,7 @@ func parsePush(data []byte) (p pushInfo, isMsg, ok bool) {
 	sc.ws()
 	var typ []byte
 	var msgStart, msgEnd = -1, -1
-	var seenType, seenMsg bool
+	var seenType, seenMsg, seenAck bool
 	if !sc.object(func(key []byte) bool {
 		switch {
 		case string(key) == "type":
@@ -57,7 +62,23 @@ func parsePush(data []byte) (p pushInfo, isMsg, ok bool) {
 			}
 			msgEnd = sc.i
 			return true
-		case bytes.EqualFold(key, []byte("type")), bytes.EqualFold(key, []byte("message")):
+		case string(key) == "ack":
+			if seenAck {
+				return false
+			}
+			seenAck = true
+			s, ok := sc.plainString()
+			switch string(s) { // constants: no allocation
+			case protocol.AckBatch:
+				p.Ack = protocol.AckBatch
+			case protocol.AckNone:
+				p.Ack = protocol.AckNone
+			case "":
+			default:
+				return false
+			}
+			return ok
+		case bytes.EqualFold(key, []byte("type")), bytes.EqualFold(key, []byte("message")), bytes.EqualFold(key, []byte("ack")):
 			return false
 		}
 		return sc.value()

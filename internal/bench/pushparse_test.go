@@ -15,6 +15,8 @@ func pushFrames() [][]byte {
 			Body: stampBody(time.Unix(1_700_000_000, 5), 100), ServerTime: 1_700_000_000_000, Mentions: []string{"a", "b"}, MentionAll: true}},
 		{Type: protocol.TypeMsg, Message: &protocol.Message{ConvID: 3, Seq: 1, Kind: protocol.KindSystem, Body: `{"event":"join","x":[1,2.5e3,null,true]}`, ServerTime: -5}},
 		{Type: protocol.TypeMsg, Message: &protocol.Message{ConvID: 3, Seq: 7, Kind: protocol.KindText, Body: "\\u00e9\u00e9 short"}},
+		{Type: protocol.TypeMsg, Ack: protocol.AckNone, Message: &protocol.Message{ConvID: 4, Seq: 2, Kind: protocol.KindText, Body: "x"}},
+		{Type: protocol.TypeMsg, Ack: protocol.AckBatch, Message: &protocol.Message{ConvID: 4, Seq: 3, Kind: protocol.KindText, Body: "y"}},
 		{Type: protocol.TypePong},
 		{Type: protocol.TypeReceipt, ConvID: 5, Seq: 6},
 	} {
@@ -60,6 +62,7 @@ func checkPushAgainstJSON(t *testing.T, data []byte, p pushInfo, isMsg bool) {
 	// The fields parsePush reads, typed as in protocol.Frame.
 	var f struct {
 		Type    string `json:"type"`
+		Ack     string `json:"ack"`
 		Message *struct {
 			ConvID     uint64 `json:"conv_id,string"`
 			Seq        uint64 `json:"seq"`
@@ -76,6 +79,9 @@ func checkPushAgainstJSON(t *testing.T, data []byte, p pushInfo, isMsg bool) {
 	}
 	if f.Message == nil {
 		t.Fatalf("%q: accepted a msg without message", data)
+	}
+	if p.Ack != f.Ack {
+		t.Fatalf("%q: ack %q, encoding/json %q", data, p.Ack, f.Ack)
 	}
 	m := f.Message
 	if p.Conv != m.ConvID || p.Seq != m.Seq || p.Text != (m.Kind == protocol.KindText) || p.ServerTime != m.ServerTime {
