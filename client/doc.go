@@ -95,8 +95,10 @@
 // read position, which the user's own sends move, or just before the first
 // message pushed if that is lower). After the
 // application has taken messages the client records their seq in the
-// StateStore and acknowledges them with a cumulative delivered frame, at most
-// one per conversation per ~100ms.
+// StateStore and acknowledges them as each push's ack policy says: within
+// ~100ms for direct conversations and small groups, within ~1s for medium
+// groups (ack "batch"), never for large ones (ack "none": their gaps are
+// filled by seq); every position due goes in one delivered frame.
 //
 // # Events and slow applications
 //
