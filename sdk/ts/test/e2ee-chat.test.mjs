@@ -36,7 +36,7 @@ async function opened(m, conv, n) {
       if (seen.has(msg.seq)) continue;
       seen.add(msg.seq);
       const o = await m.chat.open(msg);
-      if (!o.control) out.push(o);
+      if (!o.control && !o.system) out.push(o);
     }
     if (out.length >= n) return out;
     await new Promise((r) => setTimeout(r, 50));
@@ -108,19 +108,54 @@ test("group: sender keys, a member removed cannot read what follows, a FileStore
   await g1.c.removeMembers(conv.conv_id, ["gc"]);
   await g1.c.log.waitFor((ev) => ev.some((x) => x.kind === "message" && x.message.kind === "system"), "member_removed");
   await g2.c.log.waitFor((ev) => ev.some((x) => x.kind === "message" && x.message.kind === "system"), "member_removed");
-  await opened(g1, conv.conv_id, 3);
-  await opened(g2, conv.conv_id, 3);
+  // Opening the event (opened opens every message) rotates the keys.
+  await opened(g1, conv.conv_id, 2);
+  await opened(g2, conv.conv_id, 2);
   // g1's device is reopened from its files (a reload): sessions and keys survive.
   await g1.d.store.close();
   const g1b = { ...g1, d: await e.Device.open(await FileStore.open(dir), { user: "ga", device: "web" }) };
   g1b.chat = new e.E2EChat(g1.c, g1b.d);
   assert.ok(e.equal(g1b.d.identityKey, g1.d.identityKey));
   await g1b.chat.sendGroup(conv.conv_id, ["gb"], "after removal");
-  const b = await opened(g2, conv.conv_id, 4);
+  const b = await opened(g2, conv.conv_id, 3);
   assert.equal(b.at(-1).text, "after removal");
   // gc still gets what the server pushes it? It is no member: no push; and
   // the ciphertext is under a key gc never received.
   const last = g2.c.log.messages(conv.conv_id).at(-1);
   await assert.rejects(g3.chat.open(last), (err) => err.code === "no_sender_key" || err.code === "not_for_device");
   await g1b.d.store.close();
+});
+
+test("maintain: the signed prekey and last-resort KEM key rotate on schedule; first messages on the old ones open within the grace period", async () => {
+  const r1 = await member("ra", "web");
+  const r2 = await member("rb", "web");
+  await r1.chat.publishKeys(0); // no one-time keys: bundles hand out the signed and last-resort keys
+  await r2.chat.publishKeys(0);
+  let now = Date.now();
+  r1.d.now = () => now;
+  const before = await r1.d.publicKeys();
+  await r1.chat.maintain(); // nothing due yet
+  assert.equal((await r1.d.publicKeys()).signedPreKey.id, before.signedPreKey.id);
+  const conv = await r2.c.openDirect("ra", { e2e: true });
+  // A session started on the old keys, its first message sent after the rotation.
+  await r2.chat.devices("ra", true);
+  const stale = await r2.chat.sendDirect(conv.conv_id, "ra", "on the old keys");
+  now += e.DEFAULT_ROTATION.everyMs + 1000;
+  await r1.chat.maintain();
+  const after = await r1.d.publicKeys();
+  assert.notEqual(after.signedPreKey.id, before.signedPreKey.id);
+  assert.notEqual(after.lastResortKEM.id, before.lastResortKEM.id);
+  const got = await opened(r1, conv.conv_id, 1);
+  assert.equal(got.find((o) => o.seq === stale.seq).text, "on the old keys");
+  // A new device of rb gets the new keys from the server.
+  const r3 = await member("rb", "tablet");
+  await r3.d.importAccountKey(await r2.d.exportAccountKey());
+  await r3.chat.publishKeys(0);
+  await r3.chat.sendDirect(conv.conv_id, "ra", "on the new keys");
+  assert.ok((await opened(r1, conv.conv_id, 2)).some((o) => o.text === "on the new keys"));
+  // After the grace period the old keys are gone.
+  now += e.DEFAULT_ROTATION.graceMs + 1000;
+  await r1.chat.maintain();
+  assert.equal(await r1.d.store.load("signed/" + before.signedPreKey.id), null);
+  assert.equal(await r1.d.store.load("kem/" + before.lastResortKEM.id), null);
 });

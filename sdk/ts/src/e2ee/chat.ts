@@ -15,8 +15,7 @@
 // Not here yet: the key transparency checks client/e2eechat makes on
 // every device list and bundle (the TypeScript SDK does not verify the
 // log's proofs; it relies on the account key's certificates, trusted on
-// first use, and on safety numbers), Maintain's key rotation schedule and
-// files.
+// first use, and on safety numbers) and files.
 
 import type { Ack, Client } from "../client.js";
 import type { ConvInfo, DeviceKeyInfo, KeyBundle, Message, SBundles, SConv, SDevices, SKeys } from "../frames.js";
@@ -34,6 +33,11 @@ import { sha256 } from "@noble/hashes/sha2.js";
 const MAX_UPLOAD_PREKEYS = 20; // per kind and keys_upload (the KEM bound)
 const MAX_ENVELOPE_TO = 200;
 const ENVELOPE_BUDGET = 12 << 10;
+const ROTATE_PENDING = "rotate/pending";
+
+// Signal's schedule (client/e2eechat.DefaultRotation): the signed prekey
+// and the last-resort KEM key every two days, replaced ones kept 30 days.
+export const DEFAULT_ROTATION = { everyMs: 48 * 3600_000, graceMs: 30 * 24 * 3600_000 };
 
 // Errors of open, by code (client/e2eechat's of the same meaning).
 export class ChatError extends Error {
@@ -157,6 +161,39 @@ export class E2EChat {
       if (pre.length === 0 && kem.length === 0) return r.counts;
       batch = {};
     }
+  }
+
+  // maintain keeps the published keys fresh, as client/e2eechat's
+  // Maintain: the signed prekey and the last-resort KEM key are replaced
+  // once older than rotation.everyMs and uploaded (a mark stored first,
+  // so a failed upload is retried by the next call), then the keys
+  // replaced more than rotation.graceMs ago are deleted. Call it at start
+  // and then hourly.
+  async maintain(rotation: { everyMs: number; graceMs: number } = DEFAULT_ROTATION): Promise<void> {
+    const due = await this.device.rotationDue(rotation.everyMs);
+    let pending = await this.store.load(ROTATE_PENDING);
+    if (due.signed || due.lastResort) {
+      await this.store.batch([{ key: ROTATE_PENDING, value: Uint8Array.of(1) }]);
+      pending = Uint8Array.of(1);
+      if (due.signed) await this.device.rotateSignedPreKey();
+      if (due.lastResort) await this.device.rotateLastResortKEM();
+    }
+    if (pending) {
+      const up = await this.device.publicKeys();
+      if (!up.signedPreKey || !up.lastResortKEM) throw fail("invalid_prekey", "unknown prekey id: no signed prekey or last-resort KEM key yet");
+      await this.client.request(
+        {
+          type: "keys_upload",
+          keys: {
+            signed_prekey: { id: up.signedPreKey.id, key: toBase64(serializeKey(up.signedPreKey.key)), sig: toBase64(up.signedPreKey.sig) },
+            last_resort_kem: { id: up.lastResortKEM.id, key: toBase64(up.lastResortKEM.key), sig: toBase64(up.lastResortKEM.sig) },
+          },
+        },
+        true,
+      );
+      await this.store.batch([{ key: ROTATE_PENDING, value: null }]);
+    }
+    await this.device.pruneRetiredKeys(rotation.graceMs);
   }
 
   // devices: the devices of user with keys that the account key this
