@@ -27,6 +27,8 @@ commands:
   token    mint a token for a user with the server's HS256 key
   keygen   make an HS256 key or an Ed25519 key pair for tokens
   migrate  create or upgrade the Cassandra schema of cluster mode
+  backup   write a consistent archive of a running embedded node's data
+  restore  unpack a backup archive into a new data directory
   kt       kt audit: verify a server's key transparency log from outside
   version  print the version, commit and Go release of this build
 
@@ -63,6 +65,10 @@ func run(ctx context.Context, args []string) error {
 		return runKeygen(rest, os.Stdout)
 	case "migrate":
 		return runMigrate(ctx, rest, os.Stdout)
+	case "backup":
+		return runBackup(ctx, rest, os.Stderr)
+	case "restore":
+		return runRestore(rest, os.Stderr)
 	case "kt":
 		return runKT(ctx, rest, stdout)
 	case "version":

@@ -79,9 +79,13 @@ type Deps struct {
 	// gateway, with protocol.CloseDisconnected, and reports how many it
 	// found.
 	Disconnect func(ctx context.Context, user, device string) (int, error)
-	Limits     protocol.Limits
-	Logger     *slog.Logger
-	Now        func() time.Time
+	// Backup writes an archive of the node's data to w (nil: the node
+	// cannot back itself up, and the endpoint answers invalid_argument).
+	// While another backup runs it returns an error wrapping ErrBackupBusy.
+	Backup func(ctx context.Context, w io.Writer) error
+	Limits protocol.Limits
+	Logger *slog.Logger
+	Now    func() time.Time
 }
 
 // Config configures the API.

@@ -34,7 +34,12 @@ var Routes = []string{
 	"POST /v1/admin/users/{user_id}/disconnect",
 	"GET /v1/admin/conversations/{conv_id}/attachments",
 	"DELETE /v1/admin/attachments/{attachment_id}",
+	BackupRoute,
 }
+
+// BackupRoute streams a backup archive (Deps.Backup); its answer is a tar
+// stream, not JSON.
+const BackupRoute = "POST /v1/admin/backup"
 
 // Answers.
 type (
@@ -90,9 +95,10 @@ func (s *Server) routes() {
 		s.sendMessage, s.editMessage, s.recallMessage, s.userConversations, s.userAccess,
 		s.ban, s.unban, s.revoke, s.disconnect, s.attachments, s.deleteAttachment,
 	}
-	for i, pattern := range Routes {
+	for i, pattern := range Routes[:len(handlers)] {
 		s.handle(pattern, handlers[i])
 	}
+	s.mux.HandleFunc(BackupRoute, s.backup)
 	// Anything else (an unknown path, or a method a path does not take).
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, protocol.Errorf(protocol.CodeNotFound, "no endpoint %s %s", r.Method, truncate(r.URL.Path)))

@@ -25,6 +25,8 @@ func (f *Fanout) record(ctx context.Context, t ledger.Task) error {
 // for: one that has gone (no subscriber) is done, its users resync on
 // whichever node they reconnect to.
 func (f *Fanout) Compensate(ctx context.Context, t ledger.Task) error {
+	f.compQuiet.RLock()
+	defer f.compQuiet.RUnlock()
 	var err error
 	switch t.Kind {
 	case ledger.KindRows:
@@ -59,4 +61,18 @@ func (f *Fanout) repush(ctx context.Context, t ledger.Task) error {
 		return err
 	}
 	return nil
+}
+
+// Quiesce runs fn while no fan-out turn and no compensation is between its
+// first effect and its last: turns in progress finish first, new ones wait
+// until fn returns. Sends are not held (their messages wait in the
+// outbox). A backup copies the store, the ledger and the webhook queue
+// inside fn, so the copies agree: a message is either still in the
+// outbox or has every row, task and event its fan-out recorded.
+func (f *Fanout) Quiesce(fn func() error) error {
+	f.out.quiet.Lock()
+	defer f.out.quiet.Unlock()
+	f.compQuiet.Lock()
+	defer f.compQuiet.Unlock()
+	return fn()
 }

@@ -69,6 +69,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 
 	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/ledger"
@@ -127,6 +128,8 @@ type Deps struct {
 
 // Fanout is the fan-out of one chat process.
 type Fanout struct {
+	// compQuiet is held shared by each Compensate and whole by Quiesce.
+	compQuiet sync.RWMutex
 	st        Store
 	reg       Registry
 	bus       Bus

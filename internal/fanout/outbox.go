@@ -129,6 +129,12 @@ type outbox struct {
 	h   handler
 	log *slog.Logger
 
+	// quiet is held shared by every turn, from the handler's first
+	// effect to the clearing of the entries; Fanout.Quiesce takes it
+	// whole, so a backup sees each message either with its outbox entry
+	// or with everything its fan-out recorded elsewhere.
+	quiet sync.RWMutex
+
 	mu     sync.Mutex
 	convs  map[uint64]*convQ
 	ready  []uint64
@@ -315,6 +321,8 @@ func (o *outbox) take(ctx context.Context) (uint64, *convQ, []item, bool) {
 // turn fans out batch in order, clears the entries done and puts back what
 // is left after a failure.
 func (o *outbox) turn(ctx context.Context, conv uint64, q *convQ, batch []item) {
+	o.quiet.RLock()
+	defer o.quiet.RUnlock()
 	rest, err := o.fill(ctx, conv, batch)
 	var done []uint64
 	if err == nil {

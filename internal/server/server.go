@@ -105,11 +105,16 @@ type Server struct {
 	engine   *nbhttp.Engine
 	std      *http.Server // instead of engine in race-detector builds and with TLS
 	certs    *certSource  // the certificate served; nil: plain HTTP
-	reg      *prometheus.Registry
-	metrics  *metrics.Metrics
-	presence *presence.Tracker
-	online   *fanout.Online // online members of tracked groups (embedded)
-	roster   *fanout.Roster // online members of tracked groups (cluster chat)
+	hookq    hooks.Queue  // the webhook queue; nil without endpoints
+	// embeddedStore is the Pebble store under s.store's checks (nil in
+	// cluster mode): what a backup checkpoints.
+	embeddedStore store.Store
+	backupMu      sync.Mutex // one backup at a time
+	reg           *prometheus.Registry
+	metrics       *metrics.Metrics
+	presence      *presence.Tracker
+	online        *fanout.Online // online members of tracked groups (embedded)
+	roster        *fanout.Roster // online members of tracked groups (cluster chat)
 
 	// Engines; nil when the node's roles do not use them.
 	store    store.Store
@@ -259,6 +264,7 @@ func (s *Server) closeEngines() error {
 func (s *Server) openEngines(ctx context.Context) error {
 	cfg, log := s.cfg, s.log
 	if !s.clustered() {
+		removeBackupTemps(cfg.DataDir)
 		st, err := pstore.Open(ctx, pstore.Config{
 			Dir: filepath.Join(cfg.DataDir, "store"), FS: privatefs.Wrap(s.deps.StoreFS), BucketWidth: cfg.Store.BucketWidth, Logger: log,
 			ConvStates: cfg.Store.ConversationStates, ConvIdle: cfg.Store.ConversationIdle,
@@ -267,6 +273,7 @@ func (s *Server) openEngines(ctx context.Context) error {
 			return fmt.Errorf("server: open store: %w", err)
 		}
 		s.store = st
+		s.embeddedStore = store.Engine(st)
 		s.onClose(st.Close)
 		led, err := lpebble.Open(lpebble.Config{Dir: filepath.Join(cfg.DataDir, "ledger"), FS: privatefs.Wrap(s.deps.StoreFS), Logger: log})
 		if err != nil {
@@ -514,6 +521,7 @@ func (s *Server) consumers(chatStore store.Store) ([]fanout.Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.hookq = q
 	h, err := hooks.New(s.cfg.Webhooks, hooks.Options{Queue: q, Members: chatStore, Logger: s.log})
 	if err != nil {
 		q.Close()
@@ -826,6 +834,9 @@ func (s *Server) startAdmin() error {
 		// Records and blobs are shared by every chat process: any of them
 		// lists and deletes.
 		deps.Attachments = s.attach
+	}
+	if !s.clustered() {
+		deps.Backup = s.Backup
 	}
 	a, err := admin.New(admin.Config{Listen: cfg.Admin.Listen, Key: s.adminKey, Actor: cfg.Admin.Actor, RequestTimeout: cfg.Gateway.RequestTimeout}, deps)
 	if err != nil {

@@ -99,6 +99,11 @@ paths = {
     C + "/{conv_id}/attachments": {"get": op("a conversation's attachment records (every state), by attachment_id, paged", "a page", "AttachmentsAnswer", params=["conv_id"],
                                              query=[("after", U64S), ("limit", {"type": "integer", "minimum": 1, "maximum": 1000})])},
     "/v1/admin/attachments/{attachment_id}": {"delete": op("delete an attachment (its file, thumbnail and record); the message naming it stays, attachment_url answers not_found", "deleted", None, params=["attachment_id"])},
+    "/v1/admin/backup": {"post": {"summary": "a consistent archive of an embedded node's data directory, taken while it serves (docs/deploy.md, \"Back up and restore\"): a tar stream, manifest first (PARLEY-BACKUP.json), end marker last (PARLEY-BACKUP-END.json); an archive without the marker is incomplete",
+                                  "security": [{"adminKey": []}],
+                                  "responses": {"200": {"description": "the archive", "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}},
+                                                "401": COMMON["401"], "409": err("conflict: another backup is running"),
+                                                "400": err("invalid_argument: the node runs in cluster mode (back up its engines)"), "500": err("internal: a checkpoint failed")}}},
     U + "/disconnect": {"post": op("close the user's sessions (of one device) on every gateway (4004)", "sessions found", "DisconnectAnswer", "DisconnectRequest", ["user_id"], errors=COMMON)},
 }
 doc = {"openapi": "3.1.0",
