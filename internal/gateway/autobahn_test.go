@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lesismal/nbio/nbhttp"
-	"github.com/lesismal/nbio/nbhttp/websocket"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp/websocket"
 )
 
 // TestAutobahn runs the Autobahn|Testsuite cases (driven by kosoku, see

@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lesismal/nbio/nbhttp/websocket"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp/websocket"
 )
 
 // blockingWriter is the write side of a WebSocket served in blocking mode

@@ -7,9 +7,9 @@ import (
 	"net/http"
 	"sync/atomic"
 
-	"github.com/lesismal/nbio/mempool"
-	"github.com/lesismal/nbio/nbhttp"
-	"github.com/lesismal/nbio/nbhttp/websocket"
+	"github.com/parley-im/parley/third_party/nbio/mempool"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp/websocket"
 
 	"github.com/parley-im/parley/protocol"
 )

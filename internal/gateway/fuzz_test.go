@@ -12,10 +12,10 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/lesismal/nbio/logging"
-	"github.com/lesismal/nbio/mempool"
-	"github.com/lesismal/nbio/nbhttp"
-	"github.com/lesismal/nbio/nbhttp/websocket"
+	"github.com/parley-im/parley/third_party/nbio/logging"
+	"github.com/parley-im/parley/third_party/nbio/mempool"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp/websocket"
 )
 
 // The frame and request parsers the gateway runs are nbio's, patched in

@@ -23,7 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/lesismal/nbio/nbhttp/websocket"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp/websocket"
 
 	"github.com/parley-im/parley/internal/access"
 	"github.com/parley-im/parley/internal/auth"

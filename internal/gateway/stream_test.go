@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lesismal/nbio/nbhttp"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp"
 
 	"github.com/parley-im/parley/internal/gateway"
 )

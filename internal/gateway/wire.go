@@ -4,9 +4,9 @@ import (
 	"encoding/binary"
 	"net"
 
-	"github.com/lesismal/nbio"
-	"github.com/lesismal/nbio/nbhttp"
-	"github.com/lesismal/nbio/nbhttp/websocket"
+	"github.com/parley-im/parley/third_party/nbio"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp/websocket"
 )
 
 // wireFrame is one server frame ready for the wire: the JSON payload framed

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	gorilla "github.com/gorilla/websocket"
-	"github.com/lesismal/nbio/nbhttp"
-	"github.com/lesismal/nbio/nbhttp/websocket"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp/websocket"
 )
 
 // TestEventLoopTransportWritesRawFrames: on nbio's event loop (the build

@@ -28,8 +28,8 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/lesismal/nbio/nbhttp"
 	natsio "github.com/nats-io/nats.go"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"

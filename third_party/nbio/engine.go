@@ -12,10 +12,10 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/lesismal/nbio/logging"
-	"github.com/lesismal/nbio/mempool"
-	"github.com/lesismal/nbio/taskpool"
-	"github.com/lesismal/nbio/timer"
+	"github.com/parley-im/parley/third_party/nbio/logging"
+	"github.com/parley-im/parley/third_party/nbio/mempool"
+	"github.com/parley-im/parley/third_party/nbio/taskpool"
+	"github.com/parley-im/parley/third_party/nbio/timer"
 )
 
 const (

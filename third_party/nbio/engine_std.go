@@ -13,9 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lesismal/nbio/logging"
-	"github.com/lesismal/nbio/mempool"
-	"github.com/lesismal/nbio/timer"
+	"github.com/parley-im/parley/third_party/nbio/logging"
+	"github.com/parley-im/parley/third_party/nbio/mempool"
+	"github.com/parley-im/parley/third_party/nbio/timer"
 )
 
 // Start inits and starts pollers.

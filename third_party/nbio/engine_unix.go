@@ -15,10 +15,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lesismal/nbio/logging"
-	"github.com/lesismal/nbio/mempool"
-	"github.com/lesismal/nbio/taskpool"
-	"github.com/lesismal/nbio/timer"
+	"github.com/parley-im/parley/third_party/nbio/logging"
+	"github.com/parley-im/parley/third_party/nbio/mempool"
+	"github.com/parley-im/parley/third_party/nbio/taskpool"
+	"github.com/parley-im/parley/third_party/nbio/timer"
 )
 
 // Start inits and starts pollers.

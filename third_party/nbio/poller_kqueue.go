@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lesismal/nbio/logging"
+	"github.com/parley-im/parley/third_party/nbio/logging"
 )
 
 const (

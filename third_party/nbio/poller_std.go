@@ -13,7 +13,7 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/lesismal/nbio/logging"
+	"github.com/parley-im/parley/third_party/nbio/logging"
 )
 
 const (

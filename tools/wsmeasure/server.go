@@ -17,8 +17,8 @@ import (
 
 	coder "github.com/coder/websocket"
 	gorilla "github.com/gorilla/websocket"
-	"github.com/lesismal/nbio/nbhttp"
-	nbws "github.com/lesismal/nbio/nbhttp/websocket"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp"
+	nbws "github.com/parley-im/parley/third_party/nbio/nbhttp/websocket"
 )
 
 // session is the per-connection state a chat gateway keeps after auth.

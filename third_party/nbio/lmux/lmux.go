@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/lesismal/nbio/logging"
+	"github.com/parley-im/parley/third_party/nbio/logging"
 )
 
 type event struct {

@@ -18,11 +18,11 @@ import (
 	"unsafe"
 
 	"github.com/lesismal/llib/std/crypto/tls"
-	"github.com/lesismal/nbio"
-	"github.com/lesismal/nbio/lmux"
-	"github.com/lesismal/nbio/logging"
-	"github.com/lesismal/nbio/mempool"
-	"github.com/lesismal/nbio/taskpool"
+	"github.com/parley-im/parley/third_party/nbio"
+	"github.com/parley-im/parley/third_party/nbio/lmux"
+	"github.com/parley-im/parley/third_party/nbio/logging"
+	"github.com/parley-im/parley/third_party/nbio/mempool"
+	"github.com/parley-im/parley/third_party/nbio/taskpool"
 )
 
 const (

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/lesismal/nbio/mempool"
+	"github.com/parley-im/parley/third_party/nbio/mempool"
 )
 
 var (

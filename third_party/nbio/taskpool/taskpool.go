@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/lesismal/nbio/logging"
+	"github.com/parley-im/parley/third_party/nbio/logging"
 )
 
 // TaskPool .

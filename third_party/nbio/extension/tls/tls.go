@@ -4,8 +4,8 @@ package tls
 
 import (
 	"github.com/lesismal/llib/std/crypto/tls"
-	"github.com/lesismal/nbio"
-	"github.com/lesismal/nbio/mempool"
+	"github.com/parley-im/parley/third_party/nbio"
+	"github.com/parley-im/parley/third_party/nbio/mempool"
 )
 
 // Conn .

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/lesismal/llib/std/crypto/tls"
-	"github.com/lesismal/nbio"
-	"github.com/lesismal/nbio/nbhttp"
+	"github.com/parley-im/parley/third_party/nbio"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp"
 )
 
 const (

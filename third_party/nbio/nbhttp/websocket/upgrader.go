@@ -17,9 +17,9 @@ import (
 	"unsafe"
 
 	"github.com/lesismal/llib/std/crypto/tls"
-	"github.com/lesismal/nbio"
-	"github.com/lesismal/nbio/logging"
-	"github.com/lesismal/nbio/nbhttp"
+	"github.com/parley-im/parley/third_party/nbio"
+	"github.com/parley-im/parley/third_party/nbio/logging"
+	"github.com/parley-im/parley/third_party/nbio/nbhttp"
 )
 
 var (
