@@ -327,7 +327,12 @@ type ConvSummary struct {
 	// it is shown.
 	LeaveSeq    uint64   `json:"leave_seq,omitempty"`
 	LastMessage *Message `json:"last_message,omitempty"`
-	E2E         bool     `json:"e2e,omitempty"`
+	// PeerReadSeq and PeerDeliveredSeq (direct conversations): how far
+	// the peer has read and received, as its read and delivered receipts
+	// said, so a device that missed them shows the right state.
+	PeerReadSeq      uint64 `json:"peer_read_seq,omitempty"`
+	PeerDeliveredSeq uint64 `json:"peer_delivered_seq,omitempty"`
+	E2E              bool   `json:"e2e,omitempty"`
 }
 
 // ConvInfo describes a conversation (answer to open_direct, create_group and

@@ -387,6 +387,28 @@ func TestWebTwoUsersChat(t *testing.T) {
 	bob.until("list shown", `getComputedStyle(document.getElementById("sidebar")).display !== "none"`)
 }
 
+// TestWebReceiptsSurviveReload: a message the peer has read shows "read"
+// after the sender reloads the page — the state comes from the
+// conversation list, not only from receipts pushed while the tab was open.
+func TestWebReceiptsSurviveReload(t *testing.T) {
+	n := startNode(t)
+	b := newBrowser(t)
+	alice, bob := b.user("alice"), b.user("bob")
+	alice.login(n, "alice")
+	bob.login(n, "bob")
+	alice.openDirect("bob")
+	alice.send("read me")
+	bob.openConv("alice")
+	bob.waitBodies("read me")
+	alice.until("read state", `[...document.querySelectorAll("#messages li.mine .state")].some(e => e.textContent === "read")`)
+	alice.run(chromedp.Reload())
+	alice.connected()
+	alice.openConv("bob")
+	alice.waitBodies("read me")
+	alice.until("read state after the reload", `[...document.querySelectorAll("#messages li.mine .state")].map(e => e.textContent).join() === "read"`)
+	alice.shot("read after reload")
+}
+
 // TestWebGroupOfThree: a group created on the page; three members chat.
 func TestWebGroupOfThree(t *testing.T) {
 	n := startNode(t)

@@ -201,8 +201,38 @@ func (s *Service) summaries(ctx context.Context, c Caller, rows []store.ConvRow)
 					sum.Peer = m.UserID
 				}
 			}
+			if sum.Peer != "" {
+				if sum.PeerReadSeq, sum.PeerDeliveredSeq, err = s.peerPositions(ctx, sum.Peer, r.ConvID); err != nil {
+					return nil, s.storeErr("conversations", err)
+				}
+			}
 		}
 		out = append(out, sum)
 	}
 	return out, nil
+}
+
+// peerPositions are how far the peer of a direct conversation has read and
+// received it: what the read and delivered receipts said, for a device that
+// was not there to see them. Delivered is the in-memory position where this
+// process holds one (it runs ahead of the stored one by at most a flush),
+// never below read. Under the per-device read scope no single read
+// position stands for the peer, and read is 0.
+func (s *Service) peerPositions(ctx context.Context, peer string, conv uint64) (read, delivered uint64, err error) {
+	if s.cfg.ReadScope != ReadPerDevice {
+		if read, err = s.store.Read(ctx, peer, "", conv); err != nil {
+			return 0, 0, err
+		}
+	}
+	if delivered, err = s.store.Delivered(ctx, peer, conv); err != nil {
+		return 0, 0, err
+	}
+	k := posKey{peer, conv}
+	sh := s.pos.shard(k)
+	sh.mu.Lock()
+	if e := sh.m[k]; e != nil {
+		delivered = max(delivered, e.seq)
+	}
+	sh.mu.Unlock()
+	return read, max(delivered, read), nil
 }

@@ -28,7 +28,7 @@ defs={
    "join_seq":SEQ,"unread":SEQ,"from_seq":SEQ,"more_unread":SEQ,"messages":arr(ref("Message"))},
    ["conv_id","kind","last_seq","read_seq","join_seq","unread","from_seq","messages"]),
  "ConvSummary":obj({"conv_id":ref("ConvID"),"kind":{"enum":["direct","group"]},"name":STR,"peer":ID,"last_seq":SEQ,
-   "read_seq":SEQ,"join_seq":SEQ,"unread":SEQ,"mentioned":BOOL,"leave_seq":SEQ,"last_message":ref("Message"),"e2e":BOOL},
+   "read_seq":SEQ,"join_seq":SEQ,"unread":SEQ,"mentioned":BOOL,"leave_seq":SEQ,"last_message":ref("Message"),"e2e":BOOL,"peer_read_seq":SEQ,"peer_delivered_seq":SEQ},
    ["conv_id","kind","last_seq","read_seq","join_seq","unread"]),
  "ConvInfo":obj({"conv_id":ref("ConvID"),"kind":{"enum":["direct","group"]},"name":STR,"members":arr(ID),
    "member_count":SEQ,"last_seq":SEQ,"join_seq":SEQ,"role":{"enum":["owner","admin","member"]},

@@ -185,6 +185,10 @@ function fromSummary(s: ConvSummary): Conv {
   c.name = s.kind === "direct" ? (s.peer ?? "?") : (s.name || "group");
   c.lastSeq = Math.max(c.lastSeq, s.leave_seq || s.last_seq);
   c.readSeq = Math.max(c.readSeq, s.read_seq);
+  // The peer's positions as the list knows them: a tab that missed the
+  // receipts (opened later, reloaded) still shows delivered and read.
+  c.peerRead = Math.max(c.peerRead, s.peer_read_seq ?? 0);
+  c.peerDelivered = Math.max(c.peerDelivered, s.peer_delivered_seq ?? 0, c.peerRead);
   c.joinSeq = s.join_seq;
   c.mentioned = !!s.mentioned && c.readSeq < c.lastSeq;
   convs.set(c.id, c);
