@@ -283,6 +283,12 @@ type chatSession struct {
 	// kinds remembers each conversation's kind (direct or group) seen in
 	// answers, for @mentions.
 	kinds map[uint64]string
+	// shown is the highest seq printed per conversation; a read receipt
+	// beyond it waits in heldReads (conv → reader → seq) until the
+	// message it names is printed, so "read up to N" never comes
+	// before message N (the receipt can overtake the ack being printed).
+	shown     map[uint64]uint64
+	heldReads map[uint64]map[string]uint64
 }
 
 func (s *chatSession) printf(format string, args ...any) {
@@ -450,6 +456,35 @@ func (s *chatSession) printOnce(m *protocol.Message) {
 		s.printed[key] = true
 	}
 	fmt.Fprintln(s.out, chatFormat(m, me))
+	if s.shown == nil {
+		s.shown = make(map[uint64]uint64)
+	}
+	s.shown[m.ConvID] = max(s.shown[m.ConvID], m.Seq)
+	for reader, seq := range s.heldReads[m.ConvID] {
+		if seq <= s.shown[m.ConvID] {
+			fmt.Fprintf(s.out, "* conv %d: %s read up to %d\n", m.ConvID, reader, seq)
+			delete(s.heldReads[m.ConvID], reader)
+		}
+	}
+}
+
+// readReceipt prints that reader read conv up to seq — at once if that
+// message is printed (or nothing of the conversation was printed in this
+// session), else when it is.
+func (s *chatSession) readReceipt(conv uint64, reader string, seq uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if shown, ok := s.shown[conv]; !ok || seq <= shown {
+		fmt.Fprintf(s.out, "* conv %d: %s read up to %d\n", conv, reader, seq)
+		return
+	}
+	if s.heldReads == nil {
+		s.heldReads = make(map[uint64]map[string]uint64)
+	}
+	if s.heldReads[conv] == nil {
+		s.heldReads[conv] = make(map[string]uint64)
+	}
+	s.heldReads[conv][reader] = max(s.heldReads[conv][reader], seq)
 }
 
 func (s *chatSession) event(ev client.Event) {
@@ -470,7 +505,7 @@ func (s *chatSession) event(ev client.Event) {
 		}
 	case client.EventReceipt:
 		if ev.Receipt.State == protocol.StateRead && ev.Receipt.UserID != s.user() {
-			s.printf("* conv %d: %s read up to %d", ev.ConvID, ev.Receipt.UserID, ev.Receipt.Seq)
+			s.readReceipt(ev.ConvID, ev.Receipt.UserID, ev.Receipt.Seq)
 		}
 	case client.EventSnapshot:
 		s.setKind(ev.ConvID, ev.Snapshot.Kind)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"io/fs"
@@ -651,5 +652,30 @@ func TestChatCLIE2ERecall(t *testing.T) {
 	}
 	if !recalled {
 		t.Fatal("bob's SDK did not apply alice's /recall")
+	}
+}
+
+// TestReadReceiptNeverBeforeItsMessage: a read receipt that overtakes the
+// printing of the message it names (the peer read it before this
+// device's own ack was printed) waits for that message; one for messages
+// already printed, or in a conversation nothing was printed of, prints at
+// once.
+func TestReadReceiptNeverBeforeItsMessage(t *testing.T) {
+	var out bytes.Buffer
+	s := &chatSession{out: &out, me: "alice", printed: map[[2]uint64]bool{}}
+	s.printOnce(&protocol.Message{ConvID: 5, Seq: 1, Sender: "alice", Kind: protocol.KindText, Body: "one"})
+	s.readReceipt(5, "bob", 2) // overtook message 2
+	s.readReceipt(9, "carol", 40)
+	s.printOnce(&protocol.Message{ConvID: 5, Seq: 2, Sender: "alice", Kind: protocol.KindText, Body: "two"})
+	s.readReceipt(5, "bob", 1) // already printed: at once
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	want := []string{"one", "carol read up to 40", "two", "bob read up to 2", "bob read up to 1"}
+	if len(lines) != len(want) {
+		t.Fatalf("printed %q", lines)
+	}
+	for i, w := range want {
+		if !strings.Contains(lines[i], w) {
+			t.Fatalf("line %d = %q, want it to contain %q (all: %q)", i, lines[i], w, lines)
+		}
 	}
 }
