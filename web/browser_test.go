@@ -377,6 +377,8 @@ func TestWebTwoUsersChat(t *testing.T) {
 	bob.waitBodies("hi bob!", "hello alice", "wrong chat")
 	alice.until("recall button", `[...document.querySelectorAll('#messages li.mine')].length === 2`)
 	alice.eval(`[...document.querySelectorAll('#messages li.mine')].pop().querySelector('button[aria-label^="Recall"]').click(), true`, new(bool))
+	alice.until("recall asks to confirm", `[...document.querySelectorAll('#messages li.mine')].pop().querySelector('button[aria-label^="Confirm: recall"]') !== null`)
+	alice.eval(`[...document.querySelectorAll('#messages li.mine')].pop().querySelector('button[aria-label^="Confirm: recall"]').click(), true`, new(bool))
 	bob.waitBodies("hi bob!", "hello alice", "message recalled")
 	bob.shot("edited and recalled")
 	alice.shot("edited and recalled")
@@ -407,6 +409,71 @@ func TestWebReceiptsSurviveReload(t *testing.T) {
 	alice.waitBodies("read me")
 	alice.until("read state after the reload", `[...document.querySelectorAll("#messages li.mine .state")].map(e => e.textContent).join() === "read"`)
 	alice.shot("read after reload")
+}
+
+// TestWebPageBasics: what a new user meets first — a hint instead of a
+// blank pane, a list ordered by the latest message with a preview of it,
+// a long unbroken word that wraps instead of pushing Send off the screen,
+// a recall that asks once more, the open conversation kept across a
+// reload, and the status while the node drains.
+func TestWebPageBasics(t *testing.T) {
+	n := startNode(t)
+	b := newBrowser(t)
+	alice, bob := b.user("alice"), b.user("bob")
+	alice.login(n, "alice")
+	alice.until("hint in the empty pane", `(() => { const e = document.getElementById("empty"); return !e.hidden && e.offsetHeight > 0 && e.textContent.includes("Pick a conversation") })()`)
+	alice.shot("empty pane")
+	bob.login(n, "bob")
+	alice.openDirect("bob")
+	alice.send("first in bob")
+	alice.run(chromedp.SendKeys(chromedp.ID("group-name"), "club"), chromedp.SendKeys(chromedp.ID("group-members"), "bob"),
+		chromedp.Click(chromedp.CSS("#new-group button")))
+	alice.until("group open", `document.getElementById("title").textContent === "# club"`)
+	alice.send("latest in club")
+	// bob's list: the group (newest message) first, each with its preview.
+	bob.until("list by recency with previews", `(() => {
+		const rows = [...document.querySelectorAll("#convs button")];
+		const names = rows.map(b => b.querySelector(".name").textContent.replace(" ●", ""));
+		const previews = rows.map(b => b.querySelector(".preview").textContent);
+		return names.join() === "# club,alice" && previews[0] === "alice: latest in club" && previews[1] === "first in bob";
+	})()`)
+	bob.shot("list with previews")
+
+	// A 400-character word wraps; Send stays inside the window.
+	alice.openConv("bob")
+	long := strings.Repeat("x", 400)
+	alice.send(long)
+	alice.waitBodies("first in bob", long)
+	alice.until("no horizontal overflow", `(() => {
+		const s = document.getElementById("send").getBoundingClientRect();
+		const box = document.getElementById("messages").getBoundingClientRect();
+		return s.right <= window.innerWidth && [...document.querySelectorAll("#messages li")].every(l => l.getBoundingClientRect().right <= box.right);
+	})()`)
+	alice.shot("long word")
+
+	// Recall asks once more; the first click recalls nothing.
+	alice.eval(`[...document.querySelectorAll('#messages li.mine')].pop().querySelector('button[aria-label^="Recall"]').click(), true`, new(bool))
+	alice.until("confirm button", `[...document.querySelectorAll('#messages li.mine')].pop().querySelector('button[aria-label^="Confirm: recall"]') !== null`)
+	var recalled bool
+	alice.eval(`[...document.querySelectorAll("#messages .body")].some(e => e.textContent === "message recalled")`, &recalled)
+	if recalled {
+		t.Fatal("the first click on Recall recalled the message")
+	}
+	alice.shot("recall confirmation")
+
+	// A reload reopens the conversation that was open.
+	alice.run(chromedp.Reload())
+	alice.connected()
+	alice.until("conversation reopened", `document.getElementById("title").textContent === "bob" && !document.getElementById("chat").hidden`)
+	alice.waitBodies("first in bob", long)
+
+	// Draining: the status says so instead of "Connected".
+	b.mu.Lock()
+	b.allowNetErrors = true
+	b.mu.Unlock()
+	go n.srv.Drain(context.Background())
+	alice.until("draining status", `document.getElementById("status").dataset.state === "draining" || /restarting/.test(document.getElementById("status").textContent)`)
+	alice.shot("draining")
 }
 
 // TestWebGroupOfThree: a group created on the page; three members chat.

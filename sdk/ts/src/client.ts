@@ -83,6 +83,12 @@ export interface ClientEvents {
    * stand for a poll refused as token_expired/token_revoked/banned).
    */
   disconnected: { reason: string; code?: number };
+  /**
+   * The node asked this connection to move (goaway: it is draining for a
+   * restart); the client keeps using it until it closes, then reconnects
+   * no sooner than retryAfterMs.
+   */
+  draining: { retryAfterMs: number };
   /** The next attempt starts at `at` (Unix ms), in `delayMs`. */
   reconnecting: { delayMs: number; at: number; attempt: number };
   /**
@@ -445,6 +451,7 @@ export class Client {
         // Keep using the connection until the node closes it; reconnect
         // no sooner than the delay it asked for.
         this.goawayUntil = Date.now() + (f.retry_after_ms ?? 0);
+        this.emit("draining", { retryAfterMs: f.retry_after_ms ?? 0 });
         const t = this.t;
         setTimeout(() => {
           if (this.t === t && t) {

@@ -10,6 +10,8 @@ const convs = new Map();
 const outbox = new Map(); // conv → client_msg_id → pending send
 let current = null;
 let editing = null;
+/** A recall asked for and not yet confirmed (the second click within 5 s recalls). */
+let recallAsk = null;
 const typingUntil = new Map(); // conv/user → until
 const presence = new Map();
 let lastTypingSent = 0;
@@ -94,6 +96,7 @@ function start(token) {
         void refreshList();
     });
     client.on("disconnected", () => status("reconnecting", "Disconnected"));
+    client.on("draining", () => status("draining", "Server restarting: moving to another connection…"));
     client.on("reconnecting", ({ at }) => {
         if (countdown)
             clearInterval(countdown);
@@ -139,6 +142,7 @@ function fromSummary(s) {
     const c = old ?? {
         id: s.conv_id, kind: s.kind, name: "", lastSeq: 0, readSeq: 0, joinSeq: 0, mentioned: false,
         msgs: new Map(), loaded: false, oldest: 0, hasOlder: false, peerDelivered: 0, peerRead: 0, e2e: false,
+        lastAt: 0, preview: "",
     };
     c.e2e = c.e2e || !!s.e2e;
     c.kind = s.kind;
@@ -151,6 +155,8 @@ function fromSummary(s) {
     c.peerRead = Math.max(c.peerRead, s.peer_read_seq ?? 0);
     c.peerDelivered = Math.max(c.peerDelivered, s.peer_delivered_seq ?? 0, c.peerRead);
     c.joinSeq = s.join_seq;
+    if (s.last_message)
+        noteLast(c, s.last_message);
     c.mentioned = !!s.mentioned && c.readSeq < c.lastSeq;
     convs.set(c.id, c);
     return c;
@@ -163,6 +169,32 @@ async function refreshList() {
     watchPeers();
     if (current)
         void openConv(current.id, false);
+    else {
+        // After a reload, the conversation this tab had open.
+        const open = sessionStorage.getItem("parley.open");
+        if (open && convs.has(open))
+            void openConv(open, false);
+    }
+}
+/** Remembers m as c's newest message for the list, if it is. */
+function noteLast(c, m) {
+    if (m.kind === "state" || m.server_time < c.lastAt)
+        return;
+    c.lastAt = m.server_time;
+    c.preview = previewOf(c, m);
+}
+/** One line of m for the conversation list. */
+function previewOf(c, m) {
+    const who = c.kind === "group" && m.kind !== "system" ? `${m.sender === me ? "you" : m.sender}: ` : m.sender === me ? "you: " : "";
+    if (m.recalled)
+        return who + "message recalled";
+    if (m.kind === "system")
+        return systemText(m);
+    if (isFile(m))
+        return who + "📎 " + (fileBody(m)?.name || "file");
+    if ((m.body ?? "").startsWith('{"e2e":'))
+        return who + "🔒 encrypted message";
+    return who + (m.body ?? "").replace(/\s+/g, " ").slice(0, 80);
 }
 /** Watches the presence of every direct peer (the server allows at most 200). */
 function watchPeers() {
@@ -194,7 +226,13 @@ function renderList() {
         const name = document.createElement("span");
         name.className = "name";
         name.textContent = (c.kind === "group" ? "# " : "") + c.name + online;
-        b.append(name);
+        const text = document.createElement("span");
+        text.className = "entry";
+        const preview = document.createElement("span");
+        preview.className = "preview";
+        preview.textContent = c.preview;
+        text.append(name, preview);
+        b.append(text);
         if (c.mentioned)
             b.append(badge("@", "badge mention"));
         if (n > 0)
@@ -204,11 +242,12 @@ function renderList() {
         return li;
     }));
 }
+/** When c last had a message: the list shows the most recent first. */
 function lastTime(c) {
-    let t = 0;
+    let t = c.lastAt;
     for (const m of c.msgs.values())
         t = Math.max(t, m.server_time);
-    return t || c.lastSeq;
+    return t;
 }
 function badge(text, cls) {
     const s = document.createElement("span");
@@ -222,8 +261,10 @@ async function openConv(id, focus) {
     if (!c)
         return;
     current = c;
+    sessionStorage.setItem("parley.open", id);
     $("app").classList.add("open");
     $("chat").hidden = false;
+    $("empty").hidden = true;
     $("title").textContent = (c.kind === "group" ? "# " : "") + c.name;
     $("add-members").hidden = c.kind !== "group";
     renderComposerTools();
@@ -301,6 +342,7 @@ function onMessage(convId, m) {
         void refreshList();
     }
     c.lastSeq = Math.max(c.lastSeq, m.seq);
+    noteLast(c, m);
     if (m.sender === me)
         c.readSeq = Math.max(c.readSeq, m.seq);
     else if (m.mention_all || m.mentions?.includes(me))
@@ -409,7 +451,22 @@ function renderMessages(stick) {
             if (m.kind === "text" && !m.recalled)
                 meta.append(button("Edit", `Edit message ${m.seq}`, () => startEdit(c, m)));
             if ((m.kind === "text" || isFile(m)) && !m.recalled) {
-                meta.append(button("Recall", `Recall message ${m.seq}`, () => void client.recall(c.id, m.seq).catch(alertError)));
+                const asked = recallAsk && recallAsk.conv === c.id && recallAsk.seq === m.seq && recallAsk.until > Date.now();
+                meta.append(asked
+                    ? button("Recall for everyone?", `Confirm: recall message ${m.seq} for everyone`, () => {
+                        recallAsk = null;
+                        void client.recall(c.id, m.seq).catch(alertError);
+                    })
+                    : button("Recall", `Recall message ${m.seq}`, () => {
+                        // Deleting for everyone cannot be undone: ask once more.
+                        recallAsk = { conv: c.id, seq: m.seq, until: Date.now() + 5000 };
+                        renderMessages(false);
+                        setTimeout(() => { if (recallAsk?.seq === m.seq && recallAsk.until <= Date.now()) {
+                            recallAsk = null;
+                            if (current === c)
+                                renderMessages(false);
+                        } }, 5100);
+                    }));
             }
         }
         li.append(body, meta);
@@ -565,6 +622,7 @@ function wire() {
     $("back").addEventListener("click", () => {
         $("app").classList.remove("open");
         current = null;
+        sessionStorage.removeItem("parley.open");
         renderList();
         $("peer").focus();
     });

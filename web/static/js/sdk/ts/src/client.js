@@ -383,6 +383,7 @@ export class Client {
                 // Keep using the connection until the node closes it; reconnect
                 // no sooner than the delay it asked for.
                 this.goawayUntil = Date.now() + (f.retry_after_ms ?? 0);
+                this.emit("draining", { retryAfterMs: f.retry_after_ms ?? 0 });
                 const t = this.t;
                 setTimeout(() => {
                     if (this.t === t && t) {
