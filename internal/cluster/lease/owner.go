@@ -9,22 +9,28 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 )
 
 // Conversation ownership. Conversations map to partitions (Partition);
-// each partition is held by one chat process at a time under a lease with
-// a fencing epoch, kept in a Store (NATS JetStream KV or Redis). Chat
-// processes announce themselves in the store; each wants the partitions
-// it ranks first for by rendezvous hashing among the live ones, takes
-// them when free, gives up those another live process ranks first for,
-// and takes any partition that stayed free for two rounds (so every
-// partition finds an owner while views of the membership differ).
+// each partition is held by one chat process at a time under a lease in
+// Redis with a fencing epoch. The key <ns>:part:<p> holds "<node>/<epoch>"
+// with a TTL; <ns>:partepoch:<p> the partition's last epoch. A new lease's
+// epoch is max(last + 1, Redis time in ms), so epochs grow strictly even
+// when a Redis restart loses the counter (as long as Redis's clock does not
+// go back). Chat processes announce themselves in the sorted set
+// <ns>:chatnodes (score: expiry in ms); each wants the partitions it ranks
+// first for by rendezvous hashing among the live ones, takes them when
+// free, gives up those another live process ranks first for, and takes
+// any partition that stayed free for two rounds (so every partition finds
+// an owner while views of the membership differ).
 //
 // A holder stops writing under a lease a quarter of the TTL before it
-// could have expired in the store (counted from when its last renewal was
-// sent), and the store confirms the epoch in the lease store after each
-// write before acknowledging it (cassandra.Lease), so a stalled holder
-// never gets a write acknowledged after another took over.
+// could have expired in Redis (counted from when its last renewal was
+// sent), and the store confirms the epoch in Redis after each write
+// before acknowledging it (cassandra.Lease), so a stalled holder never
+// gets a write acknowledged after another took over.
 
 // DefaultPartitions and DefaultLeaseTTL are the defaults of OwnerConfig.
 const (
@@ -41,7 +47,8 @@ func Partition(conv uint64, n int) int {
 
 // OwnerConfig configures an Owner.
 type OwnerConfig struct {
-	Node string
+	Namespace string
+	Node      string
 	// Partitions is the number of partitions (default 64); it must be the
 	// same in every process of the deployment.
 	Partitions int
@@ -58,7 +65,7 @@ var ErrLeaseLost = errors.New("lease: partition lease lost")
 // Owner holds this process's partition leases. It implements
 // cassandra.Lease.
 type Owner struct {
-	st  Store
+	rdb goredis.UniversalClient
 	cfg OwnerConfig
 	log *slog.Logger
 
@@ -74,9 +81,8 @@ type lease struct {
 	until time.Time // stop writing at this time unless renewed
 }
 
-// NewOwner returns an Owner of the leases in st; Run takes and keeps
-// them.
-func NewOwner(st Store, cfg OwnerConfig) *Owner {
+// NewOwner returns an Owner; Run takes and keeps the leases.
+func NewOwner(rdb goredis.UniversalClient, cfg OwnerConfig) *Owner {
 	if cfg.Partitions <= 0 {
 		cfg.Partitions = DefaultPartitions
 	}
@@ -86,7 +92,7 @@ func NewOwner(st Store, cfg OwnerConfig) *Owner {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Owner{st: st, cfg: cfg, log: cfg.Logger, held: map[int]*lease{}, free: map[int]int{}}
+	return &Owner{rdb: rdb, cfg: cfg, log: cfg.Logger, held: map[int]*lease{}, free: map[int]int{}}
 }
 
 // Watch registers f, called when this process takes (held true) or gives
@@ -130,16 +136,19 @@ func (o *Owner) Epoch(conv uint64) (uint64, bool) {
 	return l.epoch, true
 }
 
-// Confirm implements cassandra.Lease: one read of the partition's lease.
+// Confirm implements cassandra.Lease: one GET of the partition's key.
 func (o *Owner) Confirm(ctx context.Context, conv, epoch uint64) error {
 	p := Partition(conv, o.cfg.Partitions)
-	ok, cur, err := o.st.Confirm(ctx, p, o.cfg.Node, epoch)
+	v, err := o.rdb.Get(ctx, o.key(p)).Result()
+	if errors.Is(err, goredis.Nil) {
+		v, err = "", nil
+	}
 	if err != nil {
 		return fmt.Errorf("lease: confirm partition %d: %w", p, err)
 	}
-	if !ok {
+	if v != o.value(epoch) {
 		o.drop(p, epoch)
-		return fmt.Errorf("%w: partition %d is %q, not %q", ErrLeaseLost, p, cur, leaseValue(o.cfg.Node, epoch))
+		return fmt.Errorf("%w: partition %d is %q, not %q", ErrLeaseLost, p, v, o.value(epoch))
 	}
 	return nil
 }
@@ -169,13 +178,18 @@ func (o *Owner) Reepoch(ctx context.Context, conv, epoch uint64) (uint64, bool, 
 	}
 	sent := time.Now()
 	ttl := o.cfg.LeaseTTL
-	next, ok, err := o.st.Reepoch(ctx, p, o.cfg.Node, epoch, ttl)
+	v, err := reepochScript.Run(ctx, o.rdb, []string{o.key(p), o.epochKey(p)}, o.value(epoch), o.cfg.Node, ttl.Milliseconds()).Result()
 	if err != nil {
 		return 0, false, fmt.Errorf("lease: new epoch for partition %d: %w", p, err)
 	}
-	if !ok {
+	str, isStr := v.(string)
+	if !isStr {
 		o.drop(p, epoch)
 		return 0, false, nil
+	}
+	next, err := strconv.ParseUint(str, 10, 64)
+	if err != nil || next <= epoch {
+		return 0, false, fmt.Errorf("lease: bad new epoch %q for partition %d", str, p)
 	}
 	o.mu.Lock()
 	l = o.held[p]
@@ -185,14 +199,48 @@ func (o *Owner) Reepoch(ctx context.Context, conv, epoch uint64) (uint64, bool, 
 	}
 	o.mu.Unlock()
 	if !kept {
-		// Given up meanwhile (rebalanced or expired): let it go in the store
+		// Given up meanwhile (rebalanced or expired): let it go in Redis
 		// too rather than wait for its TTL.
-		_ = o.st.Release(ctx, o.cfg.Node, map[int]uint64{p: next})
+		_ = releaseScript.Run(ctx, o.rdb, []string{o.key(p)}, o.value(next)).Err()
 		return 0, false, nil
 	}
 	o.log.Info("ownership: partition moved to a new epoch", "partition", p, "epoch", next)
 	return next, true, nil
 }
+
+func (o *Owner) key(p int) string      { return o.cfg.Namespace + ":part:" + strconv.Itoa(p) }
+func (o *Owner) epochKey(p int) string { return o.cfg.Namespace + ":partepoch:" + strconv.Itoa(p) }
+func (o *Owner) nodesKey() string      { return o.cfg.Namespace + ":chatnodes" }
+func (o *Owner) value(epoch uint64) string {
+	return o.cfg.Node + "/" + strconv.FormatUint(epoch, 10)
+}
+
+// nextEpochLua sets e to the partition's next epoch and records it in
+// KEYS[2]: above every epoch granted before, and at least Redis's clock in
+// milliseconds, so epochs grow across Redis restarts that lose KEYS[2].
+// Acquiring a lease and re-epoching one share it.
+const nextEpochLua = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local e = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now)
+redis.call('SET', KEYS[2], string.format('%d', e))`
+
+var (
+	acquireScript = goredis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end` + nextEpochLua + `
+redis.call('SET', KEYS[1], ARGV[1] .. '/' .. string.format('%d', e), 'PX', ARGV[2])
+return string.format('%d', e)`)
+	renewScript = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0`)
+	reepochScript = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end` + nextEpochLua + `
+redis.call('SET', KEYS[1], ARGV[2] .. '/' .. string.format('%d', e), 'PX', ARGV[3])
+return string.format('%d', e)`)
+	releaseScript = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`)
+)
 
 // Run takes, renews and rebalances leases every LeaseTTL/3 until ctx
 // ends, then gives them all up.
@@ -214,22 +262,27 @@ func (o *Owner) Run(ctx context.Context) {
 func (o *Owner) round(ctx context.Context) {
 	ttl := o.cfg.LeaseTTL
 	now := time.Now()
-	nodes, err := o.st.Announce(ctx, o.cfg.Node, ttl)
+	nodes, err := o.announce(ctx, now)
 	if err != nil {
 		if ctx.Err() == nil {
-			o.log.Warn("ownership: lease store unavailable; partitions are given up as their leases end", "err", err)
+			o.log.Warn("ownership: redis unavailable; partitions are given up as their leases end", "err", err)
 		}
 		o.expire(now)
 		return
 	}
 	o.renew(ctx)
-	vals, err := o.st.Holders(ctx, o.cfg.Partitions, ttl)
+	keys := make([]string, o.cfg.Partitions)
+	for p := range keys {
+		keys[p] = o.key(p)
+	}
+	vals, err := o.rdb.MGet(ctx, keys...).Result()
 	if err != nil {
 		o.expire(now)
 		return
 	}
 	var give []int
-	for p, cur := range vals {
+	for p, v := range vals {
+		cur, _ := v.(string)
 		want := rendezvous(nodes, p)
 		o.mu.Lock()
 		_, mine := o.held[p]
@@ -250,6 +303,19 @@ func (o *Owner) round(ctx context.Context) {
 	o.release(give, false)
 }
 
+// announce refreshes this node's entry and returns the live nodes.
+func (o *Owner) announce(ctx context.Context, now time.Time) ([]string, error) {
+	ms := now.UnixMilli()
+	pipe := o.rdb.TxPipeline()
+	pipe.ZAdd(ctx, o.nodesKey(), goredis.Z{Score: float64(ms + o.cfg.LeaseTTL.Milliseconds()), Member: o.cfg.Node})
+	pipe.ZRemRangeByScore(ctx, o.nodesKey(), "-inf", strconv.FormatInt(ms, 10))
+	live := pipe.ZRangeByScore(ctx, o.nodesKey(), &goredis.ZRangeBy{Min: strconv.FormatInt(ms, 10), Max: "+inf"})
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	return live.Val(), nil
+}
+
 // renew extends every held lease; a lease found gone is dropped at once.
 func (o *Owner) renew(ctx context.Context) {
 	o.mu.Lock()
@@ -262,21 +328,29 @@ func (o *Owner) renew(ctx context.Context) {
 		return
 	}
 	sent := time.Now()
-	res, err := o.st.Renew(ctx, o.cfg.Node, held, o.cfg.LeaseTTL)
-	if err != nil && ctx.Err() == nil {
-		// Unknown: keep writing until the local deadline passes.
-		o.log.Warn("ownership: renewal failed", "err", err)
+	pipe := o.rdb.Pipeline()
+	cmds := make(map[int]*goredis.Cmd, len(held))
+	for p, e := range held {
+		cmds[p] = renewScript.Eval(ctx, pipe, []string{o.key(p)}, o.value(e), o.cfg.LeaseTTL.Milliseconds())
 	}
-	for p, ok := range res {
-		if !ok {
+	_, _ = pipe.Exec(ctx)
+	for p, c := range cmds {
+		n, err := c.Int64()
+		switch {
+		case err != nil:
+			// Unknown: keep writing until the local deadline passes.
+			if ctx.Err() == nil {
+				o.log.Warn("ownership: renewal failed", "partition", p, "err", err)
+			}
+		case n == 1:
+			o.mu.Lock()
+			if l := o.held[p]; l != nil && l.epoch == held[p] {
+				l.until = sent.Add(o.cfg.LeaseTTL - o.cfg.LeaseTTL/4)
+			}
+			o.mu.Unlock()
+		default:
 			o.drop(p, held[p])
-			continue
 		}
-		o.mu.Lock()
-		if l := o.held[p]; l != nil && l.epoch == held[p] {
-			l.until = sent.Add(o.cfg.LeaseTTL - o.cfg.LeaseTTL/4)
-		}
-		o.mu.Unlock()
 	}
 	o.expire(time.Now())
 }
@@ -284,15 +358,21 @@ func (o *Owner) renew(ctx context.Context) {
 // acquire tries to take partition p.
 func (o *Owner) acquire(ctx context.Context, p int, ttl time.Duration) {
 	sent := time.Now()
-	epoch, ok, err := o.st.Acquire(ctx, p, o.cfg.Node, ttl)
+	v, err := acquireScript.Run(ctx, o.rdb, []string{o.key(p), o.epochKey(p)}, o.cfg.Node, ttl.Milliseconds()).Result()
 	if err != nil {
 		if ctx.Err() == nil {
 			o.log.Warn("ownership: acquire failed", "partition", p, "err", err)
 		}
 		return
 	}
+	s, ok := v.(string)
 	if !ok {
 		return // taken meanwhile
+	}
+	epoch, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		o.log.Error("ownership: bad epoch from redis", "partition", p, "epoch", s)
+		return
 	}
 	o.mu.Lock()
 	o.held[p] = &lease{epoch: epoch, until: sent.Add(ttl - ttl/4)}
@@ -363,11 +443,14 @@ func (o *Owner) release(ps []int, all bool) {
 	time.Sleep(releaseGrace)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	err := o.st.Release(ctx, o.cfg.Node, gone)
-	if all {
-		err = errors.Join(err, o.st.Leave(ctx, o.cfg.Node))
+	pipe := o.rdb.Pipeline()
+	for p, e := range gone {
+		releaseScript.Eval(ctx, pipe, []string{o.key(p)}, o.value(e))
 	}
-	if err != nil {
+	if all {
+		pipe.ZRem(ctx, o.nodesKey(), o.cfg.Node)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
 		o.log.Warn("ownership: release failed; the leases expire instead", "err", err)
 	}
 }
