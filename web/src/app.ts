@@ -55,6 +55,8 @@ let current: Conv | null = null;
 let editing: { conv: string; seq: number } | null = null;
 /** A recall asked for and not yet confirmed (the second click within 5 s recalls). */
 let recallAsk: { conv: string; seq: number; until: number } | null = null;
+/** This page load is a reload of the tab: the open conversation is restored once. */
+let reloaded = (performance.getEntriesByType("navigation")[0] as PerformanceNavigationTiming | undefined)?.type === "reload";
 const typingUntil = new Map<string, number>(); // conv/user → until
 const presence = new Map<string, { online: boolean; last_seen?: number }>();
 let lastTypingSent = 0;
@@ -209,8 +211,10 @@ async function refreshList() {
   renderList();
   watchPeers();
   if (current) void openConv(current.id, false);
-  else {
-    // After a reload, the conversation this tab had open.
+  else if (reloaded) {
+    // After a reload (not a visit from elsewhere, which shows the list
+    // and its unread counts), the conversation this tab had open.
+    reloaded = false;
     const open = sessionStorage.getItem("parley.open");
     if (open && convs.has(open)) void openConv(open, false);
   }

@@ -12,6 +12,8 @@ let current = null;
 let editing = null;
 /** A recall asked for and not yet confirmed (the second click within 5 s recalls). */
 let recallAsk = null;
+/** This page load is a reload of the tab: the open conversation is restored once. */
+let reloaded = performance.getEntriesByType("navigation")[0]?.type === "reload";
 const typingUntil = new Map(); // conv/user → until
 const presence = new Map();
 let lastTypingSent = 0;
@@ -169,8 +171,10 @@ async function refreshList() {
     watchPeers();
     if (current)
         void openConv(current.id, false);
-    else {
-        // After a reload, the conversation this tab had open.
+    else if (reloaded) {
+        // After a reload (not a visit from elsewhere, which shows the list
+        // and its unread counts), the conversation this tab had open.
+        reloaded = false;
         const open = sessionStorage.getItem("parley.open");
         if (open && convs.has(open))
             void openConv(open, false);
