@@ -2,66 +2,17 @@ package client
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
-	"math/big"
-	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/servertest"
+	"github.com/parley-im/parley/internal/testcert"
 )
-
-// writeCert writes a self-signed certificate for 127.0.0.1 named cn, and
-// its key, as PEM files, and returns the certificate.
-func writeCert(t *testing.T, certFile, keyFile, cn string) *x509.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: cn},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert
-}
 
 // servedName is the common name of the certificate a new TLS handshake
 // with addr gets.
@@ -82,7 +33,7 @@ func servedName(t *testing.T, addr string, roots *x509.CertPool) string {
 func TestE2ETLS(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	first := writeCert(t, certFile, keyFile, "first")
+	first := testcert.Write(t, certFile, keyFile, "first")
 	srv := servertest.Start(t, servertest.WithConfig(func(c *config.Config) {
 		c.TLS.CertFile, c.TLS.KeyFile = certFile, keyFile
 		c.Attach.PartBytes = testPart
@@ -136,7 +87,7 @@ func TestE2ETLS(t *testing.T) {
 	if got := servedName(t, srv.Addr(), roots); got != "first" {
 		t.Fatalf("served %q before the reload", got)
 	}
-	second := writeCert(t, certFile, keyFile, "second")
+	second := testcert.Write(t, certFile, keyFile, "second")
 	roots.AddCert(second)
 	if got := servedName(t, srv.Addr(), roots); got != "first" {
 		t.Fatalf("served %q before ReloadTLS: files are read only on reload", got)
@@ -156,7 +107,7 @@ func TestE2ETLS(t *testing.T) {
 
 	// A bad renewal (a key that is not the certificate's) is refused and
 	// the node keeps serving the second certificate.
-	writeCert(t, filepath.Join(dir, "other.pem"), keyFile, "third")
+	testcert.Write(t, filepath.Join(dir, "other.pem"), keyFile, "third")
 	if err := srv.ReloadTLS(); err == nil {
 		t.Fatal("ReloadTLS with a mismatched key succeeded")
 	}

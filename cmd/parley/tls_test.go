@@ -2,20 +2,16 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/parley-im/parley/internal/testcert"
 )
 
 // TestServeReloadsCertificateOnSIGHUP: serve with tls.cert_file answers
@@ -25,7 +21,7 @@ func TestServeReloadsCertificateOnSIGHUP(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	roots := x509.NewCertPool()
-	roots.AddCert(selfSigned(t, certFile, keyFile, "first"))
+	roots.AddCert(testcert.Write(t, certFile, keyFile, "first"))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +51,7 @@ func TestServeReloadsCertificateOnSIGHUP(t *testing.T) {
 	}
 	waitFor(t, "the first certificate", func() bool { return served() == "first" }, done)
 
-	roots.AddCert(selfSigned(t, certFile, keyFile, "second"))
+	roots.AddCert(testcert.Write(t, certFile, keyFile, "second"))
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -75,43 +71,5 @@ func waitFor(t *testing.T, what string, cond func() bool, done <-chan error) {
 			t.Fatalf("no %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// selfSigned writes a self-signed certificate for 127.0.0.1 named cn and
-// its key as PEM files.
-func selfSigned(t *testing.T, certFile, keyFile, cn string) *x509.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{
-		SerialNumber: serial, Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, BasicConstraintsValid: true, IsCA: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, _ := x509.MarshalECPrivateKey(key)
-	// The key first, then the certificate, each by rename, as a renewal
-	// tool would; a reload between the two fails and keeps the old pair.
-	writeAtomic(t, keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}))
-	writeAtomic(t, certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
-	cert, _ := x509.ParseCertificate(der)
-	return cert
-}
-
-func writeAtomic(t *testing.T, path string, b []byte) {
-	t.Helper()
-	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
-		t.Fatal(err)
 	}
 }
