@@ -325,27 +325,37 @@ const (
 	maxPage     = 200
 )
 
+// pageQuery reads a listing's query parameters: after, the decimal id
+// of the last item of the previous page (none for the first), and limit,
+// from 1 to max (def when absent).
+func pageQuery(r *http.Request, item string, def, max int) (after uint64, limit int, perr *protocol.Error) {
+	q := r.URL.Query()
+	if v := q.Get("after"); v != "" {
+		a, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return 0, 0, protocol.Errorf(protocol.CodeInvalidArgument, "after %q is not a decimal %s id", truncate(v), item)
+		}
+		after = a
+	}
+	limit = def
+	if v := q.Get("limit"); v != "" {
+		l, err := strconv.Atoi(v)
+		if err != nil || l < 1 || l > max {
+			return 0, 0, protocol.Errorf(protocol.CodeInvalidArgument, "limit must be an integer from 1 to %d", max)
+		}
+		limit = l
+	}
+	return after, limit, nil
+}
+
 func (s *Server) userConversations(ctx context.Context, r *http.Request, _ []byte) (any, *protocol.Error) {
 	user, perr := pathUser(r)
 	if perr != nil {
 		return nil, perr
 	}
-	q := r.URL.Query()
-	var after uint64
-	if v := q.Get("after"); v != "" {
-		a, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "after %q is not a decimal conversation id", truncate(v))
-		}
-		after = a
-	}
-	limit := defaultPage
-	if v := q.Get("limit"); v != "" {
-		l, err := strconv.Atoi(v)
-		if err != nil || l < 1 || l > maxPage {
-			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "limit must be an integer from 1 to %d", maxPage)
-		}
-		limit = l
+	after, limit, perr := pageQuery(r, "conversation", defaultPage, maxPage)
+	if perr != nil {
+		return nil, perr
 	}
 	list, more, perr := s.d.Chat.AdminUserConversations(ctx, user, after, limit)
 	if perr != nil {
@@ -491,22 +501,9 @@ func (s *Server) attachments(ctx context.Context, r *http.Request, _ []byte) (an
 	if s.d.Attachments == nil {
 		return nil, s.attachmentsOff()
 	}
-	q := r.URL.Query()
-	var after uint64
-	if v := q.Get("after"); v != "" {
-		a, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "after %q is not a decimal attachment id", truncate(v))
-		}
-		after = a
-	}
-	limit := defaultAttachPage
-	if v := q.Get("limit"); v != "" {
-		l, err := strconv.Atoi(v)
-		if err != nil || l < 1 || l > maxAttachPage {
-			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "limit must be an integer from 1 to %d", maxAttachPage)
-		}
-		limit = l
+	after, limit, perr := pageQuery(r, "attachment", defaultAttachPage, maxAttachPage)
+	if perr != nil {
+		return nil, perr
 	}
 	list, more, perr := s.d.Attachments.AdminAttachments(ctx, conv, after, limit)
 	if perr != nil {
