@@ -428,6 +428,16 @@ export class E2EChat {
     return r.peer ? this.sendDirect(convId, r.peer, text) : this.sendGroup(convId, r.members!, text);
   }
 
+  // edit and recall route by the conversation as send does.
+  async edit(convId: string, target: number, text: string): Promise<Ack> {
+    const r = await this.route(convId);
+    return r.peer ? this.editDirect(convId, target, r.peer, text) : this.editGroup(convId, target, r.members!, text);
+  }
+  async recall(convId: string, target: number): Promise<Ack> {
+    const r = await this.route(convId);
+    return r.peer ? this.recallDirect(convId, target, r.peer) : this.recallGroup(convId, target, r.members!);
+  }
+
   private async route(convId: string): Promise<{ peer?: string; members?: string[] }> {
     const info = ((await this.client.request({ type: "conv_info", conv_id: convId }, true)) as SConv).conv as ConvInfo;
     if (!info.e2e) throw new Error(`e2eechat: conversation ${convId} is not end-to-end encrypted`);
