@@ -106,6 +106,8 @@ func validate(f *Frame, lim Limits) *Error {
 		return validateKeys(f)
 	case TypeKTKeys, TypeKTConsistency, TypeKTLeaves:
 		return validateKT(f)
+	case TypePushRegister, TypePushRemove:
+		return validatePush(f)
 	case TypeUploadCreate, TypeUploadStatus, TypeUploadPart, TypeUploadComplete, TypeAttachmentURL:
 		return validateAttach(f)
 	case TypeSend:

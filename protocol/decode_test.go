@@ -130,6 +130,10 @@ func FuzzDecodeClient(f *testing.F) {
 		`{"type":"upload_complete","rid":"c","attachment_id":"9"}`,
 		`{"type":"attachment_url","conv_id":"7","seq":3,"thumbnail":true}`,
 		`{"type":"send","conv_id":"7","client_msg_id":"a","kind":"file","attachment_id":"9","body":"{}"}`,
+		`{"type":"push_register","push":{"provider":"apns","token":"ab01","topic":"im.parley.app","sandbox":true}}`,
+		`{"type":"push_register","push":{"provider":"fcm","token":"t:APA91b"}}`,
+		`{"type":"push_register","push":{"provider":"webpush","endpoint":"https://p.example/e","p256dh":"BCVxsr7N_eNgVRqvHtD0zTZsEc6-VV-JvLexhqUzORcxaOzi6-AYWXvTBHm4bjyPjs7Vd8pZGH6SRpkNtoIAiw4","auth":"BTBZMqHH6r4Tts7J_aSIgg"}}`,
+		`{"type":"push_remove"}`, `{"type":"push_remove","push":{"provider":"webpush","endpoint":"https://p.example/e"}}`,
 		`[`, ``, `{"type":null}`,
 	} {
 		f.Add([]byte(s))

@@ -48,7 +48,7 @@ func HTTPStatus(c Code) int {
 		return 403
 	case CodeNotFound:
 		return 404
-	case CodeConflict, CodeRecallExpired, CodePartOutOfOrder, CodeUploadIncomplete, CodeNotReady:
+	case CodeConflict, CodeRecallExpired, CodePartOutOfOrder, CodeUploadIncomplete, CodeNotReady, CodeTooManyRegistrations:
 		return 409
 	case CodeTooLarge, CodeQuotaExceeded:
 		return 413

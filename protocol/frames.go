@@ -169,6 +169,11 @@ type Frame struct {
 	To     uint64   `json:"to,omitempty"`
 	KT     *KTProof `json:"kt,omitempty"`
 	KTKeys *KTKeys  `json:"kt_keys,omitempty"`
+
+	// Push registrations (push.go): the registration push_register and
+	// push_remove name, the device's registrations a push answer lists.
+	Push          *PushRegistration  `json:"push,omitempty"`
+	Registrations []PushRegistration `json:"registrations,omitzero"`
 }
 
 // FillLists makes the lists a response of f's type always carries non-nil,
@@ -211,6 +216,10 @@ func (f *Frame) FillLists() {
 	case TypeDevices:
 		if f.Devices == nil {
 			f.Devices = []DeviceKeyInfo{}
+		}
+	case TypePush:
+		if f.Registrations == nil {
+			f.Registrations = []PushRegistration{}
 		}
 	}
 }

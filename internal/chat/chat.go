@@ -78,6 +78,9 @@ type Config struct {
 	PrekeysPerRequester int           `yaml:"prekeys_per_requester" help:"one-time prekeys handed out to one user per prekey_period"`
 	PrekeysPerDevice    int           `yaml:"prekeys_per_device" help:"one-time prekeys handed out from one device per prekey_period"`
 	PrekeyPeriod        time.Duration `yaml:"prekey_period" help:"the period of prekeys_per_requester and prekeys_per_device"`
+	// PushPerDevice bounds a device's push registrations (push_register
+	// answers too_many_registrations past it).
+	PushPerDevice int `yaml:"push_registrations_per_device" help:"push registrations (APNs, FCM, Web Push tokens) one device may hold"`
 }
 
 // DefaultConfig returns the defaults: a sync sends whole ranges up to 200
@@ -105,6 +108,9 @@ func DefaultConfig() Config {
 		PrekeysPerRequester: 100,
 		PrekeysPerDevice:    20,
 		PrekeyPeriod:        time.Hour,
+		// An app with one token per provider it builds for, and room to
+		// register a rotated token before removing the old one.
+		PushPerDevice: 4,
 	}
 }
 
@@ -126,6 +132,7 @@ func (c Config) Validate() error {
 	p.Check(c.PrekeysPerRequester > 0, "prekeys_per_requester", "must be positive, got %d", c.PrekeysPerRequester)
 	p.Check(c.PrekeysPerDevice > 0, "prekeys_per_device", "must be positive, got %d", c.PrekeysPerDevice)
 	p.Check(c.PrekeyPeriod > 0, "prekey_period", "must be positive, got %v", c.PrekeyPeriod)
+	p.Check(c.PushPerDevice >= 1 && c.PushPerDevice <= 64, "push_registrations_per_device", "must be within 1-64, got %d", c.PushPerDevice)
 	return p.Err("chat")
 }
 

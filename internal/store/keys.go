@@ -127,7 +127,8 @@ type KeyDirectory interface {
 	// PreKeyCounts returns how many one-time prekeys of each kind a device
 	// has left.
 	PreKeyCounts(ctx context.Context, user, device string) (prekeys, kem int, err error)
-	// RemoveDevice drops a device's keys (no error if it has none).
+	// RemoveDevice drops a device's keys and its push registrations (no
+	// error if it has none).
 	RemoveDevice(ctx context.Context, user, device string) error
 }
 

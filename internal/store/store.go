@@ -341,6 +341,8 @@ type Store interface {
 	// Attachments is the attachment records and their owners' usage
 	// (attach.go).
 	Attachments
+	// Push is the devices' push registrations (push.go).
+	Push
 
 	// Close releases the store. It is safe to call twice.
 	Close() error

@@ -13,7 +13,7 @@ def obj(props, required, desc=None, closed=True):
     if closed: o["additionalProperties"]=False
     if desc: o["description"]=desc
     return o
-CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized","token_expired","not_member","forbidden","not_found","conflict","recall_window_passed","rate_limited","store_unavailable","overloaded","internal","timeout","e2e_required","e2e_unsupported","bad_key","token_revoked","banned","account_conflict","quota_exceeded","too_many_uploads","size_mismatch","hash_mismatch","part_out_of_order","upload_incomplete","not_ready"]
+CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized","token_expired","not_member","forbidden","not_found","conflict","recall_window_passed","rate_limited","store_unavailable","overloaded","internal","timeout","e2e_required","e2e_unsupported","bad_key","token_revoked","banned","account_conflict","quota_exceeded","too_many_uploads","size_mismatch","hash_mismatch","part_out_of_order","upload_incomplete","not_ready","too_many_registrations"]
 defs={
  "ConvID":U64S,"MsgID":U64S,"UserID":ID,
  "Message":obj({"conv_id":ref("ConvID"),"seq":SEQ,"msg_id":ref("MsgID"),"sender":ID,"sender_device":ID,
@@ -76,6 +76,15 @@ defs={
    "url":{"type":"string","minLength":1,"description":"GET (Range requests work): Parley's /v1/files/<id>?... relative to the server's origin, or a presigned S3 URL"},
    "url_expires_at":MS},
    ["attachment_id","conv_id","seq","size","sha256","media_type","name","url","url_expires_at"],"a file and the URL to download it (or its thumbnail)"),
+ "PushRegistration":obj({"provider":{"enum":["apns","fcm","webpush"]},
+   "token":{"type":"string","minLength":1,"maxLength":4096,"pattern":"^[!-~]+$","description":"apns: the device token; fcm: the registration token"},
+   "topic":{"type":"string","minLength":1,"maxLength":255,"pattern":"^[!-~]+$","description":"apns: the app's bundle id (apns-topic); required by push_register"},
+   "sandbox":{"type":"boolean","description":"apns: the development environment"},
+   "endpoint":{"type":"string","minLength":9,"maxLength":4096,"pattern":"^https://[!-~]+$","description":"webpush: the PushSubscription's endpoint"},
+   "p256dh":{"type":"string","pattern":"^[A-Za-z0-9_-]+={0,2}$","description":"webpush: the subscription's P-256 key, base64url (65 bytes); required by push_register"},
+   "auth":{"type":"string","pattern":"^[A-Za-z0-9_-]+={0,2}$","description":"webpush: the subscription's auth secret, base64url (16 bytes); required by push_register"},
+   "updated_at":{**MS,"description":"answers only: when it was last registered"}},["provider"],
+   "a device's registration with a push provider: token (apns, fcm) or endpoint (webpush)"),
  "FileBody":obj({"attachment_id":U64S,"name":STR,"size":{"type":"integer","minimum":0},"media_type":STR,
    "sha256":{"type":"string","pattern":"^[0-9a-f]{64}$"},"width":{"type":"integer","minimum":0},"height":{"type":"integer","minimum":0},
    "duration_ms":{"type":"integer","minimum":0},"thumbnail":{"enum":["pending","ready","refused"]},"caption":STR},
@@ -107,6 +116,7 @@ server={
  "kt_leaves":frame("kt_leaves",{"rid":RID,"kt":ref("KTProof")},["kt"],"answer to kt_leaves"),
  "upload":frame("upload",{"rid":RID,"upload":ref("UploadInfo")},["upload"],"answer to upload_create, upload_status, upload_part and upload_complete"),
  "attachment":frame("attachment",{"rid":RID,"attachment":ref("AttachmentInfo")},["attachment"],"answer to attachment_url"),
+ "push":frame("push",{"rid":RID,"registrations":arr(ref("PushRegistration"))},["registrations"],"answer to push_register and push_remove: this device's registrations"),
  "keys_low":frame("keys_low",{"user_id":ID,"device_id":ID,"counts":ref("KeyCounts")},["user_id","device_id","counts"],"push: a device's one-time prekeys run low"),
 }
 C={"rid":RID}
@@ -147,6 +157,8 @@ client={
  "kt_keys":cf("kt_keys",{},[],"the key transparency log's public keys"),
  "kt_consistency":cf("kt_consistency",{"from":{"type":"integer","minimum":1},"to":{"type":"integer","minimum":1}},["from","to"],"a consistency proof between log sizes from and to"),
  "kt_leaves":cf("kt_leaves",{"from":SEQ,"limit":{"type":"integer","minimum":0,"maximum":1000}},[],"a page of the key transparency log's leaves"),
+ "push_register":cf("push_register",{"push":ref("PushRegistration")},["push"],"register (or refresh) one of this device's push tokens"),
+ "push_remove":cf("push_remove",{"push":ref("PushRegistration")},[],"remove one of this device's push tokens (push: provider and token or endpoint), or all of them (no push)"),
  "conv_info":cf("conv_info",{"conv_id":ref("ConvID")},["conv_id"],"read a conversation's conv frame"),
  "attachment_url":cf("attachment_url",{"conv_id":ref("ConvID"),"seq":{"type":"integer","minimum":1},"thumbnail":BOOL},["conv_id","seq"],"a download URL for the file (or thumbnail) of message seq"),
 }

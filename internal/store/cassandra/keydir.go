@@ -213,9 +213,12 @@ func (s *Store) PreKeyCounts(ctx context.Context, user, device string) (int, int
 	return a, k, nil
 }
 
-// RemoveDevice drops a device's keys.
+// RemoveDevice drops a device's keys and push registrations.
 func (s *Store) RemoveDevice(ctx context.Context, user, device string) error {
 	const op = "remove device"
+	if err := s.pushRemove(ctx, user, device, "", ""); err != nil {
+		return fmt.Errorf("cassandra: %s: %w", op, err)
+	}
 	if err := s.q(ctx, `DELETE FROM e2e_prekeys WHERE user_id = ? AND device_id = ?`, user, device).Exec(); err != nil {
 		return fmt.Errorf("cassandra: %s: %w", op, err)
 	}

@@ -168,6 +168,19 @@ var migrations = []migration{
 		) WITH gc_grace_seconds = 3600`,
 		`ALTER TABLE messages ADD IF NOT EXISTS attachment bigint`,
 	}},
+	// Push registrations by user and device, and the device each token
+	// names (push.go).
+	{11, "push: the devices' push registrations and the device each token names", []string{
+		`CREATE TABLE IF NOT EXISTS push_regs (
+			user_id text, device_id text, provider text, push_token text,
+			topic text, sandbox boolean, p256dh blob, auth blob, updated_at bigint,
+			PRIMARY KEY (user_id, device_id, provider, push_token)
+		)`,
+		`CREATE TABLE IF NOT EXISTS push_tokens (
+			provider text, push_token text, user_id text, device_id text, updated_at bigint,
+			PRIMARY KEY ((provider, push_token))
+		)`,
+	}},
 }
 
 var latestVersion = migrations[len(migrations)-1].version

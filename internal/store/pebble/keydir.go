@@ -368,9 +368,15 @@ func (s *Store) PreKeyCounts(ctx context.Context, user, device string) (int, int
 	return r.preKeys, r.kemKeys, nil
 }
 
-// RemoveDevice drops a device's keys.
+// RemoveDevice drops a device's keys and push registrations.
 func (s *Store) RemoveDevice(ctx context.Context, user, device string) error {
 	const op = "remove device"
+	s.pushMu.Lock()
+	err := s.pushRemove(user, device, "", "")
+	s.pushMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("pebble: %s: %w", op, err)
+	}
 	mu := s.keyLock(user, device)
 	mu.Lock()
 	defer mu.Unlock()

@@ -200,6 +200,8 @@ type Store struct {
 	keyLocks [keyStripes]sync.Mutex
 	// ktMu serialises the key transparency log's conditional writes (kt.go).
 	ktMu sync.Mutex
+	// pushMu serialises the push registrations' changes (push.go).
+	pushMu sync.Mutex
 	// attMu serialises the attachment records' writes (attach.go).
 	attMu sync.Mutex
 

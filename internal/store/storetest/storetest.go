@@ -79,6 +79,8 @@ func Run(t *testing.T, h Harness) {
 		{"AttachmentLists", testAttachmentLists},
 		{"AttachmentMessage", testAttachmentMessage},
 		{"AttachmentBadArguments", testAttachmentBadArguments},
+		{"PushRegistrations", testPushRegistrations},
+		{"PushConcurrent", testPushConcurrent},
 		{"Outbox", testOutbox},
 		{"OutboxConcurrent", testOutboxConcurrent},
 		{"AppendRows", testAppendRows},
