@@ -16,6 +16,8 @@ import (
 
 	"github.com/parley-im/parley/client"
 	"github.com/parley-im/parley/client/e2ee"
+	"github.com/parley-im/parley/internal/search"
+	sbleve "github.com/parley-im/parley/internal/search/bleve"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/protocol"
 )
@@ -285,11 +287,64 @@ func TestE2EDirectConversation(t *testing.T) {
 		t.Fatalf("safety number from alice's laptop %q, want %q (%v)", sl, sa, err)
 	}
 
+	// The search index holds the plain conversation's text, nothing of the
+	// E2E one's (its files are in the scan below too).
+	waitIndexed(t, srv, plainConv.ConvID)
+
 	// No plaintext anywhere on the server: data directory, logs.
 	srv.Close()
 	assertNoCanary(t, srv.DataDir, logs.String())
 	if !dirContains(t, srv.DataDir, []byte(control)) {
 		t.Fatal("the control plaintext is not found in the data directory: the scan cannot see plaintext")
+	}
+	assertIndexClean(t, srv.DataDir, conv.ConvID, plainConv.ConvID)
+}
+
+// waitIndexed waits until the node's search index has caught up with
+// conv.
+func waitIndexed(t *testing.T, srv *servertest.Server, conv uint64) {
+	t.Helper()
+	ix, x := srv.Search()
+	if ix == nil {
+		t.Fatal("no search index on the node")
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if w, err := x.Watermark(context.Background(), conv); err == nil && w > 0 && ix.Pending() == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the search index did not catch up")
+		}
+	}
+}
+
+// assertIndexClean opens the stopped node's search index: it finds the
+// control text of the plain conversation (it can see plaintext) and
+// holds no document of the E2E one, nor anything with the canary.
+func assertIndexClean(t *testing.T, dataDir string, e2eConv, plainConv uint64) {
+	t.Helper()
+	x, err := sbleve.Open(filepath.Join(dataDir, "search"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	ctx := context.Background()
+	ws := []search.Window{{ConvID: e2eConv, From: 1}, {ConvID: plainConv, From: 1}}
+	q := func(text string) int {
+		r, err := x.Search(ctx, search.Query{Text: text, Windows: ws, Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(r.Hits)
+	}
+	if q(control) == 0 {
+		t.Fatal("the search index does not find the control plaintext: the check cannot see it")
+	}
+	if n := q("CANARY-7f3a9c"); n != 0 {
+		t.Fatalf("the search index finds the E2E canary (%d hits)", n)
+	}
+	if n, err := x.Count(ctx, e2eConv); err != nil || n != 0 {
+		t.Fatalf("the search index holds %d documents of the E2E conversation (%v)", n, err)
 	}
 }
 

@@ -38,6 +38,7 @@ import (
 	"github.com/parley-im/parley/internal/hooks"
 	"github.com/parley-im/parley/internal/kt"
 	"github.com/parley-im/parley/internal/presence"
+	"github.com/parley-im/parley/internal/search"
 	"github.com/parley-im/parley/internal/settings"
 	"github.com/parley-im/parley/internal/snowflake"
 	"github.com/parley-im/parley/internal/store/cassandra"
@@ -107,6 +108,9 @@ type Config struct {
 	// Webhooks: endpoints (a list, in the file only) and their retry
 	// policy (docs/webhooks.md).
 	Webhooks hooks.Config `yaml:"webhooks"`
+	// Search is full-text search of plain conversations (internal/search;
+	// docs/protocol.md, "Search").
+	Search search.Config `yaml:"search"`
 }
 
 // Cluster configures cluster mode: roles as separate processes on Redis
@@ -293,6 +297,7 @@ func defaults() Config {
 		Chat:       ch,
 		Fanout:     fanout.DefaultConfig(),
 		Webhooks:   hooks.DefaultConfig(),
+		Search:     search.DefaultConfig(),
 		KT:         kt.DefaultConfig(),
 		Attach:     attach.DefaultConfig(),
 		Presence:   presence.DefaultConfig(),
@@ -519,6 +524,7 @@ func (c Config) Validate() error {
 	p.Merge("chat", c.ChatConfig().Validate())
 	p.Merge("fanout", c.Fanout.Validate())
 	p.Merge("webhooks", c.Webhooks.Validate())
+	p.Merge("search", c.Search.Validate())
 	p.Merge("presence", c.Presence.Validate())
 	p.Merge("kt", c.KT.Validate())
 	p.Merge("attach", c.Attach.Validate())

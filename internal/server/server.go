@@ -62,6 +62,8 @@ import (
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/registry/memory"
 	rredis "github.com/parley-im/parley/internal/registry/redis"
+	"github.com/parley-im/parley/internal/search"
+	sbleve "github.com/parley-im/parley/internal/search/bleve"
 	"github.com/parley-im/parley/internal/snowflake"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/internal/store/cassandra"
@@ -126,15 +128,19 @@ type Server struct {
 	relay    *relay.Relay
 	owner    *lease.Owner // chat role in cluster mode
 
-	chat     *chat.Service
-	attach   *attach.Service // nil: no chat role, or attachments off
-	access   *access.Manager // banned users and revoked tokens
-	admin    *admin.Server
-	fanout   *fanout.Fanout
-	hooks    *hooks.Hooks // nil without webhook endpoints
-	backend  gateway.Backend
-	verifier gateway.Verifier
-	gw       *gateway.Gateway
+	chat   *chat.Service
+	attach *attach.Service // nil: no chat role, or attachments off
+	access *access.Manager // banned users and revoked tokens
+	admin  *admin.Server
+	fanout *fanout.Fanout
+	hooks  *hooks.Hooks // nil without webhook endpoints
+	// search indexes plain conversations into searchIndex (nil: search
+	// off, or a cluster node).
+	search      *search.Indexer
+	searchIndex search.Index
+	backend     gateway.Backend
+	verifier    gateway.Verifier
+	gw          *gateway.Gateway
 
 	bg       sync.WaitGroup // loops owned by the server
 	bgCtx    context.Context
@@ -465,6 +471,9 @@ func (s *Server) startChat() error {
 	if s.hooks != nil {
 		s.runLoop(s.hooks.Run)
 	}
+	if s.search != nil {
+		s.runLoop(s.search.Run)
+	}
 	// Delivered positions live in memory; the loop flushes them in batches
 	// and once more when the server stops, before the store closes.
 	s.runLoop(svc.RunPositions)
@@ -509,10 +518,17 @@ func (s *Server) startChat() error {
 }
 
 // consumers are what hangs off every stored message after its fan-out:
-// the webhooks, with endpoints configured. A new consumer is wired here.
+// the search indexer on an embedded node, the webhooks with endpoints
+// configured. A new consumer is wired here.
 func (s *Server) consumers(chatStore store.Store) ([]fanout.Consumer, error) {
+	var cs []fanout.Consumer
+	if ix, err := s.openSearch(); err != nil {
+		return nil, err
+	} else if ix != nil {
+		cs = append(cs, ix)
+	}
 	if len(s.cfg.Webhooks.Endpoints) == 0 {
-		return nil, nil
+		return cs, nil
 	}
 	// The webhook queue: a Pebble database of its own on an embedded
 	// node, the shared JetStream streams in cluster mode
@@ -530,7 +546,43 @@ func (s *Server) consumers(chatStore store.Store) ([]fanout.Consumer, error) {
 	s.hooks = h
 	s.onClose(h.Close)
 	s.registerHookMetrics(h)
-	return []fanout.Consumer{h}, nil
+	return append(cs, h), nil
+}
+
+// openSearch opens the search index and its indexer on an embedded node
+// with search on (nil otherwise: a cluster node has no search engine).
+// The indexer's loop starts with the node's other loops.
+func (s *Server) openSearch() (*search.Indexer, error) {
+	if !s.cfg.Search.Enabled || s.owner != nil {
+		return nil, nil
+	}
+	st, ok := s.store.(search.Store)
+	if !ok {
+		return nil, nil
+	}
+	x, err := sbleve.Open(filepath.Join(s.cfg.DataDir, "search"))
+	if err != nil {
+		return nil, fmt.Errorf("server: search index: %w", err)
+	}
+	s.onClose(x.Close)
+	lag := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "parley_search_index_lag_seconds", Help: "From a message's server time to its durable write into the search index.",
+		Buckets: []float64{.01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 300},
+	})
+	failures := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "parley_search_index_failures_total", Help: "Indexing rounds that failed (the index or the store) and are retried.",
+	})
+	ix := search.NewIndexer(search.IndexerOptions{Index: x, Store: st, Logger: s.log, Batch: s.cfg.Search.Batch,
+		Observer: search.IndexerObserver{Indexed: func(d time.Duration) { lag.Observe(d.Seconds()) }, Failed: failures.Inc}})
+	s.reg.MustRegister(lag, failures,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "parley_search_pending_conversations", Help: "Conversations with messages not yet in the search index.",
+		}, func() float64 { return float64(ix.Pending()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "parley_search_indexed_total", Help: "Messages written into the search index.",
+		}, func() float64 { return float64(ix.Indexed()) }))
+	s.search, s.searchIndex = ix, x
+	return ix, nil
 }
 
 // openHookQueue opens the webhook queue: a Pebble database of its own on
@@ -566,6 +618,9 @@ func (s *Server) registerHookMetrics(h *hooks.Hooks) {
 		)
 	}
 }
+
+// Search exposes the node's search indexer and index (nil: none).
+func (s *Server) Search() (*search.Indexer, search.Index) { return s.search, s.searchIndex }
 
 // Hooks exposes the node's webhooks (nil without endpoints).
 func (s *Server) Hooks() *hooks.Hooks { return s.hooks }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -499,3 +500,28 @@ var (
 	_ Networked       = (*networked)(nil)
 	_ DeliveredRaiser = (*networked)(nil)
 )
+
+// ConvLister is implemented by stores that list every conversation (the
+// embedded Pebble engine): what rebuilds a search index and lets it catch
+// up after a crash.
+type ConvLister interface {
+	// ConvIDs returns up to limit conversation ids above after, ascending.
+	ConvIDs(ctx context.Context, after uint64, limit int) ([]uint64, error)
+}
+
+// ConvIDs lists conversations where the engine can (ConvLister);
+// errors.ErrUnsupported elsewhere.
+func (c *checked) ConvIDs(ctx context.Context, after uint64, limit int) ([]uint64, error) {
+	if err := c.enter(ctx, "conversation ids"); err != nil {
+		return nil, err
+	}
+	defer c.gate.RUnlock()
+	l, ok := c.e.(ConvLister)
+	if !ok {
+		return nil, fmt.Errorf("%s: conversation ids: %w", c.name, errors.ErrUnsupported)
+	}
+	if limit <= 0 {
+		return nil, nil
+	}
+	return l.ConvIDs(ctx, after, limit)
+}

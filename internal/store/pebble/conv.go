@@ -3,6 +3,7 @@ package pebble
 import (
 	"context"
 	"fmt"
+	"math"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
@@ -525,3 +526,16 @@ func (s *Store) ConvStates() (held int, evicted uint64) {
 // EvictIdle evicts every conversation state that may go now and returns
 // how many went: tests use it to force a reload between two operations.
 func (s *Store) EvictIdle() int { return s.convs.EvictIdle() }
+
+// ConvIDs returns up to limit conversation ids above after, ascending
+// (store.ConvLister).
+func (s *Store) ConvIDs(ctx context.Context, after uint64, limit int) ([]uint64, error) {
+	if after == math.MaxUint64 {
+		return nil, nil
+	}
+	ids, err := s.keyIDs(convKey(after+1), []byte{tagConv + 1}, limit)
+	if err != nil {
+		return nil, fmt.Errorf("pebble: conversation ids: %w", err)
+	}
+	return ids, nil
+}
