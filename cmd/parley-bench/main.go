@@ -203,7 +203,8 @@ func runBenchFanout(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.AckEvery, "ack-every", cfg.AckEvery, "each member connection's cumulative delivered cadence (with -ack-by push: of the pushes asking for batched acks); 0 acks every push")
 	ackBy := fs.String("ack-by", "push", "push: acknowledge as each push's ack field asks, as the SDKs do; timer: every push on the -ack-every cadence")
 	procs := fs.Int("procs", 3, fmt.Sprintf("client processes of the delivery scenario (each holds at most %d)", bench.MaxConnsPerClient))
-	members := fs.Int("delivery-members", 10000, "members of the delivery scenario's group, all online")
+	members := fs.Int("delivery-members", 10000, "members of the delivery scenario's group")
+	online := fs.Int("delivery-online", -1, "of them online (negative: all)")
 	only := fs.String("only", "", "comma-separated scenario names to run (default: all)")
 	fs.DurationVar(&cfg.DeliveryWait, "delivery-wait", cfg.DeliveryWait, "wait for pushes after the last ACK")
 	fs.IntVar(&cfg.Chunk, "chunk", cfg.Chunk, "member ids per create_group / add_members frame of the setup")
@@ -213,6 +214,7 @@ func runBenchFanout(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "with -addr: the node's data directory (its development key signs the tokens)")
 	fs.IntVar(&cfg.ServerPID, "server-pid", 0, "with -addr: the node's process id, to report its CPU time per delivery")
 	server := serverBinaryFlag(fs)
+	fs.StringVar(&cfg.WindowFile, "window-file", "", `append "start SCENARIO" and "end SCENARIO" to this file at the edges of each sending window (for scripts that measure processes outside the benchmark)`)
 	fs.StringVar(&cfg.ProfileDir, "profile-dir", "", "save CPU and allocation profiles of the server's sending window here (the server opens pprof on PARLEY_PPROF)")
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "bound on the whole run")
 	cluster := clusterFlags(fs)
@@ -228,7 +230,13 @@ func runBenchFanout(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("fanout: %w", err)
 	}
-	cfg.Scenarios = bench.DefaultFanoutScenarios(*members, *procs)
+	if *online < 0 {
+		*online = *members
+	}
+	if *online > *members {
+		return fmt.Errorf("fanout: -delivery-online %d exceeds -delivery-members %d", *online, *members)
+	}
+	cfg.Scenarios = bench.FanoutScenarios(*members, *online, *procs)
 	if *groupMembers > 0 {
 		cfg.Scenarios = append(cfg.Scenarios, bench.FanoutScenario{Name: "group-" + strconv.Itoa(*groupMembers), Members: *groupMembers})
 	}

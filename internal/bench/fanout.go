@@ -45,12 +45,23 @@ func (s FanoutScenario) OnlineUsers() int { return max(s.Online, 1) }
 // 10,000 members a few online, and deliveryMembers all online over procs
 // client processes.
 func DefaultFanoutScenarios(deliveryMembers, procs int) []FanoutScenario {
+	return FanoutScenarios(deliveryMembers, deliveryMembers, procs)
+}
+
+// FanoutScenarios are DefaultFanoutScenarios with deliveryOnline of the
+// delivery run's deliveryMembers online (a large group of which only a
+// part is connected); its name then says both, delivery-M-online-N.
+func FanoutScenarios(deliveryMembers, deliveryOnline, procs int) []FanoutScenario {
+	name := "delivery-" + strconv.Itoa(deliveryMembers)
+	if deliveryOnline != deliveryMembers {
+		name += "-online-" + strconv.Itoa(deliveryOnline)
+	}
 	return []FanoutScenario{
 		{Name: "small-199", Members: 199},
 		{Name: "medium-200", Members: 200},
 		{Name: "medium-2000", Members: 2000, Online: 400, Procs: 1},
 		{Name: "large-10000", Members: 10000, Online: 10, Procs: 1},
-		{Name: "delivery-" + strconv.Itoa(deliveryMembers), Members: deliveryMembers, Online: deliveryMembers, Procs: procs},
+		{Name: name, Members: deliveryMembers, Online: deliveryOnline, Procs: procs},
 	}
 }
 
@@ -77,6 +88,12 @@ type FanoutConfig struct {
 	// (<scenario>.cpu.pprof, <scenario>.allocs.pprof), fetched from the
 	// net/http/pprof endpoint the server opens on PARLEY_PPROF.
 	ProfileDir string
+	// WindowFile, if set, gets a line "start SCENARIO" appended when a
+	// scenario's sending window begins (its members online, nothing sent
+	// yet) and "end SCENARIO" when it ends (every delivery in), so that a
+	// script measuring processes the benchmark does not know (a cluster's
+	// chat processes, its engines) can leave the setup out.
+	WindowFile string
 
 	Scenarios []FanoutScenario
 	Messages  int // messages sent per scenario, by member 0
@@ -483,6 +500,9 @@ func (r *fanoutRun) scenario(ctx context.Context, idx int, s FanoutScenario) (re
 	if err != nil {
 		return res, err
 	}
+	if err := r.window("start", s.Name); err != nil {
+		return res, err
+	}
 	cpu0 := r.cpuTimes(procs)
 	var profiled sync.WaitGroup
 	if r.pprofAddr != "" && s.Online > 0 {
@@ -505,6 +525,9 @@ func (r *fanoutRun) scenario(ctx context.Context, idx int, s FanoutScenario) (re
 		}
 	}
 	cpu1 := r.cpuTimes(procs)
+	if err := r.window("end", s.Name); err != nil {
+		return res, err
+	}
 	if cpu0.ok && cpu1.ok {
 		res.ServerCPU, res.ClientCPU = cpu1.server-cpu0.server, cpu1.clients-cpu0.clients
 	}
@@ -537,6 +560,20 @@ func (r *fanoutRun) scenario(ctx context.Context, idx int, s FanoutScenario) (re
 	res.Pushes = delta(before, after, "parley_fanout_pushes_total")
 	res.Retransmits = delta(before, after, "parley_retransmits_total")
 	return res, nil
+}
+
+// window appends "EDGE SCENARIO" to the configured window file, synced,
+// so that a reader polling it sees the line at once.
+func (r *fanoutRun) window(edge, scenario string) error {
+	if r.cfg.WindowFile == "" {
+		return nil
+	}
+	f, err := os.OpenFile(r.cfg.WindowFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("window file: %w", err)
+	}
+	_, err = fmt.Fprintf(f, "%s %s\n", edge, scenario)
+	return errors.Join(err, f.Close())
 }
 
 // cpuSample is the CPU time used so far by the server and the clients.

@@ -5,9 +5,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -249,6 +251,7 @@ func TestRunFanoutTiers(t *testing.T) {
 	cfg.DeliveryWait = 5 * time.Second
 	cfg.Timeout = time.Minute
 	cfg.startClient = inProcessClient()
+	cfg.WindowFile = filepath.Join(t.TempDir(), "window")
 	var out bytes.Buffer
 	cfg.Out, cfg.Stderr = &out, io.Discard
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -297,6 +300,26 @@ func TestRunFanoutTiers(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "| delivery | 25 | 12 | 300 (300) |") {
 		t.Errorf("report lacks the delivery row:\n%s", out.String())
+	}
+	// Each scenario's sending window, in order, between its setup and
+	// its results.
+	var edges strings.Builder
+	for _, s := range cfg.Scenarios {
+		fmt.Fprintf(&edges, "start %s\nend %s\n", s.Name, s.Name)
+	}
+	if b, err := os.ReadFile(cfg.WindowFile); err != nil || string(b) != edges.String() {
+		t.Errorf("window file = %q (%v), want %q", b, err, edges.String())
+	}
+}
+
+func TestFanoutScenariosOnline(t *testing.T) {
+	all := DefaultFanoutScenarios(3000, 3)
+	part := FanoutScenarios(100000, 3000, 3)
+	if d := all[len(all)-1]; d.Name != "delivery-3000" || d.Members != 3000 || d.Online != 3000 {
+		t.Errorf("all online: %+v", d)
+	}
+	if d := part[len(part)-1]; d.Name != "delivery-100000-online-3000" || d.Members != 100000 || d.Online != 3000 || d.Procs != 3 {
+		t.Errorf("3,000 of 100,000 online: %+v", d)
 	}
 }
 

@@ -10,6 +10,8 @@
 #
 #   1:1 sends, 1 pair × $M1 and 16 pairs × $M16 messages, 1 in flight
 #   3,000-member group fan-out across the 3 gateways, 20 messages at 1/s
+#   (FANOUT_MEMBERS, FANOUT_ONLINE, FANOUT_MESSAGES, FANOUT_RATE change it:
+#   e.g. 100000 members of which 3000 online, or 1000 messages at 100/s)
 #
 #   source /tmp/parley-engines/env; export PARLEY_TEST_REDIS PARLEY_TEST_NATS PARLEY_TEST_CASSANDRA
 #   scripts/bench/cluster-compare.sh ./parley-bench /tmp/old /tmp/main /tmp/new
@@ -23,6 +25,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 client=$(realpath "$1")
 shift
 rounds=${ROUNDS:-1} m1=${M1:-300} m16=${M16:-150} only=${ONLY:-}
+fm=${FANOUT_MEMBERS:-3000} fo=${FANOUT_ONLINE:-${FANOUT_MEMBERS:-3000}} fn=${FANOUT_MESSAGES:-20} fr=${FANOUT_RATE:-1}
+scenario=delivery-$fm
+[[ $fo == "$fm" ]] || scenario+=-online-$fo
 root=${BENCH_DIR:-/tmp/parley-bench}
 run=$(date +%s)
 
@@ -37,35 +42,89 @@ nats=$(pgrep -f natsserver | head -1 || true)
 redis=$(pgrep -f "redis-server $PARLEY_TEST_REDIS" | head -1 || true)
 ticks() { [[ -n $1 && -r /proc/$1/stat ]] && awk '{print $14 + $15}' "/proc/$1/stat" || echo 0; }
 
+# redis_calls: the Redis server's commands so far, one "COMMAND CALLS"
+# line each.
+redis_calls() {
+	redis-cli -h "${PARLEY_TEST_REDIS%%:*}" -p "${PARLEY_TEST_REDIS##*:}" info commandstats 2>/dev/null |
+		awk -F'[:=,]' '/^cmdstat_/ {sub(/^cmdstat_/, "", $1); print $1, $3}'
+}
+
+# redis_per N BEFORE AFTER: the commands per message between two
+# redis_calls, in all and by command, most first. The lease scripts and
+# renewals (eval, evalsha, pexpire) and the registry's session refreshes
+# run on timers whatever is sent: the breakdown tells them apart.
+redis_per() {
+	awk -v n="$1" 'FNR == NR {b[$1] = $2; next} {d = $2 - b[$1]; if (d > 0) {t += d; c[$1] = d}}
+		END {
+			if (n <= 0) exit
+			printf "Redis commands per message: %.2f (", t / n
+			k = 0
+			while (length(c) > 0) {
+				m = ""; for (x in c) if (m == "" || c[x] > c[m]) m = x
+				printf "%s%s %.2f", (k++ ? ", " : ""), m, c[m] / n; delete c[m]
+			}
+			print ")"
+		}' <(echo "$2") <(echo "$3")
+}
+
 # measure NAME LABEL N CMD...: runs CMD (a bench of N messages), then
-# prints its table and the CPU ms per message (per ACKed one, for sends)
-# of each process of cluster NAME.
+# prints its table and, per message (per ACKed one, for sends), the CPU ms
+# of each process of cluster NAME and of the engines, the Redis commands
+# and the CQL requests. A fan-out bench is measured over its sending window
+# only (-window-file: its members online, from the first send to the last
+# delivery), so the group's setup and the members' logins are left out;
+# a send bench over the whole command.
 measure() {
 	local name=$1 label=$2 n=$3
 	shift 3
 	local -A pid before
 	while read -r proc p _; do pid[$proc]=$p; done <"$root/$name/procs"
 	pid[cassandra]=$jvm pid[nats]=$nats pid[redis]=$redis
-	for k in "${!pid[@]}"; do before[$k]=$(ticks "${pid[$k]}"); done
-	local busy0 busy1
-	busy0=$(awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat)
+	local busy0 busy1 calls0 calls1 window="" scope="the whole run"
+	snap0() {
+		for k in "${!pid[@]}"; do before[$k]=$(ticks "${pid[$k]}"); done
+		busy0=$(awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat)
+		calls0=$(redis_calls)
+		"$cassstat" -hosts "$cass" -keyspace "$name" >"$root/$name/cql0" 2>/dev/null || true
+	}
+	snap1() {
+		busy1=$(awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat)
+		calls1=$(redis_calls)
+		local k
+		for k in "${!pid[@]}"; do before[$k]=$(($(ticks "${pid[$k]}") - ${before[$k]})); done
+		"$cassstat" -hosts "$cass" -keyspace "$name" -since "$root/$name/cql0" -per "$n" >"$root/$name/cql1" 2>/dev/null || true
+	}
 	echo "### $label ($(basename "$bin"), load $(cut -d' ' -f1 /proc/loadavg))"
-	"$cassstat" -hosts "$cass" -keyspace "$name" >"$root/$name/cql0" 2>/dev/null || true
-	"$@" >"$root/$name/full" 2>&1 || echo "(failed: $(grep -v '^|' "$root/$name/full" | tail -1))"
+	if [[ " $* " == *" fanout "* ]]; then
+		window=$root/$name/window scope="the sending window"
+		rm -f "$window"
+		"$@" -window-file "$window" >"$root/$name/full" 2>&1 &
+		local bench=$! took0=0 took1=0
+		until grep -q '^start ' "$window" 2>/dev/null || ! kill -0 "$bench" 2>/dev/null; do sleep 0.05; done
+		snap0
+		took0=$(date +%s%N)
+		until grep -q '^end ' "$window" 2>/dev/null || ! kill -0 "$bench" 2>/dev/null; do sleep 0.05; done
+		snap1
+		took1=$(date +%s%N)
+		wait "$bench" || echo "(failed: $(grep -v '^|' "$root/$name/full" | tail -1))"
+		scope+=", $(((took1 - took0) / 1000000)) ms"
+	else
+		snap0
+		"$@" >"$root/$name/full" 2>&1 || echo "(failed: $(grep -v '^|' "$root/$name/full" | tail -1))"
+		snap1
+	fi
 	grep -E '^\|' "$root/$name/full" | tee "$root/$name/out" || true
-	busy1=$(awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat)
 	local acked
 	acked=$(awk -F'|' '/sent \/ ACKed/ {split($3, a, "/"); gsub(/[ ,]/, "", a[2]); print a[2]}' "$root/$name/out")
 	acked=${acked:-$n}
-	local line="CPU ms per message (${acked:-?} messages):"
+	local line="CPU ms per message (${acked:-?} messages, $scope):"
 	for k in cassandra c1 c2 g1 g2 g3 nats redis; do
-		local d=$(( $(ticks "${pid[$k]}") - ${before[$k]} ))
-		line+=" $k $(awk -v d="$d" -v n="${acked:-0}" 'BEGIN{ if (n > 0) printf "%.2f", d * 10 / n; else print "?" }')"
+		line+=" $k $(awk -v d="${before[$k]}" -v n="${acked:-0}" 'BEGIN{ if (n > 0) printf "%.2f", d * 10 / n; else print "?" }')"
 	done
 	line+=" | machine $(awk -v d=$((busy1 - busy0)) -v n="${acked:-0}" 'BEGIN{ if (n > 0) printf "%.2f", d * 10 / n; else print "?" }')"
 	echo "$line"
-	"$cassstat" -hosts "$cass" -keyspace "$name" -since "$root/$name/cql0" -per "${acked:-$n}" 2>/dev/null |
-		awk '/^total (requests|read|write) /{printf " %s %s", $2, $3} END{print ""}' | sed 's/^/CQL per message:/' || true
+	redis_per "${acked:-0}" "$calls0" "$calls1"
+	awk '/^total (requests|read|write) /{printf " %s %s", $2, $3} END{print ""}' "$root/$name/cql1" 2>/dev/null | sed 's/^/CQL per message:/' || true
 	echo
 }
 
@@ -88,7 +147,8 @@ for round in $(seq "$rounds"); do
 		fi
 		if [[ $only != send ]]; then
 			# shellcheck disable=SC2086
-			measure "$name" "3,000 members × 20" 20 "$client" fanout $T -only delivery-3000 -delivery-members 3000 -procs 3 -messages 20 -rate 1 -chunk "${CHUNK:-250}"
+			measure "$name" "$fm members ($fo online) × $fn at $fr/s" "$fn" "$client" fanout $T -only "$scenario" \
+				-delivery-members "$fm" -delivery-online "$fo" -procs 3 -messages "$fn" -rate "$fr" -chunk "${CHUNK:-250}"
 		fi
 		"$here/cluster.sh" down "$name"
 		trap - EXIT
