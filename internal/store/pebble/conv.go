@@ -3,8 +3,8 @@ package pebble
 import (
 	"context"
 	"fmt"
-	"math"
 	"hash/maphash"
+	"math"
 	"sync"
 	"sync/atomic"
 
