@@ -5,6 +5,7 @@
 import {
   Client, StoragePositions, type AttachmentInfo, type ConvSummary, type FileBody, type Message, type Receipt,
 } from "../../sdk/ts/src/index.js";
+import type * as E2EE from "../../sdk/ts/dist/e2ee/browser.js";
 
 const $ = <T extends HTMLElement = HTMLElement>(id: string) => document.getElementById(id) as T;
 
@@ -17,7 +18,7 @@ interface Conv {
   readSeq: number;
   joinSeq: number;
   mentioned: boolean;
-  msgs: Map<number, Message>;
+  msgs: Map<number, Shown>;
   loaded: boolean; // history loaded at least once
   oldest: number; // lowest seq loaded (0: none)
   hasOlder: boolean;
@@ -27,6 +28,23 @@ interface Conv {
   lastAt: number;
   preview: string;
   e2e: boolean;
+}
+
+/** A message as shown: in an E2E conversation its body is the decrypted text. */
+type Shown = Message & {
+  /** missing: not on this device (sent before it existed, or not to it); refused: failed a check. */
+  e2eState?: "missing" | "refused";
+  note?: string;
+  /** a protocol message (a sender key distribution), not shown */
+  control?: boolean;
+};
+
+/** The E2E state of this tab: the device it owns (one tab per browser profile holds it). */
+interface E2E {
+  m: typeof E2EE;
+  device: E2EE.Device;
+  chat: E2EE.E2EChat;
+  published: boolean;
 }
 
 interface Outgoing { cmid: string; body: string; state: "sending" | "failed" }
@@ -67,6 +85,13 @@ let uploadSeq = 0;
 const fileViews = new Map<string, HTMLElement>();
 // Signed URLs (conv/seq/thumb) until shortly before they expire.
 const urls = new Map<string, Promise<AttachmentInfo>>();
+/** The E2E module, this tab's device and chat; null when this tab does not own the browser's device (or the browser lacks IndexedDB / Web Locks). */
+let e2e: E2E | null = null;
+let e2eMod: typeof E2EE | null = null;
+/** Messages are opened one at a time, in the order they arrive (ratchets advance in order). */
+let pipe: Promise<unknown> = Promise.resolve();
+/** Account key changes and refused devices seen, by user, until dismissed. */
+const identityAlerts = new Map<string, string>();
 let recorder: { rec: MediaRecorder; stream: MediaStream; started: number; cancelled: boolean; conv: Conv; timer: ReturnType<typeof setInterval> } | null = null;
 
 function deviceId(): string {
@@ -87,13 +112,51 @@ function tokenUser(token: string): string {
   }
 }
 
+/**
+ * claimDevice: this browser profile's E2E device for user (its id kept in
+ * localStorage, its keys in IndexedDB) if this tab gets the device's Web
+ * Lock within 2 s (a reloaded tab waits for its previous page to let go);
+ * the lock is held while the tab lives, so one tab at a time advances the
+ * device's ratchets. Another tab of the profile gets null and runs as a
+ * plain device of its own.
+ */
+async function claimDevice(mod: typeof E2EE, user: string): Promise<string | null> {
+  if (!navigator.locks || !window.indexedDB) return null;
+  const k = `parley.e2ee.device.${user}`;
+  let id = localStorage.getItem(k);
+  if (!id) {
+    id = "web-" + Math.random().toString(36).slice(2, 10);
+    localStorage.setItem(k, id);
+  }
+  const name = `${user}/${id}`;
+  return new Promise((resolve) => {
+    mod.withDeviceLock(name, () => {
+      resolve(name.slice(user.length + 1));
+      return new Promise<void>(() => {}); // held until the tab goes
+    }, { signal: AbortSignal.timeout(2000) }).catch(() => resolve(null));
+  });
+}
+
+async function loadE2E(): Promise<typeof E2EE | null> {
+  const url = "/web/js/e2ee.js";
+  try {
+    return (await import(url)) as typeof E2EE;
+  } catch (e) {
+    console.warn("end-to-end encryption unavailable:", e);
+    return null;
+  }
+}
+
 async function boot() {
   const frag = new URLSearchParams(location.hash.slice(1));
   let token = frag.get("token") ?? sessionStorage.getItem("parley.token") ?? "";
   if (frag.has("token")) history.replaceState(null, "", location.pathname);
   if (!token) token = await login();
   sessionStorage.setItem("parley.token", token);
-  start(token);
+  e2eMod = await loadE2E();
+  const user = tokenUser(token);
+  const owned = e2eMod ? await claimDevice(e2eMod, user) : null;
+  start(token, owned);
 }
 
 function login(): Promise<string> {
@@ -119,11 +182,11 @@ function login(): Promise<string> {
   });
 }
 
-function start(token: string) {
+function start(token: string, owned: string | null) {
   me = tokenUser(token);
   $("app").hidden = false;
   $("me").textContent = me;
-  const device = deviceId();
+  const device = owned ?? deviceId();
   client = new Client({
     url: location.origin, token, device,
     positions: new StoragePositions(localStorage, `parley.pos.${me}.${device}`),
@@ -140,6 +203,7 @@ function start(token: string) {
     status("connected", transport === "http" ? "Connected (HTTP fallback)" : "Connected");
     renderComposerTools();
     void refreshList();
+    void publishE2E();
   });
   client.on("disconnected", () => status("reconnecting", "Disconnected"));
   client.on("draining", () => status("draining", "Server restarting: moving to another connection…"));
@@ -165,7 +229,9 @@ function start(token: string) {
     c.readSeq = Math.max(c.readSeq, snapshot.read_seq);
     renderList();
   });
-  client.on("message", ({ convId, message }) => onMessage(convId, message));
+  client.on("message", ({ convId, message }) => {
+    pipe = pipe.then(async () => onMessage(convId, await reveal(convs.get(convId), message)));
+  });
   client.on("receipt", onReceipt);
   client.on("typing", ({ convId, userId }) => {
     typingUntil.set(`${convId}/${userId}`, Date.now() + 3000);
@@ -178,7 +244,184 @@ function start(token: string) {
     renderList();
   });
   wire();
+  void startE2E(owned);
   client.start();
+}
+
+async function startE2E(owned: string | null) {
+  const mod = e2eMod;
+  if (!mod || !owned) {
+    e2eStatus(mod ? "End-to-end encryption is off in this tab: another tab of this browser holds this device's keys. Encrypted conversations open there." : "End-to-end encryption is not available in this browser.");
+    return;
+  }
+  try {
+    const store = await mod.IDBStore.open(`parley-e2ee/${me}/${owned}`);
+    const device = await mod.Device.open(store, { user: me, device: owned });
+    const chat = new mod.E2EChat(client, device);
+    chat.onIdentity = (ev) => noteIdentity(ev);
+    e2e = { m: mod, device, chat, published: !!(await store.load("web/published")) };
+    for (const id of ["e2e-direct", "e2e-group"]) ($(id).closest("label") as HTMLElement).hidden = false;
+    $("search-form").hidden = false;
+    e2eStatus(`This browser is your device ${owned}: its keys stay here, in IndexedDB.`);
+    if (client.connection) await publishE2E();
+  } catch (e) {
+    e2e = null;
+    e2eStatus(`End-to-end encryption failed to start: ${e instanceof Error ? e.message : e}`);
+  }
+}
+
+let publishing: Promise<void> | null = null;
+
+/** Publishes this device's keys with its certificate once, then keeps them fresh (on each connect). */
+function publishE2E(): Promise<void> {
+  if (!e2e || publishing) return publishing ?? Promise.resolve();
+  const st = e2e;
+  publishing = (async () => {
+    try {
+      if (!st.published) {
+        await st.chat.publishKeys(20);
+        await st.device.store.batch([{ key: "web/published", value: Uint8Array.of(1) }]);
+        st.published = true;
+        $("link-form").hidden = true;
+        e2eStatus(`This browser is your device ${st.device.self.device}: its keys stay here, in IndexedDB.`);
+      }
+      await st.chat.maintain();
+      $("link-show").hidden = false;
+    } catch (e) {
+      if ((e as { code?: string }).code === "account_conflict") {
+        e2eStatus("Your account already has encrypted devices: link this browser to them to read and send encrypted messages here.");
+        $("link-form").hidden = false;
+        ($("e2e-panel") as HTMLDetailsElement).open = true;
+      } else {
+        e2eStatus(`Publishing this device's keys failed: ${e instanceof Error ? e.message : e}`);
+      }
+    } finally {
+      publishing = null;
+    }
+  })();
+  return publishing;
+}
+
+function e2eStatus(text: string) {
+  $("e2e-status").textContent = text;
+}
+
+const refusedCodes = new Set(["metadata_mismatch", "unbound", "unauthenticated_recall", "uncertified"]);
+
+/**
+ * reveal opens a message of an E2E conversation with this device's keys:
+ * the decrypted text, a control message (hidden), or a placeholder —
+ * "not on this device" for what was never encrypted to it.
+ */
+async function reveal(c: Conv | undefined, m: Message): Promise<Shown> {
+  const enc = c?.e2e || (m.body ?? "").startsWith('{"e2e":');
+  if (!enc) return m;
+  if (m.kind === "system") {
+    if (e2e) {
+      await e2e.chat.open(m).catch(() => {});
+      const ev = JSON.parse(m.body ?? "{}") as { event?: string; users?: string[] };
+      // A changed identity or a new device: read the list now (the banner shows a changed account key).
+      if (ev.event === "identity_changed" || ev.event === "device_added") {
+        for (const u of ev.users ?? []) if (u !== me) void e2e.chat.devices(u, true).catch(() => {});
+      }
+    }
+    return m;
+  }
+  if (isFile(m)) return m; // shown as an encrypted attachment's placeholder
+  if (!e2e) return { ...m, body: "", e2eState: "missing", note: "🔒 Encrypted: open this conversation in the tab that holds this device's keys" };
+  try {
+    const o = await e2e.chat.open(m);
+    if (o.control) return { ...m, control: true };
+    return { ...m, body: o.text ?? "", recalled: m.recalled || o.recalled };
+  } catch (e) {
+    const code = (e as { code?: string }).code ?? "";
+    if (refusedCodes.has(code)) return { ...m, body: "", e2eState: "refused", note: `⚠ Refused: ${(e as Error).message}` };
+    return { ...m, body: "", e2eState: "missing", note: "🔒 Not on this device: sent before this device was added, or not encrypted to it" };
+  }
+}
+
+/** Opens a page of history in order. */
+async function revealAll(c: Conv, msgs: Message[]): Promise<Shown[]> {
+  const out: Shown[] = [];
+  await (pipe = pipe.then(async () => {
+    for (const m of [...msgs].sort((a, b) => a.seq - b.seq)) out.push(await reveal(c, m));
+  }));
+  return out;
+}
+
+function noteIdentity(ev: E2EE.IdentityEvent) {
+  if (ev.check.change) {
+    identityAlerts.set(ev.user, `⚠ ${ev.user}'s safety number changed: ${ev.user} set up encryption again (a new account key) — or someone is in the middle. Compare the new safety number before you trust it.`);
+  } else if (ev.check.refused.length) {
+    identityAlerts.set(ev.user, `⚠ ${ev.check.refused.length} device(s) of ${ev.user} were refused: not certified by ${ev.user}'s account key. Messages are not encrypted to them.`);
+  }
+  renderBanner();
+}
+
+function renderBanner() {
+  const c = current;
+  const users = !c ? [] : c.kind === "direct" ? [c.peer ?? ""] : [...identityAlerts.keys()];
+  const u = users.find((x) => identityAlerts.has(x));
+  $("identity-banner").hidden = !u || !c?.e2e;
+  $("identity-banner").dataset.user = u ?? "";
+  $("identity-text").textContent = u ? identityAlerts.get(u)! : "";
+}
+
+/** The safety number view: for a direct chat the peer's, with a QR code; for a group each member's. */
+async function showSafety() {
+  const c = current;
+  if (!c || !e2e) return;
+  const d = $<HTMLDialogElement>("safety-dialog");
+  $("safety-number").textContent = "…";
+  $("safety-qr").replaceChildren();
+  d.showModal();
+  try {
+    if (c.kind === "direct" && c.peer) {
+      const n = await e2e.chat.safetyNumber(c.peer);
+      $("safety-who").textContent = `You and ${c.peer}:`;
+      $("safety-number").textContent = groupDigits(n);
+      $("safety-number").dataset.number = n;
+      const svg = e2e.m.encodeQR(n, "svg", { ecc: "medium" });
+      $("safety-qr").innerHTML = svg;
+      $("safety-qr").dataset.number = n;
+    } else {
+      const info = await client.request({ type: "conv_info", conv_id: c.id }, true) as { conv: { members: string[] } };
+      const lines: string[] = [];
+      for (const u of info.conv.members.filter((x) => x !== me)) {
+        try {
+          lines.push(`${u}:\n${groupDigits(await e2e.chat.safetyNumber(u))}`);
+        } catch { lines.push(`${u}: no keys seen yet`); }
+      }
+      $("safety-who").textContent = "You and each member of this group:";
+      $("safety-number").textContent = lines.join("\n\n");
+    }
+  } catch (e) {
+    $("safety-number").textContent = `No safety number yet: ${e instanceof Error ? e.message : e}`;
+  }
+}
+
+/** 60 digits in 12 groups of 5, three lines of four. */
+function groupDigits(n: string): string {
+  const g = n.match(/.{1,5}/g) ?? [];
+  const lines: string[] = [];
+  for (let i = 0; i < g.length; i += 4) lines.push(g.slice(i, i + 4).join(" "));
+  return lines.join("\n");
+}
+
+async function search(q: string) {
+  if (!e2e) return;
+  const hits = await e2e.chat.search(q);
+  $("search-hits").replaceChildren(...hits.slice(0, 50).map((h) => {
+    const li = document.createElement("li");
+    const c = convs.get(h.convId);
+    li.append(button(`${c ? (c.kind === "group" ? "# " : "") + c.name : h.convId}: ${h.text}`, `Open the message in ${c?.name ?? h.convId}`, () => void openConv(h.convId, true)));
+    return li;
+  }));
+  if (!hits.length) {
+    const li = document.createElement("li");
+    li.textContent = "No message on this device matches.";
+    $("search-hits").replaceChildren(li);
+  }
 }
 
 function fromSummary(s: ConvSummary): Conv {
@@ -273,6 +516,13 @@ function renderList() {
     preview.className = "preview";
     preview.textContent = c.preview;
     text.append(name, preview);
+    if (c.e2e) {
+      const lock = document.createElement("span");
+      lock.className = "lock";
+      lock.textContent = "🔒";
+      lock.title = "End-to-end encrypted";
+      b.append(lock);
+    }
     b.append(text);
     if (c.mentioned) b.append(badge("@", "badge mention"));
     if (n > 0) b.append(badge(String(n), "badge unread"));
@@ -307,13 +557,20 @@ async function openConv(id: string, focus: boolean) {
   $("empty").hidden = true;
   $("title").textContent = (c.kind === "group" ? "# " : "") + c.name;
   $("add-members").hidden = c.kind !== "group";
+  $("remove-members").hidden = c.kind !== "group";
+  $("lock").hidden = !c.e2e;
+  $("lock-label").textContent = c.e2e
+    ? "End-to-end encrypted: only the members' devices can read the messages. The server sees who talks with whom and when, the size of each message and the group's members — not what is said."
+    : "";
+  $("safety").hidden = !c.e2e || !e2e;
+  renderBanner();
   renderComposerTools();
   renderUploads();
   renderList();
   renderPresence();
   if (!c.loaded) {
     const page = await client.history(id, { limit: 30 });
-    for (const m of page.messages) addMessage(c, m);
+    for (const m of await revealAll(c, page.messages)) addMessage(c, m);
     c.hasOlder = page.hasMore;
     c.loaded = true;
   }
@@ -329,7 +586,7 @@ async function loadOlder() {
   const list = $("messages");
   const before = list.scrollHeight;
   const page = await client.history(c.id, { beforeSeq: c.oldest, limit: 30 });
-  for (const m of page.messages) addMessage(c, m);
+  for (const m of await revealAll(c, page.messages)) addMessage(c, m);
   c.hasOlder = page.hasMore;
   renderMessages(false);
   list.scrollTop = list.scrollHeight - before;
@@ -345,7 +602,7 @@ function markRead(c: Conv) {
 }
 
 /** Records a message (or applies an edit/recall event) in the conversation. */
-function addMessage(c: Conv, m: Message) {
+function addMessage(c: Conv, m: Shown) {
   if (c.oldest === 0 || m.seq < c.oldest) c.oldest = m.seq;
   if ((m.kind === "edit" || m.kind === "recall") && m.target_seq) {
     const t = c.msgs.get(m.target_seq);
@@ -362,7 +619,7 @@ function addMessage(c: Conv, m: Message) {
   if (m.client_msg_id) outbox.get(c.id)?.delete(m.client_msg_id);
 }
 
-function onMessage(convId: string, m: Message) {
+function onMessage(convId: string, m: Shown) {
   let c = convs.get(convId);
   if (!c) {
     c = fromSummary({ conv_id: convId, kind: "group", last_seq: 0, read_seq: 0, join_seq: 0, unread: 0 });
@@ -422,6 +679,9 @@ function systemText(m: Message): string {
       case "role_changed": return `${e.actor} made ${users} ${e.role}`;
       case "muted": return `${e.actor} muted ${users}`;
       case "unmuted": return `${e.actor} unmuted ${users}`;
+      case "device_added": return `${e.actor} added a device${e.device ? ` (${e.device})` : ""}`;
+      case "device_removed": return `${e.actor} removed a device${e.device ? ` (${e.device})` : ""}`;
+      case "identity_changed": return `${users || e.actor} set up encryption again: the safety number changed`;
     }
   } catch { /* fall through */ }
   return m.body ?? "";
@@ -435,7 +695,7 @@ function renderMessages(stick: boolean) {
   const seqs = [...c.msgs.keys()].sort((a, b) => a - b);
   for (const seq of seqs) {
     const m = c.msgs.get(seq)!;
-    if (m.kind === "edit" || m.kind === "recall" || m.superseded) continue;
+    if (m.kind === "edit" || m.kind === "recall" || m.superseded || m.control) continue;
     const li = document.createElement("li");
     li.dataset.seq = String(m.seq);
     if (m.kind === "system") {
@@ -449,7 +709,10 @@ function renderMessages(stick: boolean) {
     const body = document.createElement("div");
     body.className = "body" + (m.recalled ? " recalled" : "");
     if (m.recalled) body.textContent = "message recalled";
-    else if (isFile(m)) body.append(fileView(c, m));
+    else if (m.e2eState) {
+      body.classList.add(m.e2eState);
+      body.textContent = m.note ?? "";
+    } else if (isFile(m)) body.append(fileView(c, m));
     else body.textContent = (m.kind === "state" ? `[${m.coalesce_key}] ` : "") + (m.body ?? "");
     const meta = document.createElement("div");
     meta.className = "meta";
@@ -461,13 +724,13 @@ function renderMessages(stick: boolean) {
       st.className = "state";
       st.textContent = stateOf(c, m);
       meta.append(st);
-      if (m.kind === "text" && !m.recalled) meta.append(button("Edit", `Edit message ${m.seq}`, () => startEdit(c, m)));
+      if (m.kind === "text" && !m.recalled && !m.e2eState) meta.append(button("Edit", `Edit message ${m.seq}`, () => startEdit(c, m)));
       if ((m.kind === "text" || isFile(m)) && !m.recalled) {
         const asked = recallAsk && recallAsk.conv === c.id && recallAsk.seq === m.seq && recallAsk.until > Date.now();
         meta.append(asked
           ? button("Recall for everyone?", `Confirm: recall message ${m.seq} for everyone`, () => {
             recallAsk = null;
-            void client.recall(c.id, m.seq).catch(alertError);
+            void (c.e2e ? e2eOf(c).then((x) => x.chat.recall(c.id, m.seq)) : client.recall(c.id, m.seq)).catch(alertError);
           })
           : button("Recall", `Recall message ${m.seq}`, () => {
             // Deleting for everyone cannot be undone: ask once more.
@@ -541,7 +804,13 @@ async function submit() {
   if (editing && editing.conv === c.id) {
     const seq = editing.seq;
     stopEdit();
-    await client.edit(c.id, seq, body).catch(alertError);
+    if (c.e2e) {
+      await e2eOf(c).then(async (x) => {
+        await x.chat.edit(c.id, seq, body);
+        const t = c.msgs.get(seq);
+        if (t) { t.body = body; t.edited = true; renderMessages(false); }
+      }).catch(alertError);
+    } else await client.edit(c.id, seq, body).catch(alertError);
     return;
   }
   const mentions = [...body.matchAll(/@([A-Za-z0-9._@-]+)/g)].map((x) => x[1]).filter((u) => u !== "everyone" && u !== me);
@@ -551,7 +820,8 @@ async function submit() {
   box.set(cmid, { cmid, body, state: "sending" });
   renderMessages(true);
   try {
-    const ack = await client.send(c.id, body, {
+    // E2E: encrypted to every device of the members (no mentions: the server would see them).
+    const ack = c.e2e ? await e2eOf(c).then((x) => x.chat.send(c.id, body)) : await client.send(c.id, body, {
       clientMsgId: cmid,
       mentions: c.kind === "group" ? mentions : undefined,
       mentionAll: c.kind === "group" && /@everyone\b/.test(body),
@@ -569,13 +839,22 @@ async function submit() {
   if (current === c) renderMessages(true);
 }
 
+/** This tab's E2E state for conversation c, or an error saying why it cannot encrypt. */
+async function e2eOf(c: Conv): Promise<E2E> {
+  if (!e2e) throw new Error(`${c.name} is end-to-end encrypted and this tab does not hold this device's keys`);
+  await publishE2E();
+  if (!e2e.published) throw new Error("this device's keys are not published yet (see Encryption on this device)");
+  return e2e;
+}
+
 function wire() {
   $("new-direct").addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const peer = $<HTMLInputElement>("peer");
     try {
-      const info = await client.openDirect(peer.value.trim());
-      fromSummary({ conv_id: info.conv_id, kind: "direct", peer: peer.value.trim(), last_seq: info.last_seq, read_seq: 0, join_seq: info.join_seq, unread: 0 });
+      const enc = !!e2e && $<HTMLInputElement>("e2e-direct").checked;
+      const info = await client.openDirect(peer.value.trim(), { e2e: enc });
+      fromSummary({ conv_id: info.conv_id, kind: "direct", peer: peer.value.trim(), last_seq: info.last_seq, read_seq: 0, join_seq: info.join_seq, unread: 0, e2e: info.e2e });
       peer.value = "";
       watchPeers();
       await openConv(info.conv_id, true);
@@ -585,8 +864,9 @@ function wire() {
     ev.preventDefault();
     const name = $<HTMLInputElement>("group-name"), members = $<HTMLInputElement>("group-members");
     try {
-      const info = await client.createGroup(name.value.trim(), split(members.value));
-      fromSummary({ conv_id: info.conv_id, kind: "group", name: info.name, last_seq: info.last_seq, read_seq: info.last_seq, join_seq: info.join_seq, unread: 0 });
+      const enc = !!e2e && $<HTMLInputElement>("e2e-group").checked;
+      const info = await client.createGroup(name.value.trim(), split(members.value), { e2e: enc });
+      fromSummary({ conv_id: info.conv_id, kind: "group", name: info.name, last_seq: info.last_seq, read_seq: info.last_seq, join_seq: info.join_seq, unread: 0, e2e: info.e2e });
       name.value = members.value = "";
       await openConv(info.conv_id, true);
     } catch (e) { alertError(e); }
@@ -597,6 +877,15 @@ function wire() {
     if (!current) return;
     try {
       await client.addMembers(current.id, split(input.value));
+      input.value = "";
+    } catch (e) { alertError(e); }
+  });
+  $("remove-members").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const input = $<HTMLInputElement>("remove-input");
+    if (!current) return;
+    try {
+      await client.removeMembers(current.id, split(input.value));
       input.value = "";
     } catch (e) { alertError(e); }
   });
@@ -624,6 +913,38 @@ function wire() {
   $("messages").addEventListener("scroll", () => { if ($("messages").scrollTop < 40) void loadOlder(); });
   document.addEventListener("visibilitychange", () => { if (current) markRead(current); });
   wireAttachments();
+  wireE2E();
+}
+
+function wireE2E() {
+  $("safety").addEventListener("click", () => void showSafety());
+  $("safety-close").addEventListener("click", () => $<HTMLDialogElement>("safety-dialog").close());
+  $("identity-show").addEventListener("click", () => void showSafety());
+  $("identity-dismiss").addEventListener("click", () => {
+    identityAlerts.delete($("identity-banner").dataset.user ?? "");
+    renderBanner();
+  });
+  $("link-show").addEventListener("click", async () => {
+    if (!e2e) return;
+    const code = $<HTMLTextAreaElement>("link-code");
+    code.value = (await e2e.device.exportAccountKey()).trim();
+    code.hidden = false;
+    code.select();
+  });
+  $("link-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    if (!e2e) return;
+    const input = $<HTMLTextAreaElement>("link-input");
+    try {
+      await e2e.device.importAccountKey(input.value.trim() + "\n");
+      input.value = "";
+      await publishE2E();
+    } catch (e) { e2eStatus(`Linking failed: ${e instanceof Error ? e.message : e}`); }
+  });
+  $("search-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    void search($<HTMLInputElement>("search-input").value.trim()).catch(alertError);
+  });
 }
 
 // --- attachments ------------------------------------------------------------

@@ -138,6 +138,13 @@ export class E2EChat {
   // account's first device; the others importAccountKey first).
   async publishKeys(n = 20): Promise<{ prekeys: number; kem_prekeys: number }> {
     const up = await this.device.generateKeys(n);
+    if (!up.signedPreKey || !up.lastResortKEM) {
+      // Made by an earlier call whose upload failed (an account
+      // conflict before the device was linked): a first upload needs them.
+      const cur = await this.device.publicKeys();
+      up.signedPreKey ??= cur.signedPreKey;
+      up.lastResortKEM ??= cur.lastResortKEM;
+    }
     if (!(await this.device.accountKey())) await this.device.createAccountKey();
     const cert = await this.device.deviceCertificate();
     const pk = (k: { id: number; key: Uint8Array; sig?: Uint8Array }) => ({ id: k.id, key: toBase64(k.key), ...(k.sig ? { sig: toBase64(k.sig) } : {}) });

@@ -24,6 +24,13 @@ let uploadSeq = 0;
 const fileViews = new Map();
 // Signed URLs (conv/seq/thumb) until shortly before they expire.
 const urls = new Map();
+/** The E2E module, this tab's device and chat; null when this tab does not own the browser's device (or the browser lacks IndexedDB / Web Locks). */
+let e2e = null;
+let e2eMod = null;
+/** Messages are opened one at a time, in the order they arrive (ratchets advance in order). */
+let pipe = Promise.resolve();
+/** Account key changes and refused devices seen, by user, until dismissed. */
+const identityAlerts = new Map();
 let recorder = null;
 function deviceId() {
     let d = sessionStorage.getItem("parley.device");
@@ -42,6 +49,41 @@ function tokenUser(token) {
         return "";
     }
 }
+/**
+ * claimDevice: this browser profile's E2E device for user (its id kept in
+ * localStorage, its keys in IndexedDB) if this tab gets the device's Web
+ * Lock within 2 s (a reloaded tab waits for its previous page to let go);
+ * the lock is held while the tab lives, so one tab at a time advances the
+ * device's ratchets. Another tab of the profile gets null and runs as a
+ * plain device of its own.
+ */
+async function claimDevice(mod, user) {
+    if (!navigator.locks || !window.indexedDB)
+        return null;
+    const k = `parley.e2ee.device.${user}`;
+    let id = localStorage.getItem(k);
+    if (!id) {
+        id = "web-" + Math.random().toString(36).slice(2, 10);
+        localStorage.setItem(k, id);
+    }
+    const name = `${user}/${id}`;
+    return new Promise((resolve) => {
+        mod.withDeviceLock(name, () => {
+            resolve(name.slice(user.length + 1));
+            return new Promise(() => { }); // held until the tab goes
+        }, { signal: AbortSignal.timeout(2000) }).catch(() => resolve(null));
+    });
+}
+async function loadE2E() {
+    const url = "/web/js/e2ee.js";
+    try {
+        return (await import(url));
+    }
+    catch (e) {
+        console.warn("end-to-end encryption unavailable:", e);
+        return null;
+    }
+}
 async function boot() {
     const frag = new URLSearchParams(location.hash.slice(1));
     let token = frag.get("token") ?? sessionStorage.getItem("parley.token") ?? "";
@@ -50,7 +92,10 @@ async function boot() {
     if (!token)
         token = await login();
     sessionStorage.setItem("parley.token", token);
-    start(token);
+    e2eMod = await loadE2E();
+    const user = tokenUser(token);
+    const owned = e2eMod ? await claimDevice(e2eMod, user) : null;
+    start(token, owned);
 }
 function login() {
     $("login").hidden = false;
@@ -74,11 +119,11 @@ function login() {
         });
     });
 }
-function start(token) {
+function start(token, owned) {
     me = tokenUser(token);
     $("app").hidden = false;
     $("me").textContent = me;
-    const device = deviceId();
+    const device = owned ?? deviceId();
     client = new Client({
         url: location.origin, token, device,
         positions: new StoragePositions(localStorage, `parley.pos.${me}.${device}`),
@@ -96,6 +141,7 @@ function start(token) {
         status("connected", transport === "http" ? "Connected (HTTP fallback)" : "Connected");
         renderComposerTools();
         void refreshList();
+        void publishE2E();
     });
     client.on("disconnected", () => status("reconnecting", "Disconnected"));
     client.on("draining", () => status("draining", "Server restarting: moving to another connection…"));
@@ -123,7 +169,9 @@ function start(token) {
         c.readSeq = Math.max(c.readSeq, snapshot.read_seq);
         renderList();
     });
-    client.on("message", ({ convId, message }) => onMessage(convId, message));
+    client.on("message", ({ convId, message }) => {
+        pipe = pipe.then(async () => onMessage(convId, await reveal(convs.get(convId), message)));
+    });
     client.on("receipt", onReceipt);
     client.on("typing", ({ convId, userId }) => {
         typingUntil.set(`${convId}/${userId}`, Date.now() + 3000);
@@ -137,7 +185,197 @@ function start(token) {
         renderList();
     });
     wire();
+    void startE2E(owned);
     client.start();
+}
+async function startE2E(owned) {
+    const mod = e2eMod;
+    if (!mod || !owned) {
+        e2eStatus(mod ? "End-to-end encryption is off in this tab: another tab of this browser holds this device's keys. Encrypted conversations open there." : "End-to-end encryption is not available in this browser.");
+        return;
+    }
+    try {
+        const store = await mod.IDBStore.open(`parley-e2ee/${me}/${owned}`);
+        const device = await mod.Device.open(store, { user: me, device: owned });
+        const chat = new mod.E2EChat(client, device);
+        chat.onIdentity = (ev) => noteIdentity(ev);
+        e2e = { m: mod, device, chat, published: !!(await store.load("web/published")) };
+        for (const id of ["e2e-direct", "e2e-group"])
+            $(id).closest("label").hidden = false;
+        $("search-form").hidden = false;
+        e2eStatus(`This browser is your device ${owned}: its keys stay here, in IndexedDB.`);
+        if (client.connection)
+            await publishE2E();
+    }
+    catch (e) {
+        e2e = null;
+        e2eStatus(`End-to-end encryption failed to start: ${e instanceof Error ? e.message : e}`);
+    }
+}
+let publishing = null;
+/** Publishes this device's keys with its certificate once, then keeps them fresh (on each connect). */
+function publishE2E() {
+    if (!e2e || publishing)
+        return publishing ?? Promise.resolve();
+    const st = e2e;
+    publishing = (async () => {
+        try {
+            if (!st.published) {
+                await st.chat.publishKeys(20);
+                await st.device.store.batch([{ key: "web/published", value: Uint8Array.of(1) }]);
+                st.published = true;
+                $("link-form").hidden = true;
+                e2eStatus(`This browser is your device ${st.device.self.device}: its keys stay here, in IndexedDB.`);
+            }
+            await st.chat.maintain();
+            $("link-show").hidden = false;
+        }
+        catch (e) {
+            if (e.code === "account_conflict") {
+                e2eStatus("Your account already has encrypted devices: link this browser to them to read and send encrypted messages here.");
+                $("link-form").hidden = false;
+                $("e2e-panel").open = true;
+            }
+            else {
+                e2eStatus(`Publishing this device's keys failed: ${e instanceof Error ? e.message : e}`);
+            }
+        }
+        finally {
+            publishing = null;
+        }
+    })();
+    return publishing;
+}
+function e2eStatus(text) {
+    $("e2e-status").textContent = text;
+}
+const refusedCodes = new Set(["metadata_mismatch", "unbound", "unauthenticated_recall", "uncertified"]);
+/**
+ * reveal opens a message of an E2E conversation with this device's keys:
+ * the decrypted text, a control message (hidden), or a placeholder —
+ * "not on this device" for what was never encrypted to it.
+ */
+async function reveal(c, m) {
+    const enc = c?.e2e || (m.body ?? "").startsWith('{"e2e":');
+    if (!enc)
+        return m;
+    if (m.kind === "system") {
+        if (e2e) {
+            await e2e.chat.open(m).catch(() => { });
+            const ev = JSON.parse(m.body ?? "{}");
+            // A changed identity or a new device: read the list now (the banner shows a changed account key).
+            if (ev.event === "identity_changed" || ev.event === "device_added") {
+                for (const u of ev.users ?? [])
+                    if (u !== me)
+                        void e2e.chat.devices(u, true).catch(() => { });
+            }
+        }
+        return m;
+    }
+    if (isFile(m))
+        return m; // shown as an encrypted attachment's placeholder
+    if (!e2e)
+        return { ...m, body: "", e2eState: "missing", note: "🔒 Encrypted: open this conversation in the tab that holds this device's keys" };
+    try {
+        const o = await e2e.chat.open(m);
+        if (o.control)
+            return { ...m, control: true };
+        return { ...m, body: o.text ?? "", recalled: m.recalled || o.recalled };
+    }
+    catch (e) {
+        const code = e.code ?? "";
+        if (refusedCodes.has(code))
+            return { ...m, body: "", e2eState: "refused", note: `⚠ Refused: ${e.message}` };
+        return { ...m, body: "", e2eState: "missing", note: "🔒 Not on this device: sent before this device was added, or not encrypted to it" };
+    }
+}
+/** Opens a page of history in order. */
+async function revealAll(c, msgs) {
+    const out = [];
+    await (pipe = pipe.then(async () => {
+        for (const m of [...msgs].sort((a, b) => a.seq - b.seq))
+            out.push(await reveal(c, m));
+    }));
+    return out;
+}
+function noteIdentity(ev) {
+    if (ev.check.change) {
+        identityAlerts.set(ev.user, `⚠ ${ev.user}'s safety number changed: ${ev.user} set up encryption again (a new account key) — or someone is in the middle. Compare the new safety number before you trust it.`);
+    }
+    else if (ev.check.refused.length) {
+        identityAlerts.set(ev.user, `⚠ ${ev.check.refused.length} device(s) of ${ev.user} were refused: not certified by ${ev.user}'s account key. Messages are not encrypted to them.`);
+    }
+    renderBanner();
+}
+function renderBanner() {
+    const c = current;
+    const users = !c ? [] : c.kind === "direct" ? [c.peer ?? ""] : [...identityAlerts.keys()];
+    const u = users.find((x) => identityAlerts.has(x));
+    $("identity-banner").hidden = !u || !c?.e2e;
+    $("identity-banner").dataset.user = u ?? "";
+    $("identity-text").textContent = u ? identityAlerts.get(u) : "";
+}
+/** The safety number view: for a direct chat the peer's, with a QR code; for a group each member's. */
+async function showSafety() {
+    const c = current;
+    if (!c || !e2e)
+        return;
+    const d = $("safety-dialog");
+    $("safety-number").textContent = "…";
+    $("safety-qr").replaceChildren();
+    d.showModal();
+    try {
+        if (c.kind === "direct" && c.peer) {
+            const n = await e2e.chat.safetyNumber(c.peer);
+            $("safety-who").textContent = `You and ${c.peer}:`;
+            $("safety-number").textContent = groupDigits(n);
+            $("safety-number").dataset.number = n;
+            const svg = e2e.m.encodeQR(n, "svg", { ecc: "medium" });
+            $("safety-qr").innerHTML = svg;
+            $("safety-qr").dataset.number = n;
+        }
+        else {
+            const info = await client.request({ type: "conv_info", conv_id: c.id }, true);
+            const lines = [];
+            for (const u of info.conv.members.filter((x) => x !== me)) {
+                try {
+                    lines.push(`${u}:\n${groupDigits(await e2e.chat.safetyNumber(u))}`);
+                }
+                catch {
+                    lines.push(`${u}: no keys seen yet`);
+                }
+            }
+            $("safety-who").textContent = "You and each member of this group:";
+            $("safety-number").textContent = lines.join("\n\n");
+        }
+    }
+    catch (e) {
+        $("safety-number").textContent = `No safety number yet: ${e instanceof Error ? e.message : e}`;
+    }
+}
+/** 60 digits in 12 groups of 5, three lines of four. */
+function groupDigits(n) {
+    const g = n.match(/.{1,5}/g) ?? [];
+    const lines = [];
+    for (let i = 0; i < g.length; i += 4)
+        lines.push(g.slice(i, i + 4).join(" "));
+    return lines.join("\n");
+}
+async function search(q) {
+    if (!e2e)
+        return;
+    const hits = await e2e.chat.search(q);
+    $("search-hits").replaceChildren(...hits.slice(0, 50).map((h) => {
+        const li = document.createElement("li");
+        const c = convs.get(h.convId);
+        li.append(button(`${c ? (c.kind === "group" ? "# " : "") + c.name : h.convId}: ${h.text}`, `Open the message in ${c?.name ?? h.convId}`, () => void openConv(h.convId, true)));
+        return li;
+    }));
+    if (!hits.length) {
+        const li = document.createElement("li");
+        li.textContent = "No message on this device matches.";
+        $("search-hits").replaceChildren(li);
+    }
 }
 function fromSummary(s) {
     const old = convs.get(s.conv_id);
@@ -236,6 +474,13 @@ function renderList() {
         preview.className = "preview";
         preview.textContent = c.preview;
         text.append(name, preview);
+        if (c.e2e) {
+            const lock = document.createElement("span");
+            lock.className = "lock";
+            lock.textContent = "🔒";
+            lock.title = "End-to-end encrypted";
+            b.append(lock);
+        }
         b.append(text);
         if (c.mentioned)
             b.append(badge("@", "badge mention"));
@@ -271,13 +516,20 @@ async function openConv(id, focus) {
     $("empty").hidden = true;
     $("title").textContent = (c.kind === "group" ? "# " : "") + c.name;
     $("add-members").hidden = c.kind !== "group";
+    $("remove-members").hidden = c.kind !== "group";
+    $("lock").hidden = !c.e2e;
+    $("lock-label").textContent = c.e2e
+        ? "End-to-end encrypted: only the members' devices can read the messages. The server sees who talks with whom and when, the size of each message and the group's members — not what is said."
+        : "";
+    $("safety").hidden = !c.e2e || !e2e;
+    renderBanner();
     renderComposerTools();
     renderUploads();
     renderList();
     renderPresence();
     if (!c.loaded) {
         const page = await client.history(id, { limit: 30 });
-        for (const m of page.messages)
+        for (const m of await revealAll(c, page.messages))
             addMessage(c, m);
         c.hasOlder = page.hasMore;
         c.loaded = true;
@@ -295,7 +547,7 @@ async function loadOlder() {
     const list = $("messages");
     const before = list.scrollHeight;
     const page = await client.history(c.id, { beforeSeq: c.oldest, limit: 30 });
-    for (const m of page.messages)
+    for (const m of await revealAll(c, page.messages))
         addMessage(c, m);
     c.hasOlder = page.hasMore;
     renderMessages(false);
@@ -407,6 +659,9 @@ function systemText(m) {
             case "role_changed": return `${e.actor} made ${users} ${e.role}`;
             case "muted": return `${e.actor} muted ${users}`;
             case "unmuted": return `${e.actor} unmuted ${users}`;
+            case "device_added": return `${e.actor} added a device${e.device ? ` (${e.device})` : ""}`;
+            case "device_removed": return `${e.actor} removed a device${e.device ? ` (${e.device})` : ""}`;
+            case "identity_changed": return `${users || e.actor} set up encryption again: the safety number changed`;
         }
     }
     catch { /* fall through */ }
@@ -421,7 +676,7 @@ function renderMessages(stick) {
     const seqs = [...c.msgs.keys()].sort((a, b) => a - b);
     for (const seq of seqs) {
         const m = c.msgs.get(seq);
-        if (m.kind === "edit" || m.kind === "recall" || m.superseded)
+        if (m.kind === "edit" || m.kind === "recall" || m.superseded || m.control)
             continue;
         const li = document.createElement("li");
         li.dataset.seq = String(m.seq);
@@ -438,6 +693,10 @@ function renderMessages(stick) {
         body.className = "body" + (m.recalled ? " recalled" : "");
         if (m.recalled)
             body.textContent = "message recalled";
+        else if (m.e2eState) {
+            body.classList.add(m.e2eState);
+            body.textContent = m.note ?? "";
+        }
         else if (isFile(m))
             body.append(fileView(c, m));
         else
@@ -452,14 +711,14 @@ function renderMessages(stick) {
             st.className = "state";
             st.textContent = stateOf(c, m);
             meta.append(st);
-            if (m.kind === "text" && !m.recalled)
+            if (m.kind === "text" && !m.recalled && !m.e2eState)
                 meta.append(button("Edit", `Edit message ${m.seq}`, () => startEdit(c, m)));
             if ((m.kind === "text" || isFile(m)) && !m.recalled) {
                 const asked = recallAsk && recallAsk.conv === c.id && recallAsk.seq === m.seq && recallAsk.until > Date.now();
                 meta.append(asked
                     ? button("Recall for everyone?", `Confirm: recall message ${m.seq} for everyone`, () => {
                         recallAsk = null;
-                        void client.recall(c.id, m.seq).catch(alertError);
+                        void (c.e2e ? e2eOf(c).then((x) => x.chat.recall(c.id, m.seq)) : client.recall(c.id, m.seq)).catch(alertError);
                     })
                     : button("Recall", `Recall message ${m.seq}`, () => {
                         // Deleting for everyone cannot be undone: ask once more.
@@ -532,7 +791,19 @@ async function submit() {
     if (editing && editing.conv === c.id) {
         const seq = editing.seq;
         stopEdit();
-        await client.edit(c.id, seq, body).catch(alertError);
+        if (c.e2e) {
+            await e2eOf(c).then(async (x) => {
+                await x.chat.edit(c.id, seq, body);
+                const t = c.msgs.get(seq);
+                if (t) {
+                    t.body = body;
+                    t.edited = true;
+                    renderMessages(false);
+                }
+            }).catch(alertError);
+        }
+        else
+            await client.edit(c.id, seq, body).catch(alertError);
         return;
     }
     const mentions = [...body.matchAll(/@([A-Za-z0-9._@-]+)/g)].map((x) => x[1]).filter((u) => u !== "everyone" && u !== me);
@@ -543,7 +814,8 @@ async function submit() {
     box.set(cmid, { cmid, body, state: "sending" });
     renderMessages(true);
     try {
-        const ack = await client.send(c.id, body, {
+        // E2E: encrypted to every device of the members (no mentions: the server would see them).
+        const ack = c.e2e ? await e2eOf(c).then((x) => x.chat.send(c.id, body)) : await client.send(c.id, body, {
             clientMsgId: cmid,
             mentions: c.kind === "group" ? mentions : undefined,
             mentionAll: c.kind === "group" && /@everyone\b/.test(body),
@@ -563,13 +835,23 @@ async function submit() {
     if (current === c)
         renderMessages(true);
 }
+/** This tab's E2E state for conversation c, or an error saying why it cannot encrypt. */
+async function e2eOf(c) {
+    if (!e2e)
+        throw new Error(`${c.name} is end-to-end encrypted and this tab does not hold this device's keys`);
+    await publishE2E();
+    if (!e2e.published)
+        throw new Error("this device's keys are not published yet (see Encryption on this device)");
+    return e2e;
+}
 function wire() {
     $("new-direct").addEventListener("submit", async (ev) => {
         ev.preventDefault();
         const peer = $("peer");
         try {
-            const info = await client.openDirect(peer.value.trim());
-            fromSummary({ conv_id: info.conv_id, kind: "direct", peer: peer.value.trim(), last_seq: info.last_seq, read_seq: 0, join_seq: info.join_seq, unread: 0 });
+            const enc = !!e2e && $("e2e-direct").checked;
+            const info = await client.openDirect(peer.value.trim(), { e2e: enc });
+            fromSummary({ conv_id: info.conv_id, kind: "direct", peer: peer.value.trim(), last_seq: info.last_seq, read_seq: 0, join_seq: info.join_seq, unread: 0, e2e: info.e2e });
             peer.value = "";
             watchPeers();
             await openConv(info.conv_id, true);
@@ -582,8 +864,9 @@ function wire() {
         ev.preventDefault();
         const name = $("group-name"), members = $("group-members");
         try {
-            const info = await client.createGroup(name.value.trim(), split(members.value));
-            fromSummary({ conv_id: info.conv_id, kind: "group", name: info.name, last_seq: info.last_seq, read_seq: info.last_seq, join_seq: info.join_seq, unread: 0 });
+            const enc = !!e2e && $("e2e-group").checked;
+            const info = await client.createGroup(name.value.trim(), split(members.value), { e2e: enc });
+            fromSummary({ conv_id: info.conv_id, kind: "group", name: info.name, last_seq: info.last_seq, read_seq: info.last_seq, join_seq: info.join_seq, unread: 0, e2e: info.e2e });
             name.value = members.value = "";
             await openConv(info.conv_id, true);
         }
@@ -598,6 +881,19 @@ function wire() {
             return;
         try {
             await client.addMembers(current.id, split(input.value));
+            input.value = "";
+        }
+        catch (e) {
+            alertError(e);
+        }
+    });
+    $("remove-members").addEventListener("submit", async (ev) => {
+        ev.preventDefault();
+        const input = $("remove-input");
+        if (!current)
+            return;
+        try {
+            await client.removeMembers(current.id, split(input.value));
             input.value = "";
         }
         catch (e) {
@@ -636,6 +932,42 @@ function wire() {
     document.addEventListener("visibilitychange", () => { if (current)
         markRead(current); });
     wireAttachments();
+    wireE2E();
+}
+function wireE2E() {
+    $("safety").addEventListener("click", () => void showSafety());
+    $("safety-close").addEventListener("click", () => $("safety-dialog").close());
+    $("identity-show").addEventListener("click", () => void showSafety());
+    $("identity-dismiss").addEventListener("click", () => {
+        identityAlerts.delete($("identity-banner").dataset.user ?? "");
+        renderBanner();
+    });
+    $("link-show").addEventListener("click", async () => {
+        if (!e2e)
+            return;
+        const code = $("link-code");
+        code.value = (await e2e.device.exportAccountKey()).trim();
+        code.hidden = false;
+        code.select();
+    });
+    $("link-form").addEventListener("submit", async (ev) => {
+        ev.preventDefault();
+        if (!e2e)
+            return;
+        const input = $("link-input");
+        try {
+            await e2e.device.importAccountKey(input.value.trim() + "\n");
+            input.value = "";
+            await publishE2E();
+        }
+        catch (e) {
+            e2eStatus(`Linking failed: ${e instanceof Error ? e.message : e}`);
+        }
+    });
+    $("search-form").addEventListener("submit", (ev) => {
+        ev.preventDefault();
+        void search($("search-input").value.trim()).catch(alertError);
+    });
 }
 // --- attachments ------------------------------------------------------------
 const safeImages = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
