@@ -7,30 +7,44 @@
 //	objects/<hh>/<sha256>     an object, named by the SHA-256 of its key (hex;
 //	                          hh its first byte), so no key is confused with a path
 //	uploads/<id>/key          a multipart upload: the key it is for
-//	uploads/<id>/<nnnnn>      part n: a 16-byte random tag (the part's ETag), then its bytes
+//	uploads/<id>/data         the bytes of its parts, each appended where the
+//	                          previous one ended
+//	uploads/<id>/<nnnnn>      part n: a 16-byte random tag (the part's ETag), then
+//	                          the offset and size of its bytes in data (8 bytes
+//	                          each, big-endian)
 //
-// Every file is written under a temporary name (".tmp-*") in its final
-// directory, fsynced, renamed into place and its directory fsynced, so a
-// crash leaves each object and part whole or absent; an upload is created
-// and removed by renaming its whole directory. Open sweeps what a crash
-// left behind (temporary files, half-removed uploads). Bytes stream
-// through a fixed buffer and are never held whole in memory. Files are
-// 0600 and directories 0700 whatever the umask (as in internal/privatefs).
+// Every object and part descriptor is written under a temporary name
+// (".tmp-*") in its final directory, fsynced, renamed into place and its
+// directory fsynced, so a crash leaves each object and part whole or
+// absent; a part's bytes are fsynced in data before its descriptor
+// exists. An upload is created and removed by renaming its whole
+// directory. Parts sent in order, none replaced (what Parley's clients
+// do), lie in data end to end: Complete then renames data to the object,
+// no byte copied; any other set of parts is copied into a new file in the
+// kernel (copy_file_range). Open sweeps what a crash left behind
+// (temporary files, half-removed uploads, an upload whose data already
+// became its object). Bytes stream through a fixed buffer and are never
+// held whole in memory. Files are 0600 and directories 0700 whatever the
+// umask (as in internal/privatefs).
 //
-// A Store is safe for concurrent use; it holds no lock of its own: each
-// call's atomic renames are what other calls see.
+// A Store is safe for concurrent use. Within an upload, parts are written
+// concurrently (each into its own range of data), and Complete and Abort
+// wait for the parts being written; one process uses a root at a time
+// (the LOCK), so these locks are in memory.
 package disk
 
 import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,7 +60,9 @@ import (
 )
 
 const (
-	tagSize   = 16 // bytes of a part file's header
+	tagSize   = 16 // bytes of a part's tag
+	descSize  = tagSize + 16
+	dataName  = "data"
 	tmpPrefix = ".tmp-"
 	deadMark  = ".dead-" // an upload directory being removed
 	bufSize   = 256 << 10
@@ -69,6 +85,21 @@ type Store struct {
 	uploads string
 	lock    *flock.Flock
 	closed  atomic.Bool
+
+	umu     sync.Mutex
+	pending map[string]*upState // uploads some call is using, by id
+}
+
+// upState is what the calls using one upload share.
+type upState struct {
+	refs int // guarded by Store.umu
+	// mu is held shared by PutPart and Parts, exclusively by Complete and
+	// Abort.
+	mu sync.RWMutex
+	// amu guards end: the offset in data where the next part goes (-1
+	// until the first PutPart reads the descriptors).
+	amu sync.Mutex
+	end int64
 }
 
 var _ blob.Store = (*Store)(nil)
@@ -78,7 +109,7 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, bufSize); return &b 
 // Open opens (creating it if missing) the store under dir, locks it for
 // this process and clears what an earlier process left half done.
 func Open(dir string) (*Store, error) {
-	s := &Store{root: dir, objects: filepath.Join(dir, "objects"), uploads: filepath.Join(dir, "uploads")}
+	s := &Store{root: dir, objects: filepath.Join(dir, "objects"), uploads: filepath.Join(dir, "uploads"), pending: map[string]*upState{}}
 	if err := mkdir(dir); err != nil {
 		return nil, err
 	}
@@ -147,9 +178,39 @@ func (s *Store) prepare() error {
 			if err := sweep(p); err != nil {
 				return err
 			}
+			joined, err := joinedUpload(p)
+			if err != nil {
+				return err
+			}
+			if joined {
+				// A crash between Complete's rename of data and the
+				// removal of the upload: the object is whole.
+				if err := s.remove(p, name); err != nil {
+					return fmt.Errorf("blob/disk: %w", err)
+				}
+			}
 		}
 	}
 	return nil
+}
+
+// joinedUpload reports whether the upload in dir has parts but no data:
+// Complete renamed its data to the object.
+func joinedUpload(dir string) (bool, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return false, fmt.Errorf("blob/disk: %w", err)
+	}
+	parts := false
+	for _, e := range entries {
+		switch {
+		case e.Name() == dataName:
+			return false, nil
+		case isPartName(e.Name()):
+			parts = true
+		}
+	}
+	return parts, nil
 }
 
 // sweep removes the temporary files of dir.
@@ -473,6 +534,27 @@ func (s *Store) Create(ctx context.Context, key string) (string, error) {
 	return id, nil
 }
 
+// acquire returns the shared state of upload id, held until release.
+func (s *Store) acquire(id string) *upState {
+	s.umu.Lock()
+	defer s.umu.Unlock()
+	u := s.pending[id]
+	if u == nil {
+		u = &upState{end: -1}
+		s.pending[id] = u
+	}
+	u.refs++
+	return u
+}
+
+func (s *Store) release(id string, u *upState) {
+	s.umu.Lock()
+	defer s.umu.Unlock()
+	if u.refs--; u.refs == 0 {
+		delete(s.pending, id)
+	}
+}
+
 // upload returns the directory of an upload of key, or ErrNotFound.
 func (s *Store) upload(op, key, id string) (string, error) {
 	if err := s.check(op, key); err != nil {
@@ -494,9 +576,78 @@ func (s *Store) upload(op, key, id string) (string, error) {
 
 func partName(n int) string { return fmt.Sprintf("%05d", n) }
 
-// PutPart writes the part to a temporary file (tag, then bytes) and
-// renames it over part n.
+// isPartName reports whether name is a part descriptor's name.
+func isPartName(name string) bool {
+	if len(name) != 5 {
+		return false
+	}
+	n, err := strconv.Atoi(name)
+	return err == nil && n >= 1 && n <= blob.MaxParts
+}
+
+// part is a part as its descriptor holds it: where its bytes are in data.
+type part struct {
+	blob.Part
+	off int64
+}
+
+// reserve returns the offset in data of a new part of size bytes. The
+// first reservation of the state reads the descriptors: bytes past the
+// last part a descriptor names are what a failed or crashed write left,
+// and are written over.
+func (u *upState) reserve(dir string, size int64) (int64, error) {
+	u.amu.Lock()
+	defer u.amu.Unlock()
+	if u.end < 0 {
+		parts, err := readParts(dir)
+		if err != nil {
+			return 0, err
+		}
+		u.end = 0
+		for _, p := range parts {
+			u.end = max(u.end, p.off+p.Size)
+		}
+	}
+	off := u.end
+	u.end += size
+	return off, nil
+}
+
+// unreserve gives back a reservation whose write failed when it is still
+// the last one, so that the next part follows the previous one directly.
+func (u *upState) unreserve(off, size int64) {
+	u.amu.Lock()
+	defer u.amu.Unlock()
+	if u.end == off+size {
+		u.end = off
+	}
+}
+
+// openData opens the upload's data file, creating it private.
+func openData(dir string) (*os.File, error) {
+	name := filepath.Join(dir, dataName)
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, privatefs.FileMode)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Chmod(privatefs.FileMode); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// PutPart writes the part's bytes into data past every other part,
+// fsyncs them, then writes its descriptor (replacing an earlier part n's:
+// that one's bytes stay unused in data until the upload ends).
 func (s *Store) PutPart(ctx context.Context, key, upload string, n int, r io.Reader, size int64) (blob.Part, error) {
+	if err := s.check("put part", key); err != nil {
+		return blob.Part{}, err
+	}
+	u := s.acquire(upload)
+	defer s.release(upload, u)
+	u.mu.RLock()
+	defer u.mu.RUnlock()
 	dir, err := s.upload("put part", key, upload)
 	if err != nil {
 		return blob.Part{}, err
@@ -507,141 +658,221 @@ func (s *Store) PutPart(ctx context.Context, key, upload string, n int, r io.Rea
 	if size < 0 {
 		return blob.Part{}, fmt.Errorf("blob/disk: put part %q: size %d: %w", key, size, blob.ErrSize)
 	}
-	f, err := tempFile(dir)
+	f, err := openData(dir)
 	if err != nil {
 		return blob.Part{}, s.fileErr("put part", key, err)
 	}
-	var tag [tagSize]byte
-	_, _ = rand.Read(tag[:])
-	_, err = f.Write(tag[:])
+	off, err := u.reserve(dir, size)
 	if err == nil {
-		err = copyExact(ctx, f, r, size, nil)
+		err = copyExact(ctx, io.NewOffsetWriter(f, off), r, size, nil)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
 	if err != nil {
-		f.Close()
-		os.Remove(f.Name())
+		u.unreserve(off, size)
 		return blob.Part{}, fmt.Errorf("blob/disk: put part %q: %w", key, err)
 	}
-	if err := commit(f, filepath.Join(dir, partName(n)), "part"); err != nil {
-		// An upload completed or aborted meanwhile took the directory.
+	step("part.data")
+	var desc [descSize]byte
+	_, _ = rand.Read(desc[:tagSize])
+	binary.BigEndian.PutUint64(desc[tagSize:], uint64(off))
+	binary.BigEndian.PutUint64(desc[tagSize+8:], uint64(size))
+	d, err := tempFile(dir)
+	if err != nil {
 		return blob.Part{}, s.fileErr("put part", key, err)
 	}
-	return blob.Part{N: n, Size: size, ETag: hex.EncodeToString(tag[:])}, nil
+	if _, err := d.Write(desc[:]); err != nil {
+		d.Close()
+		os.Remove(d.Name())
+		return blob.Part{}, fmt.Errorf("blob/disk: put part %q: %w", key, err)
+	}
+	if err := commit(d, filepath.Join(dir, partName(n)), "part"); err != nil {
+		return blob.Part{}, s.fileErr("put part", key, err)
+	}
+	return blob.Part{N: n, Size: size, ETag: hex.EncodeToString(desc[:tagSize])}, nil
 }
 
-// readPart opens part file name and reads its tag; the file is left
-// positioned at the part's first byte.
-func readPart(name string) (*os.File, blob.Part, error) {
-	f, err := os.Open(name)
+// readDesc reads the part descriptor file name.
+func readDesc(name string) (part, error) {
+	b, err := os.ReadFile(name)
 	if err != nil {
-		return nil, blob.Part{}, err
+		return part{}, err
 	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, blob.Part{}, err
-	}
-	var tag [tagSize]byte
-	if _, err := io.ReadFull(f, tag[:]); err != nil {
-		f.Close()
-		return nil, blob.Part{}, fmt.Errorf("part file %s: %w", name, err)
+	if len(b) != descSize {
+		return part{}, fmt.Errorf("part descriptor %s has %d bytes, not %d", name, len(b), descSize)
 	}
 	n, _ := strconv.Atoi(filepath.Base(name))
-	return f, blob.Part{N: n, Size: st.Size() - tagSize, ETag: hex.EncodeToString(tag[:])}, nil
-}
-
-// isPartName reports whether name is a part file's name.
-func isPartName(name string) bool {
-	if len(name) != 5 {
-		return false
+	off, size := binary.BigEndian.Uint64(b[tagSize:]), binary.BigEndian.Uint64(b[tagSize+8:])
+	if off > math.MaxInt64/2 || size > math.MaxInt64/2 {
+		return part{}, fmt.Errorf("part descriptor %s: offset %d, size %d", name, off, size)
 	}
-	n, err := strconv.Atoi(name)
-	return err == nil && n >= 1 && n <= blob.MaxParts
+	return part{Part: blob.Part{N: n, Size: int64(size), ETag: hex.EncodeToString(b[:tagSize])}, off: int64(off)}, nil
 }
 
-// Parts lists the part files of the upload.
-func (s *Store) Parts(ctx context.Context, key, upload string) ([]blob.Part, error) {
-	dir, err := s.upload("parts", key, upload)
+// readParts reads the descriptors of the upload in dir, by number.
+func readParts(dir string) ([]part, error) {
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
 	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, s.fileErr("parts", key, err)
-	}
-	parts := []blob.Part{}
+	parts := []part{}
 	for _, e := range entries {
 		if !isPartName(e.Name()) {
 			continue
 		}
-		f, p, err := readPart(filepath.Join(dir, e.Name()))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // removed by a Complete or Abort meanwhile
-		}
+		p, err := readDesc(filepath.Join(dir, e.Name()))
 		if err != nil {
-			return nil, fmt.Errorf("blob/disk: parts %q: %w", key, err)
+			return nil, err
 		}
-		f.Close()
 		parts = append(parts, p)
 	}
-	slices.SortFunc(parts, func(a, b blob.Part) int { return a.N - b.N })
+	slices.SortFunc(parts, func(a, b part) int { return a.N - b.N })
 	return parts, nil
 }
 
-// Complete copies the parts, in order, into a temporary file, renames it
-// over key, then removes the upload.
+// Parts lists the part descriptors of the upload.
+func (s *Store) Parts(ctx context.Context, key, upload string) ([]blob.Part, error) {
+	if err := s.check("parts", key); err != nil {
+		return nil, err
+	}
+	u := s.acquire(upload)
+	defer s.release(upload, u)
+	u.mu.RLock()
+	defer u.mu.RUnlock()
+	dir, err := s.upload("parts", key, upload)
+	if err != nil {
+		return nil, err
+	}
+	have, err := readParts(dir)
+	if err != nil {
+		return nil, s.fileErr("parts", key, err)
+	}
+	parts := make([]blob.Part, len(have))
+	for i, p := range have {
+		parts[i] = p.Part
+	}
+	return parts, nil
+}
+
+// Complete makes the object of the parts: data itself, renamed over key,
+// when they lie in it end to end from its start (truncated after the
+// last one); else a new file they are copied into. Then the upload is
+// removed.
 func (s *Store) Complete(ctx context.Context, key, upload string, parts []blob.Part) error {
+	if err := s.check("complete", key); err != nil {
+		return err
+	}
+	u := s.acquire(upload)
+	defer s.release(upload, u)
+	u.mu.Lock()
+	defer u.mu.Unlock()
 	dir, err := s.upload("complete", key, upload)
 	if err != nil {
 		return err
 	}
-	have, err := s.Parts(ctx, key, upload)
+	held, err := readParts(dir)
 	if err != nil {
-		return err
+		return s.fileErr("complete", key, err)
+	}
+	have := make([]blob.Part, len(held))
+	at := make(map[int]int64, len(held))
+	for i, p := range held {
+		have[i] = p.Part
+		at[p.N] = p.off
 	}
 	if err := blob.CheckParts(parts, have); err != nil {
 		return fmt.Errorf("blob/disk: complete %q: %w", key, err)
 	}
+	var total int64
+	inPlace := true
+	for _, p := range parts {
+		inPlace = inPlace && at[p.N] == total
+		total += p.Size
+	}
 	name := s.path(key)
-	out, err := tempFile(filepath.Dir(name))
+	if inPlace {
+		err = s.join(dir, name, total)
+	} else {
+		err = copyParts(ctx, dir, name, parts, at)
+	}
 	if err != nil {
-		return fmt.Errorf("blob/disk: complete %q: %w", key, err)
-	}
-	fail := func(err error) error {
-		out.Close()
-		os.Remove(out.Name())
-		return fmt.Errorf("blob/disk: complete %q: %w", key, err)
-	}
-	for _, want := range parts {
-		if err := ctx.Err(); err != nil {
-			return fail(err)
-		}
-		f, p, err := readPart(filepath.Join(dir, partName(want.N)))
-		if err != nil {
-			return fail(err)
-		}
-		if p != want {
-			f.Close()
-			return fail(fmt.Errorf("%w: part %d was replaced meanwhile", blob.ErrBadParts, want.N))
-		}
-		// *os.File from an *io.LimitedReader of an *os.File: the kernel
-		// copies (copy_file_range), no byte passes through this process.
-		copied, err := out.ReadFrom(&io.LimitedReader{R: f, N: p.Size})
-		f.Close()
-		if err == nil && copied != p.Size {
-			err = fmt.Errorf("part %d: copied %d of %d bytes", p.N, copied, p.Size)
-		}
-		if err != nil {
-			return fail(err)
-		}
-	}
-	if err := commit(out, name, "complete"); err != nil {
 		return fmt.Errorf("blob/disk: complete %q: %w", key, err)
 	}
 	if err := s.remove(dir, upload); err != nil {
 		return fmt.Errorf("blob/disk: complete %q: %w", key, err)
 	}
 	return nil
+}
+
+// join makes dir's data, holding the parts end to end, the object name:
+// truncated to total, renamed, its new directory fsynced.
+func (s *Store) join(dir, name string, total int64) error {
+	data := filepath.Join(dir, dataName)
+	f, err := os.OpenFile(data, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	st, err := f.Stat()
+	if err == nil && st.Size() < total {
+		err = fmt.Errorf("%s holds %d bytes, the parts %d", data, st.Size(), total)
+	}
+	if err == nil && st.Size() > total {
+		if err = f.Truncate(total); err == nil {
+			err = f.Sync()
+		}
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	step("join.synced")
+	if err := os.Rename(data, name); err != nil {
+		return err
+	}
+	step("join.renamed")
+	return syncDir(filepath.Dir(name))
+}
+
+// copyParts copies the parts, in order, from dir's data into a temporary
+// file and commits it as name.
+func copyParts(ctx context.Context, dir, name string, parts []blob.Part, at map[int]int64) error {
+	in, err := os.Open(filepath.Join(dir, dataName))
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := tempFile(filepath.Dir(name))
+	if err != nil {
+		return err
+	}
+	for _, p := range parts {
+		err = ctx.Err()
+		if err == nil {
+			_, err = in.Seek(at[p.N], io.SeekStart)
+		}
+		var copied int64
+		if err == nil {
+			// *os.File from an *io.LimitedReader of an *os.File: the
+			// kernel copies (copy_file_range), no byte passes through
+			// this process.
+			copied, err = out.ReadFrom(&io.LimitedReader{R: in, N: p.Size})
+		}
+		if err == nil && copied != p.Size {
+			err = fmt.Errorf("part %d: copied %d of %d bytes", p.N, copied, p.Size)
+		}
+		if err != nil {
+			out.Close()
+			os.Remove(out.Name())
+			return err
+		}
+	}
+	return commit(out, name, "complete")
 }
 
 // remove forgets an upload: its directory is renamed aside (atomic: the
@@ -664,6 +895,13 @@ func (s *Store) remove(dir, id string) error {
 
 // Abort forgets an upload; an unknown one is no error.
 func (s *Store) Abort(ctx context.Context, key, upload string) error {
+	if err := s.check("abort", key); err != nil {
+		return err
+	}
+	u := s.acquire(upload)
+	defer s.release(upload, u)
+	u.mu.Lock()
+	defer u.mu.Unlock()
 	dir, err := s.upload("abort", key, upload)
 	if errors.Is(err, blob.ErrNotFound) {
 		return nil

@@ -175,7 +175,7 @@ func TestCrashChild(t *testing.T) {
 		err = s.Put(ctx, "f/x", bytes.NewReader(newBytes), int64(len(newBytes)), sha256.Sum256(newBytes))
 	case "part":
 		_, err = s.PutPart(ctx, "f/u", up, 2, bytes.NewReader(part2), int64(len(part2)))
-	case "complete":
+	case "complete", "completecopy":
 		var parts []blob.Part
 		if parts, err = s.Parts(ctx, "f/u", up); err == nil {
 			err = s.Complete(ctx, "f/u", up, parts)
@@ -205,7 +205,17 @@ func TestCrash(t *testing.T) {
 				t.Fatalf("part 2 after the crash: %+v", got[1])
 			}
 		}},
-		{"complete", "complete.written", func(t *testing.T, s *Store, up string, parts []blob.Part) {
+		{"part", "part.data", func(t *testing.T, s *Store, up string, parts []blob.Part) {
+			wantParts(t, s, up, parts[:1])
+			// The bytes the crash left in data are written over: part 2
+			// follows part 1 directly, and Complete joins in place.
+			p2, err := s.PutPart(context.Background(), "f/u", up, 2, bytes.NewReader(part2), int64(len(part2)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantJoinedInPlace(t, s, up, append(parts[:1], p2))
+		}},
+		{"complete", "join.synced", func(t *testing.T, s *Store, up string, parts []blob.Part) {
 			wantAbsent(t, s, "f/u")
 			wantParts(t, s, up, parts)
 			if err := s.Complete(context.Background(), "f/u", up, parts); err != nil {
@@ -213,14 +223,22 @@ func TestCrash(t *testing.T) {
 			}
 			wantObject(t, s, "f/u", append(append([]byte(nil), part1...), part2...))
 		}},
-		{"complete", "complete.renamed", func(t *testing.T, s *Store, up string, parts []blob.Part) {
-			wantObject(t, s, "f/u", append(append([]byte(nil), part1...), part2...))
-		}},
-		{"complete", "remove.renamed", func(t *testing.T, s *Store, up string, parts []blob.Part) {
+		{"complete", "join.renamed", func(t *testing.T, s *Store, up string, parts []blob.Part) {
 			wantObject(t, s, "f/u", append(append([]byte(nil), part1...), part2...))
 			if _, err := s.Parts(context.Background(), "f/u", up); !errors.Is(err, blob.ErrNotFound) {
-				t.Fatalf("Parts of the completed upload after the crash = %v, want ErrNotFound", err)
+				t.Fatalf("Parts of the joined upload after the crash = %v, want ErrNotFound", err)
 			}
+		}},
+		{"completecopy", "complete.written", func(t *testing.T, s *Store, up string, parts []blob.Part) {
+			wantAbsent(t, s, "f/u")
+			wantParts(t, s, up, parts)
+			if err := s.Complete(context.Background(), "f/u", up, parts); err != nil {
+				t.Fatalf("Complete again after the crash: %v", err)
+			}
+			wantObject(t, s, "f/u", append(append([]byte(nil), part1...), part2...))
+		}},
+		{"completecopy", "complete.renamed", func(t *testing.T, s *Store, up string, parts []blob.Part) {
+			wantObject(t, s, "f/u", append(append([]byte(nil), part1...), part2...))
 		}},
 		{"create", "create.written", func(t *testing.T, s *Store, up string, parts []blob.Part) {
 			entries, _ := os.ReadDir(s.uploads)
@@ -251,12 +269,21 @@ func TestCrash(t *testing.T) {
 				t.Fatal(err)
 			}
 			parts := []blob.Part{p1}
-			if c.op == "complete" || c.op == "abort" {
+			if c.op == "complete" || c.op == "completecopy" || c.op == "abort" {
 				p2, err := s.PutPart(ctx, "f/u", up, 2, bytes.NewReader(part2), int64(len(part2)))
 				if err != nil {
 					t.Fatal(err)
 				}
 				parts = append(parts, p2)
+			}
+			if c.op == "completecopy" {
+				// Part 1 sent again goes after part 2 in data: Complete
+				// copies.
+				p1, err := s.PutPart(ctx, "f/u", up, 1, bytes.NewReader(part1), int64(len(part1)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				parts[0] = p1
 			}
 			s.Close()
 
@@ -385,4 +412,80 @@ func wantPartCount(t *testing.T, s *Store, up string, n int) []blob.Part {
 		t.Fatalf("Parts = %+v, want %d parts", got, n)
 	}
 	return got
+}
+
+// wantJoinedInPlace completes the upload with parts and checks that data
+// became the object (same inode: no byte copied).
+func wantJoinedInPlace(t *testing.T, s *Store, up string, parts []blob.Part) {
+	t.Helper()
+	before, err := os.Stat(filepath.Join(s.uploads, up, dataName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(context.Background(), "f/u", up, parts); err != nil {
+		t.Fatal(err)
+	}
+	after, err := os.Stat(s.path("f/u"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(before, after) {
+		t.Fatal("Complete of parts in order copied them instead of renaming data")
+	}
+	var total int64
+	for _, p := range parts {
+		total += p.Size
+	}
+	if after.Size() != total {
+		t.Fatalf("the object has %d bytes, the parts %d", after.Size(), total)
+	}
+}
+
+// TestCompleteInPlace: parts sent in order become the object without a
+// copy; a replaced or failed part makes Complete copy, and the object is
+// the parts all the same.
+func TestCompleteInPlace(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, t.TempDir())
+	defer s.Close()
+	up, err := s.Create(ctx, "f/u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1, err := s.PutPart(ctx, "f/u", up, 1, bytes.NewReader(part1), int64(len(part1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A part that fails (the reader ends early) leaves no gap.
+	if _, err := s.PutPart(ctx, "f/u", up, 2, bytes.NewReader(part2[:10]), int64(len(part2))); !errors.Is(err, blob.ErrSize) {
+		t.Fatalf("PutPart of a short reader = %v, want ErrSize", err)
+	}
+	p2, err := s.PutPart(ctx, "f/u", up, 2, bytes.NewReader(part2), int64(len(part2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantJoinedInPlace(t, s, up, []blob.Part{p1, p2})
+	wantObject(t, s, "f/u", append(append([]byte(nil), part1...), part2...))
+
+	// Part 2 replaced by other bytes: the old ones stay in data, the
+	// object is part 1 and the new part 2.
+	up, err = s.Create(ctx, "f/u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1, _ = s.PutPart(ctx, "f/u", up, 1, bytes.NewReader(part1), int64(len(part1)))
+	_, _ = s.PutPart(ctx, "f/u", up, 2, bytes.NewReader(oldBytes), int64(len(oldBytes)))
+	p2, err = s.PutPart(ctx, "f/u", up, 2, bytes.NewReader(part2), int64(len(part2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.Stat(filepath.Join(s.uploads, up, dataName))
+	if err := s.Complete(ctx, "f/u", up, []blob.Part{p1, p2}); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := os.Stat(s.path("f/u"))
+	if os.SameFile(before, after) {
+		t.Fatal("parts not end to end were renamed, not copied")
+	}
+	wantObject(t, s, "f/u", append(append([]byte(nil), part1...), part2...))
 }
