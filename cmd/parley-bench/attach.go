@@ -22,6 +22,7 @@ func runBenchAttach(ctx context.Context, args []string) error {
 	fs.Int64Var(&cfg.PartBytes, "part-bytes", cfg.PartBytes, "part size of uploads in parts")
 	fs.IntVar(&cfg.Rounds, "rounds", 1, "times each engine's rows are measured (raw and seam alternating); the medians are printed at the end")
 	fs.StringVar(&cfg.ServerBinary, "server-binary", "", "a parley executable: also measure the transfers through a node of it (-rss-uploads then samples the node's RSS)")
+	fs.StringVar(&cfg.BaseBinary, "base-binary", "", "with -server-binary: another parley executable (the build compared against), measured in the same rounds as layer \"parley base\"")
 	fs.BoolVar(&cfg.Thumbnail, "thumbnail", false, "with -server-binary: time a 4000x3000 JPEG's first thumbnail")
 	serverLog := fs.Bool("server-log", false, "with -server-binary: the node's log on stderr")
 	fs.IntVar(&cfg.RSSUploads, "rss-uploads", 0, "if > 0: big-file Puts at once through the seam while this process's RSS is sampled")
@@ -47,12 +48,14 @@ func runBenchAttach(ctx context.Context, args []string) error {
 		fmt.Printf("| %s | %s | %s | %.3f | %.0f |\n", r.Engine, r.Layer, r.Op, r.Elapsed.Seconds(), r.MiBps())
 	}
 	for _, e := range cfg.Engines {
-		if idle, ok := rep.ServerRSSIdle[e]; ok {
-			fmt.Printf("\n%s: the node's RSS during %d concurrent %d-byte uploads: %.1f MiB idle, %.1f MiB peak (+%.1f)\n",
-				e, cfg.RSSUploads, cfg.BigBytes, float64(idle)/(1<<20), float64(rep.ServerRSSPeak[e])/(1<<20), float64(rep.ServerRSSPeak[e]-idle)/(1<<20))
-		}
-		if d, ok := rep.Thumbnail[e]; ok {
-			fmt.Printf("\n%s: first thumbnail %.0f ms after upload_complete\n", e, float64(d.Microseconds())/1000)
+		for _, k := range []string{e, e + " base"} {
+			if idle, ok := rep.ServerRSSIdle[k]; ok {
+				fmt.Printf("\n%s: the node's RSS during %d concurrent %d-byte uploads: %.1f MiB idle, %.1f MiB peak (+%.1f); %d of the uploads failed\n",
+					k, cfg.RSSUploads, cfg.BigBytes, float64(idle)/(1<<20), float64(rep.ServerRSSPeak[k])/(1<<20), float64(rep.ServerRSSPeak[k]-idle)/(1<<20), rep.ServerRSSFailed[k])
+			}
+			if d, ok := rep.Thumbnail[k]; ok {
+				fmt.Printf("\n%s: first thumbnail %.0f ms after upload_complete\n", k, float64(d.Microseconds())/1000)
+			}
 		}
 		if idle, ok := rep.RSSIdle[e]; ok {
 			fmt.Printf("\n%s: RSS of this process during %d concurrent %d-byte Puts: %.1f MiB idle, %.1f MiB peak\n",

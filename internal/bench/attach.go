@@ -49,7 +49,11 @@ type AttachConfig struct {
 	// and RSSUploads then samples that node's RSS instead of this
 	// process's.
 	ServerBinary string
-	ServerLog    io.Writer // the node's log (default: discarded)
+	// BaseBinary, if set with ServerBinary, is the build compared against:
+	// each round measures a node of it too (layer "parley base"), the two
+	// nodes' turns alternating from round to round.
+	BaseBinary string
+	ServerLog  io.Writer // the node's log (default: discarded)
 	// Thumbnail: also time a JPEG's first thumbnail through the node.
 	Thumbnail bool
 	Log       io.Writer
@@ -58,7 +62,7 @@ type AttachConfig struct {
 // AttachResult is one measured row.
 type AttachResult struct {
 	Engine  string
-	Layer   string // "dd", "minio-go", "seam Put", "seam parts", "parley"
+	Layer   string // "dd", "minio-go", "seam Put", "seam parts", "parley", "parley base"
 	Op      string // "up 1×100 MiB", ...
 	Bytes   int64
 	Elapsed time.Duration
@@ -75,10 +79,13 @@ type AttachReport struct {
 	// RSS of this process (the seam's engines run in it) before and at
 	// its peak during RSSUploads concurrent uploads, per engine.
 	RSSIdle, RSSPeak map[string]int64
-	// The same of the node, with ServerBinary.
+	// The same of the node, with ServerBinary, and the number of those
+	// uploads that failed; per engine, and per engine + " base" for
+	// BaseBinary's node.
 	ServerRSSIdle, ServerRSSPeak map[string]int64
+	ServerRSSFailed              map[string]int
 	// Thumbnail is the time from upload_complete to the first thumbnail
-	// served, per engine.
+	// served, keyed as ServerRSSIdle.
 	Thumbnail map[string]time.Duration
 }
 
@@ -163,11 +170,11 @@ func RunAttach(ctx context.Context, cfg AttachConfig) (AttachReport, error) {
 	}
 	var rep AttachReport
 	for round := range cfg.Rounds {
-		r, err := runAttachOnce(ctx, cfg, round == cfg.Rounds-1)
+		r, err := runAttachOnce(ctx, cfg, round, round == cfg.Rounds-1)
 		rep.Results = append(rep.Results, r.Results...)
 		if last := round == cfg.Rounds-1; last {
 			rep.RSSIdle, rep.RSSPeak = r.RSSIdle, r.RSSPeak
-			rep.ServerRSSIdle, rep.ServerRSSPeak, rep.Thumbnail = r.ServerRSSIdle, r.ServerRSSPeak, r.Thumbnail
+			rep.ServerRSSIdle, rep.ServerRSSPeak, rep.ServerRSSFailed, rep.Thumbnail = r.ServerRSSIdle, r.ServerRSSPeak, r.ServerRSSFailed, r.Thumbnail
 		}
 		if err != nil {
 			return rep, err
@@ -176,7 +183,7 @@ func RunAttach(ctx context.Context, cfg AttachConfig) (AttachReport, error) {
 	return rep, nil
 }
 
-func runAttachOnce(ctx context.Context, cfg AttachConfig, last bool) (AttachReport, error) {
+func runAttachOnce(ctx context.Context, cfg AttachConfig, round int, last bool) (AttachReport, error) {
 	if !last {
 		cfg.RSSUploads = 0
 		cfg.Thumbnail = false
@@ -250,8 +257,22 @@ func runAttachOnce(ctx context.Context, cfg AttachConfig, last bool) (AttachRepo
 			return rep, fmt.Errorf("engine %q: want disk or s3", engine)
 		}
 		err := seamRuns(ctx, st, engine, cfg, big, small, add)
-		if err == nil && cfg.ServerBinary != "" {
-			err = parleyRuns(ctx, engine, cfg, big, small, add, &rep)
+		if cfg.ServerBinary != "" {
+			nodes := []struct{ layer, binary string }{{"parley", cfg.ServerBinary}}
+			if cfg.BaseBinary != "" {
+				nodes = append(nodes, struct{ layer, binary string }{"parley base", cfg.BaseBinary})
+				if round%2 == 1 {
+					nodes[0], nodes[1] = nodes[1], nodes[0]
+				}
+			}
+			for _, nd := range nodes {
+				if err != nil {
+					break
+				}
+				c := cfg
+				c.ServerBinary = nd.binary
+				err = parleyRuns(ctx, engine, c, nd.layer, big, small, add, &rep)
+			}
 		}
 		if err == nil && cfg.RSSUploads > 0 && cfg.ServerBinary == "" {
 			var idle, peak int64

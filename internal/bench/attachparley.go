@@ -225,19 +225,23 @@ func (n *parleyNode) download(ctx context.Context, seq uint64, thumbnail bool) (
 // then Concurrency small ones at once; with RSSUploads, the node's RSS
 // during that many concurrent big uploads; and the time from a JPEG's
 // upload_complete to its first thumbnail served.
-func parleyRuns(ctx context.Context, engine string, cfg AttachConfig, big, small string, add func(engine, layer, op string, bytes int64, d time.Duration), rep *AttachReport) error {
+func parleyRuns(ctx context.Context, engine string, cfg AttachConfig, layer, big, small string, add func(engine, layer, op string, bytes int64, d time.Duration), rep *AttachReport) error {
 	n, err := startParley(ctx, engine, cfg, filepath.Join(cfg.Dir, "node-"+engine+"-"+strconv.FormatInt(time.Now().UnixNano(), 36)))
 	if err != nil {
 		return fmt.Errorf("parley on %s: %w", engine, err)
 	}
-	err = parleyMeasure(ctx, n, engine, cfg, big, small, add, rep)
+	err = parleyMeasure(ctx, n, engine, cfg, layer, big, small, add, rep)
 	if serr := n.stop(); err == nil {
 		err = serr
 	}
 	return err
 }
 
-func parleyMeasure(ctx context.Context, n *parleyNode, engine string, cfg AttachConfig, big, small string, add func(engine, layer, op string, bytes int64, d time.Duration), rep *AttachReport) error {
+func parleyMeasure(ctx context.Context, n *parleyNode, engine string, cfg AttachConfig, layer, big, small string, add func(engine, layer, op string, bytes int64, d time.Duration), rep *AttachReport) error {
+	key := engine // of the report's maps
+	if layer != "parley" {
+		key = engine + strings.TrimPrefix(layer, "parley")
+	}
 	body := func(seed int64) func(off, size int64) io.Reader {
 		return func(off, size int64) io.Reader { return newPayload(seed+off, size) }
 	}
@@ -247,7 +251,7 @@ func parleyMeasure(ctx context.Context, n *parleyNode, engine string, cfg Attach
 	if err != nil {
 		return err
 	}
-	add(engine, "parley", "up "+big, cfg.BigBytes, time.Since(t0))
+	add(engine, layer, "up "+big, cfg.BigBytes, time.Since(t0))
 	seq, err := n.send(ctx, id)
 	if err != nil {
 		return err
@@ -256,7 +260,7 @@ func parleyMeasure(ctx context.Context, n *parleyNode, engine string, cfg Attach
 	if got, err := n.download(ctx, seq, false); err != nil || got != cfg.BigBytes {
 		return fmt.Errorf("download: %d bytes, %v", got, err)
 	}
-	add(engine, "parley", "down "+big, cfg.BigBytes, time.Since(t0))
+	add(engine, layer, "down "+big, cfg.BigBytes, time.Since(t0))
 
 	sums := make([][32]byte, cfg.Concurrency)
 	for i := range sums {
@@ -271,7 +275,7 @@ func parleyMeasure(ctx context.Context, n *parleyNode, engine string, cfg Attach
 	if err != nil {
 		return err
 	}
-	add(engine, "parley", "up "+small, cfg.SmallBytes*int64(cfg.Concurrency), d)
+	add(engine, layer, "up "+small, cfg.SmallBytes*int64(cfg.Concurrency), d)
 	seqs := make([]uint64, cfg.Concurrency)
 	for i, id := range ids {
 		if seqs[i], err = n.send(ctx, id); err != nil {
@@ -288,7 +292,7 @@ func parleyMeasure(ctx context.Context, n *parleyNode, engine string, cfg Attach
 	if err != nil {
 		return err
 	}
-	add(engine, "parley", "down "+small, cfg.SmallBytes*int64(cfg.Concurrency), d)
+	add(engine, layer, "down "+small, cfg.SmallBytes*int64(cfg.Concurrency), d)
 
 	if cfg.Thumbnail {
 		d, err := firstThumbnail(ctx, n)
@@ -298,9 +302,9 @@ func parleyMeasure(ctx context.Context, n *parleyNode, engine string, cfg Attach
 		if rep.Thumbnail == nil {
 			rep.Thumbnail = map[string]time.Duration{}
 		}
-		rep.Thumbnail[engine] = d
+		rep.Thumbnail[key] = d
 		if cfg.Log != nil {
-			fmt.Fprintf(cfg.Log, "%-5s parley      first thumbnail   %8.3f s after upload_complete (a %dx%d JPEG)\n", engine, d.Seconds(), thumbW, thumbH)
+			fmt.Fprintf(cfg.Log, "%-5s %-11s first thumbnail   %8.3f s after upload_complete (a %dx%d JPEG)\n", engine, layer, d.Seconds(), thumbW, thumbH)
 		}
 	}
 	if cfg.RSSUploads > 0 {
@@ -309,15 +313,15 @@ func parleyMeasure(ctx context.Context, n *parleyNode, engine string, cfg Attach
 			return err
 		}
 		if failed > 0 && cfg.Log != nil {
-			fmt.Fprintf(cfg.Log, "%-5s parley      %d of the %d concurrent uploads failed (the RSS was sampled all the same): %v\n", engine, failed, cfg.RSSUploads, n.firstRSSErr)
+			fmt.Fprintf(cfg.Log, "%-5s %-11s %d of the %d concurrent uploads failed (the RSS was sampled all the same): %v\n", engine, layer, failed, cfg.RSSUploads, n.firstRSSErr)
 		}
 		if rep.ServerRSSIdle == nil {
-			rep.ServerRSSIdle, rep.ServerRSSPeak = map[string]int64{}, map[string]int64{}
+			rep.ServerRSSIdle, rep.ServerRSSPeak, rep.ServerRSSFailed = map[string]int64{}, map[string]int64{}, map[string]int{}
 		}
-		rep.ServerRSSIdle[engine], rep.ServerRSSPeak[engine] = idle, peak
+		rep.ServerRSSIdle[key], rep.ServerRSSPeak[key], rep.ServerRSSFailed[key] = idle, peak, failed
 		if cfg.Log != nil {
-			fmt.Fprintf(cfg.Log, "%-5s parley      server RSS during %d concurrent %s uploads: idle %.1f MiB, peak %.1f MiB (+%.1f)\n",
-				engine, cfg.RSSUploads, sizeName(cfg.BigBytes), float64(idle)/(1<<20), float64(peak)/(1<<20), float64(peak-idle)/(1<<20))
+			fmt.Fprintf(cfg.Log, "%-5s %-11s server RSS during %d concurrent %s uploads: idle %.1f MiB, peak %.1f MiB (+%.1f)\n",
+				engine, layer, cfg.RSSUploads, sizeName(cfg.BigBytes), float64(idle)/(1<<20), float64(peak)/(1<<20), float64(peak-idle)/(1<<20))
 		}
 	}
 	return nil
