@@ -28,7 +28,7 @@ import (
 )
 
 // chromiumPath finds the browser, or skips (fails under CI=true).
-func chromiumPath(t *testing.T) string {
+func chromiumPath(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("PARLEY_CHROMIUM"); p != "" {
 		return p
@@ -45,7 +45,7 @@ func chromiumPath(t *testing.T) string {
 	return ""
 }
 
-func artifactDir(t *testing.T) string {
+func artifactDir(t testing.TB) string {
 	base := os.Getenv("PARLEY_ARTIFACTS")
 	if base == "" {
 		return t.TempDir()
@@ -65,7 +65,7 @@ func sanitize(s string) string { return unsafeChars.ReplaceAllString(s, "_") }
 // node is a test server serving the page on the development key, on a fixed
 // address so that it can restart where the pages expect it.
 type node struct {
-	t    *testing.T
+	t    testing.TB
 	srv  *servertest.Server
 	addr string
 	dir  string
@@ -73,7 +73,7 @@ type node struct {
 }
 
 // startNode starts the node; cfg changes its configuration further.
-func startNode(t *testing.T, cfg ...func(*config.Config)) *node {
+func startNode(t testing.TB, cfg ...func(*config.Config)) *node {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +100,7 @@ func (n *node) url() string { return "http://" + n.addr + "/" }
 // browser is one Chromium process; each user gets its own browser context
 // (separate storage, like separate people), each tab its own target.
 type browser struct {
-	t    *testing.T
+	t    testing.TB
 	ctx  context.Context
 	dir  string
 	mu   sync.Mutex
@@ -114,7 +114,7 @@ type browser struct {
 }
 
 // newBrowser starts Chromium; extra adds flags (the media tests' fake devices).
-func newBrowser(t *testing.T, extra ...chromedp.ExecAllocatorOption) *browser {
+func newBrowser(t testing.TB, extra ...chromedp.ExecAllocatorOption) *browser {
 	path := chromiumPath(t)
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),

@@ -1,6 +1,7 @@
 package web_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -225,5 +226,20 @@ func TestWebE2EEDeviceLock(t *testing.T) {
 	other.evalAsync(`window.waited`, &got)
 	if got != "ran after the owner closed" {
 		t.Fatalf("after the owner closed: %q", got)
+	}
+}
+
+// evalAsyncLong is evalAsync with a bound for a long computation (the
+// benchmark's thousands of messages).
+func (t *tab) evalAsyncLong(expr string, out any) {
+	t.b.t.Helper()
+	ctx, cancel := context.WithTimeout(t.ctx, 10*time.Minute)
+	defer cancel()
+	raw, err := chromedp.Run(ctx, chromedp.Evaluate[json.RawMessage](expr, chromedp.EvalAwaitPromise))
+	if err == nil {
+		err = json.Unmarshal(raw, out)
+	}
+	if err != nil {
+		t.b.t.Fatalf("%s: evaluate: %v", t.name, err)
 	}
 }
