@@ -445,3 +445,43 @@ func TestWebE2EESafetyNumber(t *testing.T) {
 	alice.until("new safety number", `document.getElementById("safety-number").dataset.number === `+js(now))
 	alice.shot("new safety number")
 }
+
+// TestWebE2EESecondTab: a second tab of the same browser profile does not
+// touch the device's keys while the first holds them (it runs as a plain
+// device and says so, and an encrypted conversation there shows
+// placeholders, never the envelope); when the first tab closes, the second
+// takes the device over and reads the conversation.
+func TestWebE2EESecondTab(t *testing.T) {
+	n := startNode(t)
+	bob := startGoPeer(t, n, "bob", "cli", nil)
+	b := newBrowser(t)
+	holder := b.user("holder")
+	first, second := holder.another("alice tab 1"), holder.another("alice tab 2")
+	first.login(n, "alice")
+	first.e2eReady()
+	first.openE2EDirect("bob")
+	first.send("one")
+	conv := bob.conv("alice")
+	bob.waitText(conv, "one")
+	if _, err := bob.m.SendDirect(ctxT(t), conv, "alice", "two"); err != nil {
+		t.Fatal(err)
+	}
+	first.waitBodies("one", "two")
+	second.login(n, "alice")
+	second.until("E2E off in this tab", `/another tab of this browser holds this device's keys/.test(document.getElementById("e2e-status").textContent)`)
+	second.openConv("bob")
+	second.until("placeholders", `(() => { const b = [...document.querySelectorAll("#messages li:not(.system) .body")]; return b.length === 2 && b.every(e => e.classList.contains("missing") && /tab that holds/.test(e.textContent)) })()`)
+	var text string
+	second.eval(`document.getElementById("messages").textContent`, &text)
+	if strings.Contains(text, `"e2e"`) {
+		t.Fatalf("the envelope shows: %q", text)
+	}
+	second.shot("second tab")
+	closeTab(t, first)
+	second.e2eReady()
+	second.openConv("bob")
+	second.waitBodies("one", "two")
+	second.send("three")
+	bob.waitText(conv, "three")
+	second.shot("took over")
+}

@@ -251,7 +251,12 @@ function start(token: string, owned: string | null) {
 async function startE2E(owned: string | null) {
   const mod = e2eMod;
   if (!mod || !owned) {
-    e2eStatus(mod ? "End-to-end encryption is off in this tab: another tab of this browser holds this device's keys. Encrypted conversations open there." : "End-to-end encryption is not available in this browser.");
+    e2eStatus(mod ? "End-to-end encryption is off in this tab: another tab of this browser holds this device's keys. Encrypted conversations open there; this tab takes over when that one closes." : "End-to-end encryption is not available in this browser.");
+    const id = localStorage.getItem(`parley.e2ee.device.${me}`);
+    if (mod && id && navigator.locks) {
+      // Follow the owner: once its tab is gone, reload as the device's tab.
+      void mod.withDeviceLock(`${me}/${id}`, async () => { location.reload(); }).catch(() => {});
+    }
     return;
   }
   try {
