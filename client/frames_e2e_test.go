@@ -352,3 +352,35 @@ func TestE2ELeaveNotRepeatedAfterLostAnswer(t *testing.T) {
 		t.Fatalf("group after the lost answers = %+v, %v; want alice and carol", info, err)
 	}
 }
+
+// TestE2EReplies: SendWith's ReplyTo is pushed and read back with the
+// message, and a reference the sender may not see is refused with
+// bad_reference, not retried.
+func TestE2EReplies(t *testing.T) {
+	srv := servertest.Start(t)
+	alice := startE2E(t, srv.URL, srv.Token("alice"), "phone", nil)
+	bob := startE2E(t, srv.URL, srv.Token("bob"), "phone", nil)
+	ctx := ctxT(t)
+	dm, err := alice.OpenDirect(ctx, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := alice.Send(ctx, dm.ConvID, "lunch?")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := bob.SendWith(ctx, dm.ConvID, "yes", SendOptions{ReplyTo: q.Seq})
+	if err != nil {
+		t.Fatalf("SendWith reply: %v", err)
+	}
+	eventually(t, "alice got the reply", func() bool { return alice.rec.hasSeq(dm.ConvID, r.Seq) })
+	if m := alice.rec.messages(dm.ConvID); m[len(m)-1].ReplyTo != q.Seq {
+		t.Fatalf("pushed reply %+v, want reply_to %d", m[len(m)-1], q.Seq)
+	}
+	_, err = bob.SendWith(ctx, dm.ConvID, "to nothing", SendOptions{ReplyTo: r.Seq + 10})
+	wantCode(t, "reply beyond the last seq", err, protocol.CodeBadReference)
+	msgs, _, err := alice.History(ctx, dm.ConvID, HistoryQuery{Forward: true, Limit: 10})
+	if err != nil || len(msgs) != 2 || msgs[1].ReplyTo != q.Seq {
+		t.Fatalf("history = %+v, %v; want the reply to %d", msgs, err, q.Seq)
+	}
+}

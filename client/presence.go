@@ -83,14 +83,19 @@ type SendOptions struct {
 	// "state"): reads show only this sender's latest message of the key
 	// in full, older ones as superseded.
 	CoalesceKey string
+	// ReplyTo is the seq of an earlier message of the conversation this
+	// one answers (not with CoalesceKey). One the sender may not see —
+	// not stored yet, before it joined, an event — is refused with
+	// bad_reference; a recalled one with conflict.
+	ReplyTo uint64
 }
 
-// SendWith stores body in convID with mentions or as a state message;
-// retried like Send. End-to-end encrypted conversations refuse mentions
+// SendWith stores body in convID with mentions, as a reply or as a state
+// message; retried like Send. End-to-end encrypted conversations refuse mentions
 // with e2e_unsupported.
 func (c *Client) SendWith(ctx context.Context, convID uint64, body string, o SendOptions) (Ack, error) {
 	f := protocol.Frame{Type: protocol.TypeSend, ConvID: convID, ClientMsgID: o.ClientMsgID, Kind: protocol.KindText, Body: body,
-		Mentions: slices.Clone(o.Mentions), MentionAll: o.MentionAll, CoalesceKey: o.CoalesceKey}
+		Mentions: slices.Clone(o.Mentions), MentionAll: o.MentionAll, CoalesceKey: o.CoalesceKey, ReplyTo: o.ReplyTo}
 	if f.ClientMsgID == "" {
 		f.ClientMsgID = NewClientMsgID()
 	}

@@ -139,6 +139,9 @@ func validate(f *Frame, lim Limits) *Error {
 		default:
 			return Errorf(CodeInvalidArgument, "kind %q cannot be sent; use text, state or file, or the edit and recall frames", f.Kind)
 		}
+		if f.ReplyTo != 0 && f.Kind == KindState {
+			return Errorf(CodeInvalidArgument, "a state message cannot be a reply")
+		}
 		if f.Kind != KindFile && f.AttachmentID != 0 {
 			return Errorf(CodeInvalidArgument, "attachment_id needs kind file")
 		}
@@ -158,12 +161,18 @@ func validate(f *Frame, lim Limits) *Error {
 		}
 		return needBody(f, lim)
 	case TypeEdit:
+		if e := noReply(f); e != nil {
+			return e
+		}
 		if e := needTarget(f, lim); e != nil {
 			return e
 		}
 		f.Kind = KindEdit
 		return needBody(f, lim)
 	case TypeRecall:
+		if e := noReply(f); e != nil {
+			return e
+		}
 		if e := needTarget(f, lim); e != nil {
 			return e
 		}
@@ -336,6 +345,15 @@ func needMembers(f *Frame, lim Limits) *Error {
 		if !ValidID(m) {
 			return Errorf(CodeInvalidArgument, "member %q is not a valid user id", m)
 		}
+	}
+	return nil
+}
+
+// noReply refuses reply_to on an edit or recall: a message's reply
+// reference is set when it is sent and kept through its edits.
+func noReply(f *Frame) *Error {
+	if f.ReplyTo != 0 {
+		return Errorf(CodeInvalidArgument, "reply_to is for send: an edit keeps the message's reference")
 	}
 	return nil
 }

@@ -26,6 +26,9 @@ const (
 	CodeOverloaded       Code = "overloaded"           // admission control refused; retry after retry_after_ms
 	CodeTokenRevoked     Code = "token_revoked"        // the token was issued before the user's (or device's) revocation time: get a new one
 	CodeBanned           Code = "banned"               // the user is banned by the operator
+	// CodeBadReference: a reply_to names no message the sender may see
+	// (not stored yet, before the sender joined, not a message).
+	CodeBadReference Code = "bad_reference"
 )
 
 // Retryable reports whether the same request may succeed if sent again

@@ -113,6 +113,9 @@ type Frame struct {
 	Mentions    []string `json:"mentions,omitempty"`
 	MentionAll  bool     `json:"mention_all,omitempty"`
 	CoalesceKey string   `json:"coalesce_key,omitempty"`
+	// ReplyTo (send) is the seq of an earlier message of the same
+	// conversation this one answers.
+	ReplyTo uint64 `json:"reply_to,omitempty"`
 
 	// presence_sub (users), presence (states)
 	Users  []string        `json:"users,omitempty"`
@@ -276,6 +279,11 @@ type Message struct {
 	Superseded bool `json:"superseded,omitempty"`
 	// AttachmentID is the file of a kind "file" message (0 once recalled).
 	AttachmentID uint64 `json:"attachment_id,omitempty,string"`
+	// ReplyTo is the seq of the message this one answers (kept through
+	// edits); ReplyRecalled says, on reads (history, sync), that the
+	// message it answers has since been recalled.
+	ReplyTo       uint64 `json:"reply_to,omitempty"`
+	ReplyRecalled bool   `json:"reply_recalled,omitempty"`
 }
 
 // PresenceState is one user's presence.

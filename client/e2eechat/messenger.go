@@ -1378,6 +1378,21 @@ func (m *Messenger) Send(ctx context.Context, convID uint64, text string) (clien
 	return m.SendGroup(ctx, convID, members, text)
 }
 
+// Reply sends text to E2E conversation convID as Send does, answering
+// message replyTo: the reference travels beside the envelope (reply_to),
+// as the server needs it to check that the sender may see that message.
+func (m *Messenger) Reply(ctx context.Context, convID, replyTo uint64, text string) (client.Ack, error) {
+	peer, members, err := m.route(ctx, convID)
+	if err != nil {
+		return client.Ack{}, err
+	}
+	f := protocol.Frame{Type: protocol.TypeSend, ConvID: convID, Kind: protocol.KindText, ReplyTo: replyTo}
+	if peer != "" {
+		return m.direct(ctx, f, peer, text)
+	}
+	return m.group(ctx, f, members, text)
+}
+
 // Edit replaces message target of E2E conversation convID with text as
 // Send sends: EditDirect or EditGroup after reading the conversation.
 func (m *Messenger) Edit(ctx context.Context, convID, target uint64, text string) (client.Ack, error) {

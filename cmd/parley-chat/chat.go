@@ -49,6 +49,7 @@ func init() {
 		{name: "/info", help: "members, your role and the tier of the current conversation", needConv: true, run: (*chatSession).chatInfo},
 		{name: "/history", args: "[N]", help: "the last N messages of the current conversation (default 20)", max: 1, needConv: true, run: (*chatSession).chatHistory},
 		{name: "/read", help: "mark the current conversation read up to the last message seen", needConv: true, run: (*chatSession).chatRead},
+		{name: "/reply", args: "SEQ TEXT", help: "send TEXT as a reply to message SEQ", min: 2, max: -1, needConv: true, run: (*chatSession).chatReply},
 		{name: "/edit", args: "SEQ TEXT", help: "replace the text of your message SEQ", min: 2, max: -1, needConv: true, run: (*chatSession).chatEdit},
 		{name: "/recall", args: "SEQ", help: "recall (unsend) your message SEQ", min: 1, max: 1, needConv: true, run: (*chatSession).chatRecall},
 		{name: "/file", args: "PATH", help: "send the file at PATH (encrypted first in an E2E conversation); run again after an interruption, it resumes", min: 1, max: -1, needConv: true, long: true, run: (*chatSession).chatFile},
@@ -398,6 +399,13 @@ func chatFormat(m *protocol.Message, me string) string {
 	case m.Edited:
 		body += " (edited)"
 	}
+	if m.ReplyTo != 0 {
+		reply := fmt.Sprintf("(re #%d) ", m.ReplyTo)
+		if m.ReplyRecalled {
+			reply = fmt.Sprintf("(re #%d, recalled) ", m.ReplyTo)
+		}
+		body = reply + body
+	}
 	line := fmt.Sprintf("%s %s: %s", head, m.Sender, body)
 	if me != "" && m.Sender != me && (m.MentionAll || slices.Contains(m.Mentions, me)) {
 		line += "   <- @" + me
@@ -582,7 +590,7 @@ func (s *chatSession) command(ctx context.Context, line string) bool {
 		// The path keeps its spaces: everything after the command.
 		args = []string{strings.TrimSpace(strings.TrimPrefix(line, fields[0]))}
 	}
-	if cmd.name == "/edit" || cmd.name == "/state" {
+	if cmd.name == "/edit" || cmd.name == "/state" || cmd.name == "/reply" {
 		// The text keeps its spacing: everything after the first argument.
 		rest := strings.TrimSpace(strings.TrimPrefix(line, fields[0]))
 		rest = strings.TrimSpace(strings.TrimPrefix(rest, args[0]))
@@ -867,6 +875,32 @@ func parseSeq(cmd, arg string) (uint64, error) {
 		return 0, fmt.Errorf("%s: %q is not a message seq (the second number of [CONV SEQ])", cmd, arg)
 	}
 	return seq, nil
+}
+
+func (s *chatSession) chatReply(ctx context.Context, args []string) error {
+	seq, err := parseSeq("reply", args[0])
+	if err != nil {
+		return err
+	}
+	conv, body := s.current, args[1]
+	var ack client.Ack
+	m, isE2E, err := s.e2eMessenger(ctx, conv)
+	switch {
+	case err != nil:
+	case isE2E:
+		ack, err = m.Reply(ctx, conv, seq, body)
+	default:
+		opts := client.SendOptions{ReplyTo: seq}
+		if s.kind(conv) == protocol.ConvGroup {
+			opts.Mentions, opts.MentionAll = mentions(body)
+		}
+		ack, err = s.c.SendWith(ctx, conv, body, opts)
+	}
+	if err != nil {
+		return fmt.Errorf("reply: %w", err)
+	}
+	s.printOnce(&protocol.Message{ConvID: conv, Seq: ack.Seq, Sender: s.user(), Kind: protocol.KindText, Body: body, ReplyTo: seq})
+	return nil
 }
 
 func (s *chatSession) chatEdit(ctx context.Context, args []string) error {

@@ -624,6 +624,8 @@ func TestChatCLIE2ERecall(t *testing.T) {
 
 	write("/edit " + strconv.FormatUint(mySeq, 10) + " the door code is 0815")
 	waitOutput(t, out, "alice edited #"+strconv.FormatUint(mySeq, 10)+": the door code is 0815")
+	write("/reply " + strconv.FormatUint(mySeq, 10) + " see you then")
+	waitOutput(t, out, "(re #"+strconv.FormatUint(mySeq, 10)+") see you then")
 	write("/recall " + strconv.FormatUint(mySeq, 10))
 	waitOutput(t, out, "alice recalled #"+strconv.FormatUint(mySeq, 10))
 	write("/quit")
@@ -641,6 +643,9 @@ func TestChatCLIE2ERecall(t *testing.T) {
 		}
 		if m.Kind == protocol.KindEdit && m.TargetSeq == mySeq && (err != nil || o.Text != "the door code is 0815") {
 			t.Fatalf("bob's SDK on alice's /edit: %+v %v", o, err)
+		}
+		if m.ReplyTo != 0 && (m.ReplyTo != mySeq || err != nil || o.Text != "see you then") {
+			t.Fatalf("bob's SDK on alice's /reply: %+v %+v %v", m, o, err)
 		}
 	}
 	recalled := false

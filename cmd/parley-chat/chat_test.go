@@ -238,6 +238,9 @@ func TestChatCLIGroupActions(t *testing.T) {
 	oops := seqOf("oops")
 	cli.do("/recall "+oops, "alice recalled #"+oops)
 	cli.do("/state stock 3 left", "alice set stock: 3 left")
+	cli.do("/reply "+seq+" and  welcome", "alice: (re #"+seq+") and  welcome")
+	cli.do("/reply "+oops+" to nothing", "conflict")
+	cli.do("/reply 999 to nothing", "bad_reference")
 	cli.do("@bob please look", "alice: @bob please look")
 
 	// bob sees the mention, the system events and the edit.

@@ -154,10 +154,14 @@ func (s *Service) history(ctx context.Context, c Caller, f *protocol.Frame) (*pr
 	if err == nil {
 		err = s.asOfLeave(ctx, f.ConvID, m.LeaveSeq, msgs)
 	}
+	wire := fanout.WireAll(msgs)
+	if err == nil {
+		err = s.markReplies(ctx, f.ConvID, wire)
+	}
 	if err != nil {
 		return nil, s.storeErr("history", err)
 	}
-	return &protocol.Frame{Type: protocol.TypeHistory, ConvID: f.ConvID, Messages: fanout.WireAll(msgs), HasMore: more}, nil
+	return &protocol.Frame{Type: protocol.TypeHistory, ConvID: f.ConvID, Messages: wire, HasMore: more}, nil
 }
 
 func (s *Service) openDirect(ctx context.Context, c Caller, peer string, e2e bool) (*protocol.Frame, *protocol.Error) {

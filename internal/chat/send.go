@@ -24,6 +24,11 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	if perr := s.sendAllowed(ctx, c, cv, f); perr != nil {
 		return perr
 	}
+	if f.ReplyTo != 0 {
+		if perr := s.checkReply(ctx, c, cv, f.ReplyTo); perr != nil {
+			return perr
+		}
+	}
 	a := s.appendOf(c, cv, f, start)
 	// recalled is the attachment of a recalled file message, read from
 	// the target when the store applies the recall.
@@ -198,6 +203,7 @@ func (s *Service) appendOf(c Caller, cv store.Conversation, f *protocol.Frame, n
 			ConvID: f.ConvID, MsgID: s.ids.Next(), Sender: c.User, SenderDevice: c.Device,
 			ClientMsgID: f.ClientMsgID, Kind: f.Kind, Body: f.Body, TargetSeq: f.TargetSeq,
 			ServerTime: now.UnixMilli(), Mentions: f.Mentions, MentionAll: f.MentionAll, CoalesceKey: fanout.ScopedKey(c.User, f.CoalesceKey),
+			ReplyTo: f.ReplyTo,
 		},
 	}
 	if !c.Admin {

@@ -142,10 +142,13 @@ func (s *Service) snapshotOne(ctx context.Context, r store.ConvRow, from, read u
 	if err == nil {
 		err = s.asOfLeave(ctx, r.ConvID, r.LeaveSeq, msgs)
 	}
+	snap.Messages = fanout.WireAll(msgs)
+	if err == nil {
+		err = s.markReplies(ctx, r.ConvID, snap.Messages)
+	}
 	if err != nil {
 		return nil, s.storeErr("sync", err)
 	}
-	snap.Messages = fanout.WireAll(msgs)
 	return snap, nil
 }
 
@@ -187,8 +190,11 @@ func (s *Service) summaries(ctx context.Context, c Caller, rows []store.ConvRow)
 				return nil, s.storeErr("conversations", err)
 			}
 			if len(last) == 1 {
-				wm := fanout.Wire(last[0])
-				sum.LastMessage = &wm
+				wm := fanout.WireAll(last)
+				if err := s.markReplies(ctx, r.ConvID, wm); err != nil {
+					return nil, s.storeErr("conversations", err)
+				}
+				sum.LastMessage = &wm[0]
 			}
 		}
 		if cv.Kind == store.Direct {

@@ -14,7 +14,7 @@ func Wire(m store.Message) protocol.Message {
 		ClientMsgID: m.ClientMsgID, Kind: m.Kind, Body: m.Body, TargetSeq: m.TargetSeq,
 		ServerTime: m.ServerTime, Edited: m.Edited, Recalled: m.Recalled,
 		Mentions: m.Mentions, MentionAll: m.MentionAll, CoalesceKey: ClientKey(m.CoalesceKey), Superseded: m.Superseded,
-		AttachmentID: m.Attachment,
+		AttachmentID: m.Attachment, ReplyTo: m.ReplyTo,
 	}
 }
 

@@ -158,6 +158,10 @@ type Message struct {
 	// Attachment is the attachment record a kind "file" message names (0:
 	// none, and once recalled).
 	Attachment uint64
+	// ReplyTo is the seq of the earlier message of the conversation this
+	// one answers (0: none). Like the identity it is set by Append and
+	// kept by every rewrite (edits, recalls).
+	ReplyTo uint64
 }
 
 // Append is one message to persist. The store assigns Seq (the conversation's

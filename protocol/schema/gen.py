@@ -13,14 +13,16 @@ def obj(props, required, desc=None, closed=True):
     if closed: o["additionalProperties"]=False
     if desc: o["description"]=desc
     return o
-CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized","token_expired","not_member","forbidden","not_found","conflict","recall_window_passed","rate_limited","store_unavailable","overloaded","internal","timeout","e2e_required","e2e_unsupported","bad_key","token_revoked","banned","account_conflict","quota_exceeded","too_many_uploads","size_mismatch","hash_mismatch","part_out_of_order","upload_incomplete","not_ready","too_many_registrations"]
+CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized","token_expired","not_member","forbidden","not_found","conflict","recall_window_passed","rate_limited","store_unavailable","overloaded","internal","timeout","e2e_required","e2e_unsupported","bad_key","token_revoked","banned","account_conflict","quota_exceeded","too_many_uploads","size_mismatch","hash_mismatch","part_out_of_order","upload_incomplete","not_ready","too_many_registrations","bad_reference"]
 defs={
  "ConvID":U64S,"MsgID":U64S,"UserID":ID,
  "Message":obj({"conv_id":ref("ConvID"),"seq":SEQ,"msg_id":ref("MsgID"),"sender":ID,"sender_device":ID,
    "client_msg_id":{"type":"string","minLength":1},"kind":{"enum":["text","edit","recall","system","state","file"]},
    "body":STR,"target_seq":SEQ,"server_time":MS,"edited":BOOL,"recalled":BOOL,"mentions":arr(ID),
    "mention_all":BOOL,"coalesce_key":STR,"superseded":BOOL,
-   "attachment_id":{**U64S,"description":"kind file: the attachment the message names (absent once recalled)"}},
+   "attachment_id":{**U64S,"description":"kind file: the attachment the message names (absent once recalled)"},
+   "reply_to":{"type":"integer","minimum":1,"description":"the seq of the message this one answers (kept through edits)"},
+   "reply_recalled":{**BOOL,"description":"reads (history, sync, last_message): the message reply_to names is recalled"}},
    ["conv_id","seq","msg_id","sender","kind","server_time"],"a stored message or event"),
  "Position":obj({"conv_id":ref("ConvID"),"seq":{"type":"integer","minimum":1}},["conv_id","seq"]),
  "SyncConv":obj({"conv_id":ref("ConvID"),"after_seq":SEQ},["conv_id","after_seq"]),
@@ -125,7 +127,8 @@ def cf(t, props, required, desc):
 client={
  "ping":cf("ping",{},[],"heartbeat"),
  "send":{**cf("send",{"conv_id":ref("ConvID"),"client_msg_id":{"type":"string","minLength":1,"maxLength":64},"body":{"type":"string","minLength":1},"kind":{"enum":["text","state","file"]},"coalesce_key":STR,"mentions":arr(ID),"mention_all":BOOL,
-   "attachment_id":{**U64S,"description":"kind file only: the completed upload the message sends"}},["conv_id","client_msg_id"],"store a message"),
+   "attachment_id":{**U64S,"description":"kind file only: the completed upload the message sends"},
+   "reply_to":{"type":"integer","minimum":0,"description":"the seq of an earlier message of the conversation this one answers (text and file; 0: none)"}},["conv_id","client_msg_id"],"store a message"),
    "if":{"properties":{"kind":{"const":"file"}},"required":["kind"]},"then":{"required":["attachment_id"]},"else":{"required":["body"],"not":{"required":["attachment_id"]}}},
  "edit":cf("edit",{"conv_id":ref("ConvID"),"client_msg_id":{"type":"string","minLength":1,"maxLength":64},"target_seq":{"type":"integer","minimum":1},"body":{"type":"string","minLength":1}},["conv_id","client_msg_id","target_seq","body"],"edit a message"),
  "recall":cf("recall",{"conv_id":ref("ConvID"),"client_msg_id":{"type":"string","minLength":1,"maxLength":64},"target_seq":{"type":"integer","minimum":1},"body":{"type":"string","minLength":1,"description":"end-to-end encrypted conversations only: the author's sealed recall, an E2E envelope"}},["conv_id","client_msg_id","target_seq"],"recall a message"),

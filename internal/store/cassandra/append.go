@@ -320,11 +320,11 @@ func (s *Store) writeBody(ctx context.Context, m store.Message, bucket int32) er
 		return err
 	}
 	return s.q(ctx, `INSERT INTO messages (conv_id, bucket, message_id, sender, sender_device, client_msg_id,
-		kind, body, target_seq, server_time, mentions, mention_all, coalesce_key, attachment)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		kind, body, target_seq, server_time, mentions, mention_all, coalesce_key, attachment, reply_to)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		i64(m.ConvID), bucket, i64(m.MsgID), m.Sender, m.SenderDevice, m.ClientMsgID,
 		m.Kind, m.Body, i64(m.TargetSeq), m.ServerTime, unsetIfEmpty(m.Mentions), m.MentionAll, m.CoalesceKey,
-		unsetIfZero(m.Attachment)).Exec()
+		unsetIfZero(m.Attachment), unsetIfZero(m.ReplyTo)).Exec()
 }
 
 // unsetIfEmpty leaves an empty list column unset: binding null would write
@@ -336,8 +336,8 @@ func unsetIfEmpty(ms []string) any {
 	return ms
 }
 
-// unsetIfZero leaves the attachment column of a message without one
-// unset (no tombstone).
+// unsetIfZero leaves an optional bigint column of a message (attachment,
+// reply_to) unset when the message has none (no tombstone).
 func unsetIfZero(v uint64) any {
 	if v == 0 {
 		return gocql.UnsetValue

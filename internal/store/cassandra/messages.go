@@ -123,7 +123,7 @@ func (s *Store) find(ctx context.Context, conv, lo, msgID uint64) (at, top uint6
 
 // messageColumns are the columns decodeMessage reads, in its order.
 const messageColumns = `message_id, sender, sender_device, client_msg_id, kind, body, target_seq, server_time,
-	mentions, mention_all, coalesce_key, rev, edit, attachment`
+	mentions, mention_all, coalesce_key, rev, edit, attachment, reply_to`
 
 // row is a messages row as scanned.
 type row struct {
@@ -136,11 +136,12 @@ type row struct {
 	rev              *int
 	edit             []byte
 	attachment       *int64
+	replyTo          *int64
 }
 
 func (r *row) dest() []any {
 	return []any{&r.id, &r.sender, &r.device, &r.cmid, &r.kind, &r.body, &r.target, &r.time,
-		&r.mentions, &r.mentionAll, &r.key, &r.rev, &r.edit, &r.attachment}
+		&r.mentions, &r.mentionAll, &r.key, &r.rev, &r.edit, &r.attachment, &r.replyTo}
 }
 
 // message returns the row as seq's message with its committed edit
@@ -154,6 +155,9 @@ func (r *row) message(conv, seq uint64) (store.Message, *pendingEdit, error) {
 	}
 	if r.attachment != nil {
 		m.Attachment = u64(*r.attachment)
+	}
+	if r.replyTo != nil {
+		m.ReplyTo = u64(*r.replyTo)
 	}
 	if r.rev == nil || len(r.edit) == 0 {
 		return m, nil, nil

@@ -522,11 +522,11 @@ func (s *Store) insertBodies(ctx context.Context, msgs []store.Message) error {
 	var big []stmt
 	for _, m := range msgs {
 		st := stmt{`INSERT INTO messages (conv_id, bucket, message_id, sender, sender_device, client_msg_id,
-		kind, body, target_seq, server_time, mentions, mention_all, coalesce_key, attachment)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, []any{
+		kind, body, target_seq, server_time, mentions, mention_all, coalesce_key, attachment, reply_to)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, []any{
 			i64(m.ConvID), s.bucketOf(m.ServerTime), i64(m.MsgID), m.Sender, m.SenderDevice, m.ClientMsgID,
 			m.Kind, m.Body, i64(m.TargetSeq), m.ServerTime, unsetIfEmpty(m.Mentions), m.MentionAll, m.CoalesceKey,
-			unsetIfZero(m.Attachment)}}
+			unsetIfZero(m.Attachment), unsetIfZero(m.ReplyTo)}}
 		if st.size() > maxGroupBytes/4 {
 			big = append(big, st)
 		} else {

@@ -181,6 +181,10 @@ var migrations = []migration{
 			PRIMARY KEY ((provider, push_token))
 		)`,
 	}},
+	// The seq of the message a reply answers (unset: none).
+	{12, "messages: the message a reply answers", []string{
+		`ALTER TABLE messages ADD IF NOT EXISTS reply_to bigint`,
+	}},
 }
 
 var latestVersion = migrations[len(migrations)-1].version

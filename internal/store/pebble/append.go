@@ -344,7 +344,7 @@ func (s *Store) rewriteTarget(st *convState, b *cpebble.Batch, check func(store.
 		return false, false, checkError{err}
 	}
 	next.ConvID, next.Seq, next.MsgID, next.ServerTime = old.ConvID, old.Seq, old.MsgID, old.ServerTime
-	next.CoalesceKey, next.Superseded = old.CoalesceKey, false
+	next.CoalesceKey, next.Superseded, next.ReplyTo = old.CoalesceKey, false, old.ReplyTo
 	next.Mentions = cloneMentions(next.Mentions)
 	if err := b.Set(msgKey(st.id, ref.bucket, ref.msgID), encodeMessage(next), nil); err != nil {
 		return false, false, err

@@ -37,8 +37,12 @@ const (
 	// Values written before attachments never have it and read as
 	// Attachment 0.
 	flagAttachment = 1 << 3
-	flagsKnownV1   = flagEdited | flagRecalled
-	flagsKnown     = flagsKnownV1 | flagMentionAll | flagAttachment
+	// flagReplyTo: an uvarint seq (non-zero), the message answered,
+	// follows the attachment id. Values written before replies never
+	// have it and read as ReplyTo 0.
+	flagReplyTo  = 1 << 4
+	flagsKnownV1 = flagEdited | flagRecalled
+	flagsKnown   = flagsKnownV1 | flagMentionAll | flagAttachment | flagReplyTo
 )
 
 // Member flags (v2).
@@ -145,7 +149,7 @@ func (d *decoder) finish(what string) error {
 // encodeMessage stores everything but ConvID, which is in the key, and
 // Superseded, which reads compute.
 func encodeMessage(m store.Message) []byte {
-	size := 52 + len(m.Sender) + len(m.SenderDevice) + len(m.ClientMsgID) + len(m.Kind) + len(m.Body) + len(m.CoalesceKey)
+	size := 62 + len(m.Sender) + len(m.SenderDevice) + len(m.ClientMsgID) + len(m.Kind) + len(m.Body) + len(m.CoalesceKey)
 	for _, u := range m.Mentions {
 		size += 1 + len(u)
 	}
@@ -167,6 +171,9 @@ func encodeMessage(m store.Message) []byte {
 	if m.Attachment != 0 {
 		flags |= flagAttachment
 	}
+	if m.ReplyTo != 0 {
+		flags |= flagReplyTo
+	}
 	e.byte(flags)
 	e.string(m.Sender)
 	e.string(m.SenderDevice)
@@ -180,6 +187,9 @@ func encodeMessage(m store.Message) []byte {
 	e.string(m.CoalesceKey)
 	if m.Attachment != 0 {
 		e.uvarint(m.Attachment)
+	}
+	if m.ReplyTo != 0 {
+		e.uvarint(m.ReplyTo)
 	}
 	return e.bytes()
 }
@@ -224,6 +234,12 @@ func decodeMessage(conv uint64, b []byte) (store.Message, error) {
 		if flags&flagAttachment != 0 {
 			m.Attachment = d.uvarint()
 			if d.err == nil && m.Attachment == 0 {
+				d.fail() // 0 is written as absent
+			}
+		}
+		if flags&flagReplyTo != 0 {
+			m.ReplyTo = d.uvarint()
+			if d.err == nil && m.ReplyTo == 0 {
 				d.fail() // 0 is written as absent
 			}
 		}

@@ -51,6 +51,7 @@ func Run(t *testing.T, h Harness) {
 		{"EditRefused", testEditRefused},
 		{"EditAsOf", testEditAsOf},
 		{"RecallAsOf", testRecallAsOf},
+		{"Reply", testReply},
 		{"DirectConcurrent", testDirectConcurrent},
 		{"AddMembers", testAddMembers},
 		{"RemoveMembers", testRemoveMembers},

@@ -109,6 +109,8 @@ export interface SendOptions {
   coalesceKey?: string;
   mentions?: string[];
   mentionAll?: boolean;
+  /** The seq of an earlier message of the conversation this one answers (not with kind state). */
+  replyTo?: number;
   /** Reuse a client_msg_id (retrying a send across page loads). */
   clientMsgId?: string;
 }
@@ -711,6 +713,7 @@ export class Client {
     if (opts.coalesceKey) f.coalesce_key = opts.coalesceKey;
     if (opts.mentions?.length) f.mentions = opts.mentions;
     if (opts.mentionAll) f.mention_all = true;
+    if (opts.replyTo) f.reply_to = opts.replyTo;
     return this.stored(f);
   }
 

@@ -110,6 +110,25 @@ test("edit, recall and state messages", async () => {
   closeAll(a, b);
 });
 
+test("replies: reply_to is pushed, survives an edit, shows reply_recalled; a bad reference is refused", async () => {
+  const a = await srv.client("reply-a"), b = await srv.client("reply-b");
+  await Promise.all([a.log.waitConnected(), b.log.waitConnected()]);
+  const { conv_id } = await a.openDirect("reply-b");
+  const q = await a.send(conv_id, "lunch?");
+  const r = await b.send(conv_id, "yes", { replyTo: q.seq });
+  await b.edit(conv_id, r.seq, "yes, at one");
+  await a.log.waitMessages(conv_id, 3);
+  assert.equal(a.log.messages(conv_id)[1].reply_to, q.seq);
+  await assert.rejects(b.send(conv_id, "to nothing", { replyTo: 99 }), (e) => e.code === "bad_reference");
+  await a.recall(conv_id, q.seq);
+  const h = await b.history(conv_id, { afterSeq: 0 });
+  const reply = h.messages.find((m) => m.seq === r.seq);
+  assert.equal(reply.reply_to, q.seq);
+  assert.equal(reply.body, "yes, at one");
+  assert.equal(reply.reply_recalled, true);
+  closeAll(a, b);
+});
+
 test("offline catch-up: a restarted client gets what it missed exactly once", async () => {
   const a = await srv.client("off-a");
   const positions = new MemoryPositions();

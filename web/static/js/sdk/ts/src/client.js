@@ -671,6 +671,8 @@ export class Client {
             f.mentions = opts.mentions;
         if (opts.mentionAll)
             f.mention_all = true;
+        if (opts.replyTo)
+            f.reply_to = opts.replyTo;
         return this.stored(f);
     }
     /** Edits one of your text messages (an event with its own seq). */
