@@ -50,7 +50,7 @@ var errorCodes = []protocol.Code{
 	protocol.CodeE2ERequired, protocol.CodeE2EUnsupported, protocol.CodeBadKey, protocol.CodeAccountConflict,
 	protocol.CodeTokenRevoked, protocol.CodeBanned,
 	protocol.CodeQuotaExceeded, protocol.CodeTooManyUploads, protocol.CodeSizeMismatch, protocol.CodeHashMismatch,
-	protocol.CodePartOutOfOrder, protocol.CodeUploadIncomplete, protocol.CodeNotReady, protocol.CodeBadReference,
+	protocol.CodePartOutOfOrder, protocol.CodeUploadIncomplete, protocol.CodeNotReady, protocol.CodeTooManyRegistrations, protocol.CodeBadReference,
 }
 
 // Values of the kind label of parley_compensations_total (ledger.KindRows,
