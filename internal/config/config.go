@@ -38,6 +38,7 @@ import (
 	"github.com/parley-im/parley/internal/hooks"
 	"github.com/parley-im/parley/internal/kt"
 	"github.com/parley-im/parley/internal/presence"
+	"github.com/parley-im/parley/internal/push"
 	"github.com/parley-im/parley/internal/search"
 	"github.com/parley-im/parley/internal/settings"
 	"github.com/parley-im/parley/internal/snowflake"
@@ -111,6 +112,9 @@ type Config struct {
 	// Search is full-text search of plain conversations (internal/search;
 	// docs/protocol.md, "Search").
 	Search search.Config `yaml:"search"`
+	// Push: notifications to phones and browsers through APNs, FCM and
+	// Web Push (docs/push.md); the pusher runs with a provider set.
+	Push push.Config `yaml:"push"`
 }
 
 // Cluster configures cluster mode: roles as separate processes on Redis
@@ -298,6 +302,7 @@ func defaults() Config {
 		Fanout:     fanout.DefaultConfig(),
 		Webhooks:   hooks.DefaultConfig(),
 		Search:     search.DefaultConfig(),
+		Push:       push.DefaultConfig(),
 		KT:         kt.DefaultConfig(),
 		Attach:     attach.DefaultConfig(),
 		Presence:   presence.DefaultConfig(),
@@ -525,6 +530,7 @@ func (c Config) Validate() error {
 	p.Merge("fanout", c.Fanout.Validate())
 	p.Merge("webhooks", c.Webhooks.Validate())
 	p.Merge("search", c.Search.Validate())
+	p.Merge("push", c.Push.Validate())
 	p.Merge("presence", c.Presence.Validate())
 	p.Merge("kt", c.KT.Validate())
 	p.Merge("attach", c.Attach.Validate())

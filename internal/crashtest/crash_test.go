@@ -33,6 +33,7 @@ type node struct {
 	dataDir string
 	keyHex  string
 	args    []string // more arguments of serve
+	env     []string // more environment of serve
 	cmd     *exec.Cmd
 }
 
@@ -42,6 +43,9 @@ func (n *node) start() {
 		"--auth.hs256-key", n.keyHex, "--log.level", "warn"}, n.args...)
 	n.cmd = exec.Command(binary, args...)
 	n.cmd.Stderr = os.Stderr
+	if n.env != nil {
+		n.cmd.Env = append(os.Environ(), n.env...)
+	}
 	if err := n.cmd.Start(); err != nil {
 		n.t.Fatalf("start parley: %v", err)
 	}

@@ -20,7 +20,7 @@ type Fanned struct {
 	Recipients    []string
 	AllRecipients bool
 	// Reached are the recipients with a device the push was handed to
-	// (filled only for text messages when a consumer WantsReached).
+	// (filled only for text and file messages when a consumer WantsReached).
 	Reached []string
 }
 
@@ -63,9 +63,9 @@ func (r *reached) add(us []string) {
 }
 
 // collectReached returns a collector when a consumer needs to know who a
-// text message reached, nil otherwise.
+// text or file message reached, nil otherwise.
 func (fo *Fanout) collectReached(m store.Message) *reached {
-	if m.Kind != protocol.KindText {
+	if m.Kind != protocol.KindText && m.Kind != protocol.KindFile {
 		return nil
 	}
 	for _, c := range fo.consumers {

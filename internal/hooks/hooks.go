@@ -252,7 +252,7 @@ func (h *Hooks) Fanned(ctx context.Context, f fanout.Fanned) error {
 		err = add(webhook.MessageCreated, d, nil)
 		if err == nil && (m.Kind == protocol.KindText || m.Kind == protocol.KindFile) && h.wantOffline {
 			var offline []string
-			if offline, err = h.offline(ctx, f); err == nil && len(offline) > 0 {
+			if offline, err = Offline(ctx, h.members, f); err == nil && len(offline) > 0 {
 				d := webhook.OfflineData{ConvKind: convKind(f.Conv.Kind), E2E: f.Conv.E2E, MsgID: m.MsgID, Sender: m.Sender, Users: offline}
 				err = add(webhook.RecipientOffline, nil, func(ep *endpoint) any {
 					d := d
@@ -282,9 +282,10 @@ func (h *Hooks) Fanned(ctx context.Context, f fanout.Fanned) error {
 	return nil
 }
 
-// offline lists the members who may see f.Msg (the sender excluded) with
-// no device reached by its push.
-func (h *Hooks) offline(ctx context.Context, f fanout.Fanned) ([]string, error) {
+// Offline lists the members who may see f.Msg (the sender excluded) with
+// no device reached by its push: recipient.offline's users, and the
+// pusher's (internal/push). members reads a medium or large group's.
+func Offline(ctx context.Context, members Members, f fanout.Fanned) ([]string, error) {
 	reached := make(map[string]struct{}, len(f.Reached))
 	for _, u := range f.Reached {
 		reached[u] = struct{}{}
@@ -303,10 +304,10 @@ func (h *Hooks) offline(ctx context.Context, f fanout.Fanned) ([]string, error) 
 			consider(u)
 		}
 	} else {
-		if h.members == nil {
+		if members == nil {
 			return nil, errors.New("no member reader for a medium or large group")
 		}
-		ms, err := h.members.Members(ctx, f.Msg.ConvID)
+		ms, err := members.Members(ctx, f.Msg.ConvID)
 		if err != nil {
 			return nil, fmt.Errorf("members: %w", err)
 		}

@@ -34,6 +34,9 @@ type Head struct {
 	// Queued is when the event entered the queue as this process sees it;
 	// it is due Options.Settle later.
 	Queued time.Time
+	// More: another event of the conversation is queued behind this one
+	// (as far as the lane knows when it hands the head out).
+	More bool
 }
 
 // DeadLetter is an event given up after its last attempt. Engines store it

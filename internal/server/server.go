@@ -59,6 +59,7 @@ import (
 	"github.com/parley-im/parley/internal/metrics"
 	"github.com/parley-im/parley/internal/presence"
 	"github.com/parley-im/parley/internal/privatefs"
+	"github.com/parley-im/parley/internal/push"
 	"github.com/parley-im/parley/internal/registry"
 	"github.com/parley-im/parley/internal/registry/memory"
 	rredis "github.com/parley-im/parley/internal/registry/redis"
@@ -134,6 +135,7 @@ type Server struct {
 	admin  *admin.Server
 	fanout *fanout.Fanout
 	hooks  *hooks.Hooks // nil without webhook endpoints
+	pusher *push.Pusher // nil without a push provider
 	// search indexes plain conversations into searchIndex (nil: search
 	// off, or a cluster node).
 	search      *search.Indexer
@@ -474,6 +476,9 @@ func (s *Server) startChat() error {
 	if s.search != nil {
 		s.runLoop(s.search.Run)
 	}
+	if s.pusher != nil {
+		s.runLoop(s.pusher.Run)
+	}
 	// Delivered positions live in memory; the loop flushes them in batches
 	// and once more when the server stops, before the store closes.
 	s.runLoop(svc.RunPositions)
@@ -526,6 +531,13 @@ func (s *Server) consumers(chatStore store.Store) ([]fanout.Consumer, error) {
 		return nil, err
 	} else if ix != nil {
 		cs = append(cs, ix)
+	}
+	if s.cfg.Push.Enabled() {
+		p, err := s.openPusher(chatStore)
+		if err != nil {
+			return nil, err
+		}
+		cs = append(cs, p)
 	}
 	if len(s.cfg.Webhooks.Endpoints) == 0 {
 		return cs, nil
@@ -583,6 +595,65 @@ func (s *Server) openSearch() (*search.Indexer, error) {
 		}, func() float64 { return float64(ix.Indexed()) }))
 	s.search, s.searchIndex = ix, x
 	return ix, nil
+}
+
+// openPusher opens the pusher on a queue of its own: a Pebble database at
+// data_dir/push on an embedded node, JetStream streams under the
+// namespace <ns>.push in cluster mode (each partition sent by its owner).
+func (s *Server) openPusher(chatStore store.Store) (*push.Pusher, error) {
+	cfg := s.cfg
+	var q hooks.Queue
+	var err error
+	if s.owner == nil {
+		q, err = hpebble.Open(hpebble.Config{Dir: filepath.Join(cfg.DataDir, "push"), FS: privatefs.Wrap(s.deps.StoreFS), Logger: s.log})
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		q, err = hjetstream.Open(ctx, hjetstream.Config{NATS: s.nc, Namespace: cfg.Cluster.Namespace + ".push", Replicas: cfg.Cluster.JetStreamReplicas,
+			Owner: s.owner, Node: cfg.NodeID, AckWait: max(time.Minute, 2*cfg.Push.MaxBackoff), Logger: s.log})
+		cancel()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("push: queue: %w", err)
+	}
+	p, err := push.New(cfg.Push, push.Options{Queue: q, Store: chatStore, Logger: s.log})
+	if err != nil {
+		q.Close()
+		return nil, err
+	}
+	s.pusher = p
+	s.onClose(p.Close)
+	s.registerPushMetrics(p)
+	return p, nil
+}
+
+// registerPushMetrics exports the pusher's counters per provider, its
+// queue and the delay from a message to its provider request.
+func (s *Server) registerPushMetrics(p *push.Pusher) {
+	for i, st := range p.Stats() {
+		l := prometheus.Labels{"provider": st.Provider}
+		get := func(f func(push.Stats) int64) func() float64 {
+			return func() float64 { return float64(f(p.Stats()[i])) }
+		}
+		s.reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "parley_push_sent_total", Help: "Notifications the provider accepted.", ConstLabels: l},
+				get(func(x push.Stats) int64 { return x.Sent })),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "parley_push_failed_total", Help: "Notification requests that failed (retried, or refused for good).", ConstLabels: l},
+				get(func(x push.Stats) int64 { return x.Failed })),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "parley_push_tokens_removed_total", Help: "Registrations removed because the provider called the token unregistered.", ConstLabels: l},
+				get(func(x push.Stats) int64 { return x.Removed })),
+		)
+	}
+	lag := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "parley_push_lag_seconds", Help: "Delay from a message's server time to its notification's provider request.",
+		Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 300}})
+	p.Lag = func(d time.Duration) { lag.Observe(d.Seconds()) }
+	s.reg.MustRegister(lag,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "parley_push_backlog", Help: "Notification events queued (cluster mode: the shared stream)."},
+			func() float64 { b, _ := p.Backlog(); return float64(b) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "parley_push_dead", Help: "Notification events given up after their last attempt."},
+			func() float64 { _, d := p.Backlog(); return float64(d) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "parley_push_collapsed_total", Help: "Notification events superseded by a later message of their conversation."},
+			func() float64 { return float64(p.Collapsed()) }),
+	)
 }
 
 // openHookQueue opens the webhook queue: a Pebble database of its own on

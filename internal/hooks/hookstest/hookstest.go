@@ -238,13 +238,23 @@ func testOrderPerConversation(t *testing.T, open Open) {
 			t.Fatalf("fresh head: attempts %d, queued %s (put at %s)", h.Attempts, h.Queued, before)
 		}
 	}
+	// More tells a head with events of its conversation behind it.
+	if !hs[0].More || hs[1].More {
+		t.Fatalf("More of a head with two behind: %v, of one alone: %v", hs[0].More, hs[1].More)
+	}
+	if b := s.heads(t, "b", 1)[0]; b.More {
+		t.Fatal("More of an endpoint's only event")
+	}
 	wantHead(t, s.heads(t, "b", 1)[0], b50)
-	for _, next := range []hooks.Event{a11, a12} {
+	for i, next := range []hooks.Event{a11, a12} {
 		if err := hs[0].lane.Done(ctx, hs[0].Head); err != nil {
 			t.Fatal(err)
 		}
 		hs = s.heads(t, "a", 2)
 		wantHead(t, hs[0], next)
+		if hs[0].More != (i == 0) {
+			t.Fatalf("More of %+v: %v", next.Key, hs[0].More)
+		}
 	}
 	for _, h := range hs {
 		if err := h.lane.Done(ctx, h.Head); err != nil {

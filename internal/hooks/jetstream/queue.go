@@ -387,7 +387,7 @@ func (l *lane) Heads(_ context.Context, from uint64, limit int, skip func(conv u
 	heads := make([]hooks.Head, 0, len(l.convs))
 	for _, evs := range l.convs {
 		e := evs[0]
-		heads = append(heads, hooks.Head{Key: e.key, Body: e.body, Attempts: e.attempts, Queued: e.taken})
+		heads = append(heads, hooks.Head{Key: e.key, Body: e.body, Attempts: e.attempts, Queued: e.taken, More: len(evs) > 1})
 	}
 	l.mu.Unlock()
 	slices.SortFunc(heads, func(a, b hooks.Head) int {

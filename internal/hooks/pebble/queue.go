@@ -269,6 +269,7 @@ func (l *lane) Heads(_ context.Context, from uint64, limit int, skip func(conv u
 		return nil, err
 	}
 	var keys []hooks.Key
+	more := map[hooks.Key]bool{}
 	scan := func(start, stop uint64, bounded bool) {
 		ok := it.SeekGE(appendKey(p, hooks.Key{Conv: start}))
 		for ok && len(keys) < limit {
@@ -282,6 +283,12 @@ func (l *lane) Heads(_ context.Context, from uint64, limit int, skip func(conv u
 			}
 			if !skip(k.Conv) {
 				keys = append(keys, k)
+				// One step on tells whether the conversation has more.
+				if it.Next() {
+					if n, valid := parseKey(p, it.Key()); valid && n.Conv == k.Conv {
+						more[k] = true
+					}
+				}
 			}
 			if k.Conv == ^uint64(0) {
 				return
@@ -311,6 +318,7 @@ func (l *lane) Heads(_ context.Context, from uint64, limit int, skip func(conv u
 		h, ok := parseValue(k, v)
 		c.Close()
 		if ok {
+			h.More = more[k]
 			out = append(out, h)
 		}
 	}
