@@ -6,11 +6,17 @@
 package deploy
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -22,6 +28,7 @@ import (
 
 	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/hooks"
+	"github.com/parley-im/parley/internal/push"
 	"github.com/parley-im/parley/internal/servertest"
 )
 
@@ -111,8 +118,19 @@ func scrape(t *testing.T) map[string]family {
 	// webhook metrics too.
 	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
 	t.Cleanup(recv.Close)
+	// A Web Push key, so that the pusher runs and exports its metrics.
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, _ := x509.MarshalECPrivateKey(k)
+	vapid := filepath.Join(t.TempDir(), "vapid.pem")
+	if err := os.WriteFile(vapid, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	srv := servertest.Start(t, servertest.WithConfig(func(c *config.Config) {
 		c.Webhooks.Endpoints = []hooks.Endpoint{{Name: "ops", URL: recv.URL, Secret: "ops-test-secret"}}
+		c.Push.WebPush = push.WebPushConfig{VAPIDKeyFile: vapid, Subject: "mailto:ops@parley.example"}
 	}))
 	resp, err := http.Get(srv.HTTPURL + "/metrics")
 	if err != nil {
