@@ -110,6 +110,8 @@ func validate(f *Frame, lim Limits) *Error {
 		return validatePush(f)
 	case TypeUploadCreate, TypeUploadStatus, TypeUploadPart, TypeUploadComplete, TypeAttachmentURL:
 		return validateAttach(f)
+	case TypeSearch:
+		return validateSearch(f)
 	case TypeSend:
 		if e := needConv(f); e != nil {
 			return e

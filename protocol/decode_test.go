@@ -132,6 +132,7 @@ func FuzzDecodeClient(f *testing.F) {
 		`{"type":"send","conv_id":"7","client_msg_id":"a","kind":"file","attachment_id":"9","body":"{}"}`,
 		`{"type":"push_register","push":{"provider":"apns","token":"ab01","topic":"im.parley.app","sandbox":true}}`,
 		`{"type":"push_register","push":{"provider":"fcm","token":"t:APA91b"}}`,
+		`{"type":"search","rid":"s","query":{"text":"北京 meeting","conv_id":"7","sender":"alice","from_seq":2,"to_seq":9,"from_time":1,"to_time":2,"kind":"file","order":"relevance","limit":5,"cursor":"eyJvIjowfQ"}}`,
 		`{"type":"push_register","push":{"provider":"webpush","endpoint":"https://p.example/e","p256dh":"BCVxsr7N_eNgVRqvHtD0zTZsEc6-VV-JvLexhqUzORcxaOzi6-AYWXvTBHm4bjyPjs7Vd8pZGH6SRpkNtoIAiw4","auth":"BTBZMqHH6r4Tts7J_aSIgg"}}`,
 		`{"type":"push_remove"}`, `{"type":"push_remove","push":{"provider":"webpush","endpoint":"https://p.example/e"}}`,
 		`[`, ``, `{"type":null}`,

@@ -57,7 +57,7 @@ func HTTPStatus(c Code) int {
 		return 413
 	case CodeRateLimited, CodeTooManyUploads:
 		return 429
-	case CodeStoreUnavailable, CodeOverloaded:
+	case CodeStoreUnavailable, CodeOverloaded, CodeSearchUnavailable:
 		return 503
 	case CodeInternal:
 		return 500

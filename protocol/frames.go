@@ -177,6 +177,11 @@ type Frame struct {
 	// push_remove name, the device's registrations a push answer lists.
 	Push          *PushRegistration  `json:"push,omitempty"`
 	Registrations []PushRegistration `json:"registrations,omitzero"`
+
+	// Search (search.go): the query of a search request, the result of its
+	// answer.
+	Query  *SearchQuery  `json:"query,omitempty"`
+	Search *SearchResult `json:"search,omitempty"`
 }
 
 // FillLists makes the lists a response of f's type always carries non-nil,
@@ -199,6 +204,18 @@ func (f *Frame) FillLists() {
 	case TypeHistory:
 		if f.Messages == nil {
 			f.Messages = []Message{}
+		}
+	case TypeSearch:
+		if f.Search == nil {
+			f.Search = &SearchResult{}
+		}
+		if f.Search.Hits == nil {
+			f.Search.Hits = []SearchHit{}
+		}
+		for i := range f.Search.Hits {
+			if f.Search.Hits[i].Highlights == nil {
+				f.Search.Hits[i].Highlights = [][2]int{}
+			}
 		}
 	case TypeConvList:
 		if f.List == nil {

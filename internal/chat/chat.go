@@ -23,6 +23,7 @@ import (
 	"github.com/parley-im/parley/internal/attach"
 	"github.com/parley-im/parley/internal/fanout"
 	"github.com/parley-im/parley/internal/kt"
+	"github.com/parley-im/parley/internal/search"
 	"github.com/parley-im/parley/internal/settings"
 	"github.com/parley-im/parley/internal/snowflake"
 	"github.com/parley-im/parley/internal/store"
@@ -180,6 +181,10 @@ type Service struct {
 	pos    *positions      // delivered positions (positions.go)
 	kt     *kt.Log         // nil: key transparency off (kt.go)
 	attach *attach.Service // nil: attachments off
+	// search is the full-text index (nil: search frames answer
+	// search_unavailable), searchLimits its query limits.
+	search       search.Index
+	searchLimits search.Limits
 }
 
 // Limiter allows one event per key per interval (@everyone per group,
@@ -209,6 +214,10 @@ type Deps struct {
 	// Attach is the attachment service on the same store (nil:
 	// attachments off; the attachment frames answer invalid_argument).
 	Attach *attach.Service
+	// Search is the search index (nil: none) and SearchLimits the limits
+	// of a query (zero: search.DefaultLimits).
+	Search       search.Index
+	SearchLimits search.Limits
 }
 
 // New returns a service. It starts no goroutines.
@@ -228,8 +237,12 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if d.Limiter == nil {
 		d.Limiter = newLimiter(d.Now)
 	}
+	if d.SearchLimits == (search.Limits{}) {
+		d.SearchLimits = search.DefaultLimits
+	}
 	return &Service{cfg: cfg, store: d.Store, ids: d.IDs, now: d.Now, log: d.Logger,
-		obs: d.Observer, limits: d.Limiter, fan: d.Fanout, pos: newPositions(), kt: d.KT, attach: d.Attach}, nil
+		obs: d.Observer, limits: d.Limiter, fan: d.Fanout, pos: newPositions(), kt: d.KT, attach: d.Attach,
+		search: d.Search, searchLimits: d.SearchLimits}, nil
 }
 
 // storeErr turns a store failure into the client-facing error. Conditions

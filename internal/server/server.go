@@ -454,6 +454,7 @@ func (s *Server) startChat() error {
 	}
 	svc, err := chat.New(cfg.ChatConfig(), chat.Deps{
 		Store: chatStore, IDs: ids, Logger: s.log, Limiter: lim, Fanout: fan, KT: ktLog, Attach: att,
+		Search: s.searchIndex, SearchLimits: cfg.Search.Limits(),
 		Observer: chat.Observer{
 			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },
 			StoreFailed: func(op string) { m.StoreErrors.WithLabelValues(op).Inc() },

@@ -13,7 +13,7 @@ def obj(props, required, desc=None, closed=True):
     if closed: o["additionalProperties"]=False
     if desc: o["description"]=desc
     return o
-CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized","token_expired","not_member","forbidden","not_found","conflict","recall_window_passed","rate_limited","store_unavailable","overloaded","internal","timeout","e2e_required","e2e_unsupported","bad_key","token_revoked","banned","account_conflict","quota_exceeded","too_many_uploads","size_mismatch","hash_mismatch","part_out_of_order","upload_incomplete","not_ready","too_many_registrations","bad_reference"]
+CODES=["bad_frame","unknown_type","invalid_argument","too_large","unauthorized","token_expired","not_member","forbidden","not_found","conflict","recall_window_passed","rate_limited","store_unavailable","overloaded","internal","timeout","e2e_required","e2e_unsupported","bad_key","token_revoked","banned","account_conflict","quota_exceeded","too_many_uploads","size_mismatch","hash_mismatch","part_out_of_order","upload_incomplete","not_ready","too_many_registrations","bad_reference","query_too_long","query_too_complex","bad_cursor","search_unavailable"]
 defs={
  "ConvID":U64S,"MsgID":U64S,"UserID":ID,
  "Message":obj({"conv_id":ref("ConvID"),"seq":SEQ,"msg_id":ref("MsgID"),"sender":ID,"sender_device":ID,
@@ -87,6 +87,14 @@ defs={
    "auth":{"type":"string","pattern":"^[A-Za-z0-9_-]+={0,2}$","description":"webpush: the subscription's auth secret, base64url (16 bytes); required by push_register"},
    "updated_at":{**MS,"description":"answers only: when it was last registered"}},["provider"],
    "a device's registration with a push provider: token (apns, fcm) or endpoint (webpush)"),
+ "SearchQuery":obj({"text":{"type":"string","minLength":1},"conv_id":ref("ConvID"),"sender":ID,"from_seq":SEQ,"to_seq":SEQ,"from_time":MS,"to_time":MS,
+   "kind":{"enum":["text","file"],"description":"file: only messages with an attachment"},"order":{"enum":["newest","relevance"]},
+   "limit":{"type":"integer","minimum":0},"cursor":{"type":"string","maxLength":1024}},["text"],"a search: a phrase, optionally narrowed"),
+ "SearchHit":obj({"conv_id":ref("ConvID"),"seq":{"type":"integer","minimum":1},"msg_id":ref("MsgID"),"sender":ID,"server_time":MS,
+   "kind":{"enum":["text","file"]},"snippet":STR,"highlights":arr({"type":"array","items":{"type":"integer","minimum":0},"minItems":2,"maxItems":2}),
+   "score":{"type":"number"}},["conv_id","seq","msg_id","sender","server_time","kind","snippet","highlights"],
+   "a message found; highlights are [start, end) offsets into snippet in UTF-16 code units"),
+ "SearchResult":obj({"hits":arr(ref("SearchHit")),"cursor":STR},["hits"],"a page of search hits; cursor asks for the next"),
  "FileBody":obj({"attachment_id":U64S,"name":STR,"size":{"type":"integer","minimum":0},"media_type":STR,
    "sha256":{"type":"string","pattern":"^[0-9a-f]{64}$"},"width":{"type":"integer","minimum":0},"height":{"type":"integer","minimum":0},
    "duration_ms":{"type":"integer","minimum":0},"thumbnail":{"enum":["pending","ready","refused"]},"caption":STR},
@@ -119,6 +127,7 @@ server={
  "upload":frame("upload",{"rid":RID,"upload":ref("UploadInfo")},["upload"],"answer to upload_create, upload_status, upload_part and upload_complete"),
  "attachment":frame("attachment",{"rid":RID,"attachment":ref("AttachmentInfo")},["attachment"],"answer to attachment_url"),
  "push":frame("push",{"rid":RID,"registrations":arr(ref("PushRegistration"))},["registrations"],"answer to push_register and push_remove: this device's registrations"),
+ "search":frame("search",{"rid":RID,"search":ref("SearchResult")},["search"],"answer to search"),
  "keys_low":frame("keys_low",{"user_id":ID,"device_id":ID,"counts":ref("KeyCounts")},["user_id","device_id","counts"],"push: a device's one-time prekeys run low"),
 }
 C={"rid":RID}
@@ -162,6 +171,7 @@ client={
  "kt_leaves":cf("kt_leaves",{"from":SEQ,"limit":{"type":"integer","minimum":0,"maximum":1000}},[],"a page of the key transparency log's leaves"),
  "push_register":cf("push_register",{"push":ref("PushRegistration")},["push"],"register (or refresh) one of this device's push tokens"),
  "push_remove":cf("push_remove",{"push":ref("PushRegistration")},[],"remove one of this device's push tokens (push: provider and token or endpoint), or all of them (no push)"),
+ "search":cf("search",{"query":ref("SearchQuery")},["query"],"search the plain conversations you are a member of"),
  "conv_info":cf("conv_info",{"conv_id":ref("ConvID")},["conv_id"],"read a conversation's conv frame"),
  "attachment_url":cf("attachment_url",{"conv_id":ref("ConvID"),"seq":{"type":"integer","minimum":1},"thumbnail":BOOL},["conv_id","seq"],"a download URL for the file (or thumbnail) of message seq"),
 }

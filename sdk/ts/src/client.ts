@@ -1,7 +1,7 @@
 import { Backoff } from "./backoff.js";
 import type {
   ConvInfo, ConvSnapshot, ConvSummary, Hello, Message, PresenceState, SAck, SConv, SConvList, SError, SHistory,
-  Position, SPresence, SReceipt, SSnapshot, ServerFrame, SyncConv,
+  Position, SPresence, SReceipt, SSearch, SSnapshot, SearchQuery, SearchResult, ServerFrame, SyncConv,
 } from "./frames.js";
 import { ConvOrder } from "./order.js";
 import { ParleyError, parleyError } from "./errors.js";
@@ -756,6 +756,18 @@ export class Client {
     if (q.limit) f.limit = q.limit;
     const r = (await this.request(f, true)) as SHistory;
     return { messages: r.messages, hasMore: r.has_more ?? false };
+  }
+
+  /**
+   * Searches the plain conversations this user is a member of (within its
+   * membership windows) for q.text as a phrase; Chinese matches as an exact
+   * character sequence. Pass the result's cursor back for the next page.
+   * Highlights are [start, end) offsets into each snippet, in UTF-16 code
+   * units (string indexes). End-to-end encrypted conversations are never on
+   * the server.
+   */
+  async search(q: SearchQuery): Promise<SearchResult> {
+    return ((await this.request({ type: "search", query: q }, true)) as SSearch).search;
   }
 
   async conversations(): Promise<ConvSummary[]> {

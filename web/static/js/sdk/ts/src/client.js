@@ -713,6 +713,17 @@ export class Client {
         const r = (await this.request(f, true));
         return { messages: r.messages, hasMore: r.has_more ?? false };
     }
+    /**
+     * Searches the plain conversations this user is a member of (within its
+     * membership windows) for q.text as a phrase; Chinese matches as an exact
+     * character sequence. Pass the result's cursor back for the next page.
+     * Highlights are [start, end) offsets into each snippet, in UTF-16 code
+     * units (string indexes). End-to-end encrypted conversations are never on
+     * the server.
+     */
+    async search(q) {
+        return (await this.request({ type: "search", query: q }, true)).search;
+    }
     async conversations() {
         return (await this.request({ type: "conv_list" }, true)).list;
     }
