@@ -86,6 +86,7 @@ func Run(t *testing.T, h Harness) {
 		{"OutboxConcurrent", testOutboxConcurrent},
 		{"AppendRows", testAppendRows},
 		{"AppendReadBy", testAppendReadBy},
+		{"Export", testExport},
 		{"BadArguments", testBadArguments},
 		{"Closed", testClosed},
 		{"EvictBetweenOperations", testEvictBetweenOperations},
