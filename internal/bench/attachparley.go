@@ -76,7 +76,11 @@ func startParley(ctx context.Context, engine string, cfg AttachConfig, dir strin
 		return nil, err
 	}
 	n := &parleyNode{srv: srv, base: "http://" + srv.Addr, tokens: map[string]string{},
-		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1000, MaxConnsPerHost: 0}}}
+		// An idle connection is dropped well before the node's keep-alive
+		// (gateway.header_timeout, 10 s) closes it: a request sent on a
+		// connection the node is closing at that moment fails (EOF, or a
+		// reset for a PUT, whose body cannot be sent again).
+		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1000, MaxConnsPerHost: 0, IdleConnTimeout: 5 * time.Second}}}
 	now := time.Now()
 	for _, u := range []string{"alice", "bob"} {
 		tok, err := auth.MintHS256(key, auth.Claims{User: u, IssuedAt: now, Expires: now.Add(24 * time.Hour)})

@@ -65,7 +65,9 @@ const (
 	dataName  = "data"
 	tmpPrefix = ".tmp-"
 	deadMark  = ".dead-" // an upload directory being removed
-	bufSize   = 256 << 10
+	// bufSize is the buffer each write streams through: 100 uploads at
+	// once hold 100 of them.
+	bufSize = 64 << 10
 )
 
 // crashPoint, when set (by tests), is called between the steps of a write,
