@@ -126,12 +126,12 @@ func (n *parleyNode) rpc(ctx context.Context, user string, f protocol.Frame) (*p
 	req.Header.Set("Idempotency-Key", f.RID)
 	resp, err := n.http.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", f.Type, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", f.Type, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s: %s %s", f.Type, resp.Status, b)
@@ -364,6 +364,9 @@ func parleyRSS(ctx context.Context, n *parleyNode, cfg AttachConfig, body func(o
 		if _, err := n.upload(ctx, int64(1000+i), cfg.BigBytes, "application/octet-stream", body, sum); err != nil {
 			nfailed.Add(1)
 			firstErr.CompareAndSwap(nil, err.Error())
+			if cfg.Log != nil {
+				fmt.Fprintf(cfg.Log, "upload %d failed: %v\n", i, err)
+			}
 		}
 		return nil
 	})
