@@ -54,7 +54,10 @@ func (p *Pusher) serveLane(ctx context.Context, q hooks.Lane) {
 	for l.Err() == nil {
 		now := time.Now()
 		wait := time.Second
-		if free := cap(p.sem) - len(p.sem); free > 0 {
+		// Scan once a quarter of the slots is free, not for each: a scan
+		// walks the queue, and under load one per freed slot costs more
+		// than the sends.
+		if free := cap(p.sem) - len(p.sem); free > 0 && free >= cap(p.sem)/4 {
 			l.mu.Lock()
 			from := l.next
 			l.mu.Unlock()

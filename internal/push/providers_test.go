@@ -326,3 +326,16 @@ func (p *providers) requests() []pushReq {
 	defer p.mu.Unlock()
 	return append([]pushReq(nil), p.reqs...)
 }
+
+func benchKeys(t *testing.T) (*ecdsa.PrivateKey, *ecdsa.PrivateKey, *rsa.PrivateKey) {
+	a, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	f, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, v, f
+}
