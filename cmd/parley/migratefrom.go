@@ -37,6 +37,7 @@ type checkpoint struct {
 	Positions   bool   `json:"positions"`
 	Keys        bool   `json:"keys"`
 	KT          bool   `json:"kt"`
+	Push        bool   `json:"push"`
 	Messages    uint64 `json:"messages"` // copied so far (the progress bar)
 }
 
@@ -183,6 +184,12 @@ func (m *migration) run(ctx context.Context) error {
 		m.bar.what = "(key transparency log)"
 		if err := m.step(func() error { m.cp.KT = true; return m.kt(ctx) }); err != nil {
 			return fmt.Errorf("key transparency log: %w", err)
+		}
+	}
+	if !m.cp.Push {
+		m.bar.what = "(push registrations)"
+		if err := m.step(func() error { m.cp.Push = true; return m.push(ctx) }); err != nil {
+			return fmt.Errorf("push registrations: %w", err)
 		}
 	}
 	m.bar.what = "done"
@@ -538,6 +545,19 @@ func (m *migration) kt(ctx context.Context) error {
 		}
 		from += uint64(len(leaves))
 	}
+}
+
+func (m *migration) push(ctx context.Context) error {
+	regs, err := m.exp.ExportPushRegs(ctx)
+	if err != nil {
+		return err
+	}
+	for _, r := range regs {
+		if _, err := m.dst.PushRegister(ctx, r, math.MaxInt32); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // openMigrationBlobs opens the source's blobs directory and, when the

@@ -23,6 +23,9 @@ import (
 	"github.com/parley-im/parley/internal/blob/s3"
 	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/servertest"
+	"github.com/parley-im/parley/internal/store"
+	"github.com/parley-im/parley/internal/store/cassandra"
+	"github.com/parley-im/parley/internal/store/pebble"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -93,7 +96,7 @@ func (c *cancelAfter) Write(p []byte) (int, error) {
 // TestMigrateFromEmbedded fills an embedded node through the server with
 // every kind of data — direct, E2E direct and group conversations, edits,
 // a recall, joins and a leave, read positions, an E2E key directory (and
-// so the KT log), an attachment — stops it, copies it with `parley
+// so the KT log), an attachment, a push registration — stops it, copies it with `parley
 // migrate --from` into a fresh Cassandra keyspace and its attachment bytes
 // into S3, killed halfway through a conversation and run again, then
 // starts a cluster-mode node on the copy: the same SDK clients see the
@@ -242,6 +245,13 @@ func TestMigrateFromEmbedded(t *testing.T) {
 		c.Close()
 	}
 	src.Close()
+	// A push registration, written into the stopped node's store.
+	reg := store.PushReg{UserID: "bob", DeviceID: "phone", Provider: protocol.PushFCM, Token: "fcm-token-bob", UpdatedAt: time.Now().UnixMilli()}
+	ps, err := pebble.Open(ctx, pebble.Config{Dir: dataDir + "/store"})
+	must(err)
+	_, err = ps.PushRegister(ctx, reg, 10)
+	must(err)
+	must(ps.Close())
 
 	// Migrate, killed in the middle of the direct conversation, then
 	// again to the end.
@@ -284,6 +294,14 @@ func TestMigrateFromEmbedded(t *testing.T) {
 	out.Reset()
 	bar.Reset()
 	must(runMigrate(ctx, args, &out))
+
+	cstore, err := cassandra.Open(ctx, cassandra.Config{Hosts: strings.Split(hosts, ","), Keyspace: ks})
+	must(err)
+	regs, err := cstore.PushRegs(ctx, "bob")
+	cstore.Close()
+	if err != nil || !reflect.DeepEqual(regs, []store.PushReg{reg}) {
+		t.Errorf("push registrations after the migration %+v, %v; want %+v", regs, err, reg)
+	}
 
 	blobs, err := s3.Open(ctx, s3cfg)
 	must(err)

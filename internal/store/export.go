@@ -22,6 +22,8 @@ type Exporter interface {
 	// ExportAttachments lists the attachment records with ID > after, by
 	// ID, up to limit.
 	ExportAttachments(ctx context.Context, after uint64, limit int) ([]Attachment, error)
+	// ExportPushRegs lists every device's push registrations.
+	ExportPushRegs(ctx context.Context) ([]PushReg, error)
 	// ExportKTKeys returns the key transparency log's stored keys (nil:
 	// none yet) without storing any.
 	ExportKTKeys(ctx context.Context) ([]byte, error)

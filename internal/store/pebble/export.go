@@ -180,4 +180,12 @@ func (s *Store) ExportKTKeys(ctx context.Context) ([]byte, error) {
 	return bytes.Clone(v), nil
 }
 
+func (s *Store) ExportPushRegs(ctx context.Context) ([]store.PushReg, error) {
+	regs, err := s.pushScan([]byte{tagPushReg})
+	if err != nil {
+		return nil, fmt.Errorf("pebble: export push registrations: %w", err)
+	}
+	return regs, nil
+}
+
 var _ store.Exporter = (*Store)(nil)

@@ -195,6 +195,24 @@ func testExport(t *testing.T, e *env) {
 		t.Errorf("exported attachments %v", as)
 	}
 
+	// Push registrations of every device.
+	var regs []store.PushReg
+	for i, d := range []string{"phone", "laptop"} {
+		r := store.PushReg{UserID: "alice", DeviceID: d, Provider: "fcm", Token: "token-" + d, UpdatedAt: baseTime + int64(i)}
+		if _, err := e.s.PushRegister(ctx, r, 10); err != nil {
+			t.Fatal(err)
+		}
+		regs = append(regs, r)
+	}
+	gotRegs, err := exp.ExportPushRegs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRegs, err2 := e.s.PushRegs(ctx, "alice")
+	if err != nil || err2 != nil || len(gotRegs) != 2 || !reflect.DeepEqual(gotRegs, wantRegs) {
+		t.Errorf("exported push registrations %+v, PushRegs %+v (%v, %v), registered %+v", gotRegs, wantRegs, err, err2, regs)
+	}
+
 	keys, err := e.s.KTKeys(ctx, []byte("kt-keys"))
 	if err != nil {
 		t.Fatal(err)
