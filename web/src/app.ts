@@ -88,6 +88,8 @@ const urls = new Map<string, Promise<AttachmentInfo>>();
 /** The E2E module, this tab's device and chat; null when this tab does not own the browser's device (or the browser lacks IndexedDB / Web Locks). */
 let e2e: E2E | null = null;
 let e2eMod: typeof E2EE | null = null;
+/** Settles once this tab's E2E device is open (or known to be off): messages wait for it. */
+let e2eInit: Promise<void> = Promise.resolve();
 /** Messages are opened one at a time, in the order they arrive (ratchets advance in order). */
 let pipe: Promise<unknown> = Promise.resolve();
 /** Account key changes and refused devices seen, by user, until dismissed. */
@@ -244,7 +246,7 @@ function start(token: string, owned: string | null) {
     renderList();
   });
   wire();
-  void startE2E(owned);
+  e2eInit = startE2E(owned);
   client.start();
 }
 
@@ -264,6 +266,10 @@ async function startE2E(owned: string | null) {
     const device = await mod.Device.open(store, { user: me, device: owned });
     const chat = new mod.E2EChat(client, device);
     chat.onIdentity = (ev) => noteIdentity(ev);
+    chat.onKT = (ev) => {
+      identityAlerts.set(ev.user, `⚠ The server's key transparency proof for ${ev.user} does not verify (${ev.error.message}): it may be showing keys ${ev.user}'s devices did not publish. Nothing was encrypted to them.`);
+      renderBanner();
+    };
     e2e = { m: mod, device, chat, published: !!(await store.load("web/published")) };
     for (const id of ["e2e-direct", "e2e-group"]) ($(id).closest("label") as HTMLElement).hidden = false;
     $("search-form").hidden = false;
@@ -321,6 +327,7 @@ const refusedCodes = new Set(["metadata_mismatch", "unbound", "unauthenticated_r
 async function reveal(c: Conv | undefined, m: Message): Promise<Shown> {
   const enc = c?.e2e || (m.body ?? "").startsWith('{"e2e":');
   if (!enc) return m;
+  await e2eInit;
   if (m.kind === "system") {
     if (e2e) {
       await e2e.chat.open(m).catch(() => {});

@@ -12,13 +12,16 @@
 // are kept in the Store, where search looks (the server of an E2E
 // conversation cannot).
 //
-// Not here yet: the key transparency checks client/e2eechat makes on
-// every device list and bundle (the TypeScript SDK does not verify the
-// log's proofs; it relies on the account key's certificates, trusted on
-// first use, and on safety numbers) and files.
+// Key transparency as client/e2eechat checks it: the log's keys pinned on
+// first use, every device list and bundle answer proven in a signed
+// checkpoint (the user's VRF label, the entry's inclusion, the devices
+// as logged, no older entry than one seen), each checkpoint consistent
+// with the last one accepted. Not here yet: the checkpoint gossiped
+// inside messages, the monitoring of this user's own entries, and files.
 
 import type { Ack, Client } from "../client.js";
-import type { ConvInfo, DeviceKeyInfo, KeyBundle, Message, SBundles, SConv, SDevices, SKeys } from "../frames.js";
+import type { ConvInfo, DeviceKeyInfo, KeyBundle, KTKeys, KTProof, Message, SBundles, SConv, SDevices, SKeys } from "../frames.js";
+import { Checkpoint, KTError, NoteKey, openCheckpoint, parseEntry, parseNoteKey, verifyConsistency, verifyInclusion, verifyLabel } from "./kt.js";
 import { decodeJSON, encodeJSON, fromBase64, fromUtf8, toBase64, toHex, utf8 } from "./bytes.js";
 import { decodeKey, serializeKey } from "./curve.js";
 import { Address, addr, Bundle, Device, DeviceCheck } from "./device.js";
@@ -108,8 +111,19 @@ function newCmid(): string {
   return c.randomUUID ? c.randomUUID() : toHex(c.getRandomValues(new Uint8Array(16)));
 }
 
+interface KTDevice {
+  id: string;
+  identityKey: Uint8Array;
+  accountKey: Uint8Array;
+  sig: Uint8Array;
+}
+
 export class E2EChat {
   private devs = new Map<string, string[]>();
+  private ktQueue: Promise<unknown> = Promise.resolve();
+  private ktKeys?: { note: NoteKey; vrf: Uint8Array } | null; // null: the server keeps no log
+  // onKT is told of every answer whose key transparency proof failed.
+  onKT?: (ev: { user: string; error: KTError }) => void;
   private queue: Promise<unknown> = Promise.resolve();
   readonly self: Address;
   // onIdentity is told of every device list with a refused device or a
@@ -209,6 +223,7 @@ export class E2EChat {
     const cached = this.devs.get(user);
     if (cached && !refresh) return cached;
     const r = (await this.client.request({ type: "keys_devices", user_id: user }, true)) as SDevices;
+    await this.ktVerify(user, r.kt, (r.devices ?? []).map((d) => ({ id: d.device_id, identityKey: fromBase64(d.identity_key), accountKey: fromBase64(d.account_key ?? ""), sig: fromBase64(d.device_sig ?? "") })));
     const certs = (r.devices ?? []).map((d: DeviceKeyInfo) => {
       let identityKey: Uint8Array = new Uint8Array(32);
       let sig: Uint8Array = d.device_sig ? fromBase64(d.device_sig) : new Uint8Array();
@@ -237,7 +252,95 @@ export class E2EChat {
     const r = (await this.client.request({ type: "keys_bundle", user_id: a.user, device_id: a.device })) as SBundles;
     const bs = r.bundles ?? [];
     if (bs.length !== 1 || bs[0].user_id !== a.user || bs[0].device_id !== a.device) throw new Error("e2eechat: no bundle for " + addr(a));
+    await this.ktVerify(a.user, r.kt, bs.map((b) => ({ id: b.device_id, identityKey: fromBase64(b.identity_key), accountKey: fromBase64(b.account_key ?? ""), sig: fromBase64(b.device_sig ?? "") })));
     return bs[0];
+  }
+
+  // ktVerify checks an answer's proof for user and the devices it lists
+  // and advances the accepted checkpoint (one check at a time).
+  private ktVerify(user: string, p: KTProof | undefined, devs: KTDevice[]): Promise<void> {
+    const run = this.ktQueue.then(async () => {
+      try {
+        await this.ktVerifyLocked(user, p, devs);
+      } catch (e) {
+        if (e instanceof KTError) this.onKT?.({ user, error: e });
+        throw e;
+      }
+    });
+    this.ktQueue = run.catch(() => undefined);
+    return run;
+  }
+
+  private async ktLoad(): Promise<{ note: NoteKey; vrf: Uint8Array } | null> {
+    if (this.ktKeys !== undefined) return this.ktKeys;
+    let k = await this.load<KTKeys>("kt/keys");
+    if (!k) {
+      try {
+        k = ((await this.client.request({ type: "kt_keys" }, true)) as unknown as { kt_keys: KTKeys }).kt_keys;
+      } catch (e) {
+        const code = (e as { code?: string }).code;
+        if (code === "not_found" || code === "unknown_type") return (this.ktKeys = null);
+        throw e;
+      }
+      const note = parseNoteKey(k.note_key);
+      if (note.name !== k.origin || fromBase64(k.vrf_key).length !== 32) throw new KTError("kt_proof", "kt_keys: malformed");
+      await this.save("kt/keys", k);
+    }
+    this.ktKeys = { note: parseNoteKey(k.note_key), vrf: fromBase64(k.vrf_key) };
+    return this.ktKeys;
+  }
+
+  private async ktVerifyLocked(user: string, p: KTProof | undefined, devs: KTDevice[]): Promise<void> {
+    const keys = await this.ktLoad();
+    if (!keys) return; // the server keeps no log and none was pinned
+    const bad = (m: string) => new KTError("kt_proof", m);
+    if (!p) throw bad(`the answer for ${user} carries no proof`);
+    const c = openCheckpoint(keys.note, p.checkpoint);
+    const label = verifyLabel(keys.vrf, user, fromBase64(p.vrf_proof ?? ""));
+    if (!equalBytes(fromBase64(p.label ?? ""), label)) throw bad(`label of ${user} is not its VRF output`);
+    const vb = await this.store.load("kt/version/" + user);
+    const seen = vb ? Number(fromUtf8(vb)) : 0;
+    let version = 0;
+    if (!p.entry) {
+      if (devs.length) throw bad(`${devs.length} devices of ${user} without a logged entry`);
+      if (seen > 0) throw bad(`no entry for ${user}, whose version ${seen} was shown before`);
+    } else {
+      const raw = fromBase64(p.entry);
+      verifyInclusion(c, p.index ?? 0, raw, (p.proof ?? []).map(fromBase64));
+      const e = parseEntry(raw);
+      if (!equalBytes(e.label, label)) throw bad(`the entry given for ${user} is another label's`);
+      if (e.version < seen) throw bad(`entry of ${user} at version ${e.version}, version ${seen} was shown before`);
+      for (const d of devs) {
+        const ed = e.devices.find((x) => x.id === d.id);
+        if (!ed) throw bad(`device ${user}/${d.id} is not in the logged entry`);
+        if (!equalBytes(ed.identityKey, d.identityKey)) throw bad(`device ${user}/${d.id}: identity key differs from the logged one`);
+        if (!equalBytes(ed.sig, d.sig)) throw bad(`device ${user}/${d.id}: certificate differs from the logged one`);
+        if (!equalBytes(e.account, d.accountKey)) throw bad(`device ${user}/${d.id}: account key differs from the logged one`);
+      }
+      version = e.version;
+    }
+    await this.ktAdvance(keys.note, c, p.checkpoint);
+    if (version > seen) await this.store.batch([{ key: "kt/version/" + user, value: utf8(String(version)) }]);
+  }
+
+  // ktAdvance accepts checkpoint c if the server proves it consistent
+  // with the one accepted before (a newer one extends it, an older one
+  // is a prefix of it).
+  private async ktAdvance(note: NoteKey, c: Checkpoint, text: string): Promise<void> {
+    const hb = await this.store.load("kt/head");
+    const head = hb ? openCheckpoint(note, fromUtf8(hb)) : undefined;
+    if (head && head.size === c.size && equalBytes(head.root, c.root)) return;
+    if (head) {
+      const [a, b] = c.size > head.size ? [head, c] : [c, head];
+      let proof: Uint8Array[] = [];
+      if (a.size > 0 && a.size < b.size) {
+        const r = (await this.client.request({ type: "kt_consistency", from: a.size, to: b.size }, true)) as unknown as { kt: KTProof };
+        proof = (r.kt.proof ?? []).map(fromBase64);
+      }
+      verifyConsistency(a, b, proof);
+      if (c.size <= head.size) return;
+    }
+    await this.store.batch([{ key: "kt/head", value: utf8(text) }]);
   }
 
   // ensureSession makes sure there is a session with a whose identity is
@@ -633,6 +736,10 @@ export class E2EChat {
     if (!peer) throw new Error(`e2eechat: no account key seen for ${user} yet`);
     return safetyNumber(this.self.user, own, user, peer);
   }
+}
+
+function equalBytes(a: Uint8Array, b: Uint8Array): boolean {
+  return a.length === b.length && a.every((x, i) => x === b[i]);
 }
 
 function frameKind(f: Record<string, unknown>): string {

@@ -19,3 +19,4 @@ export * from "./store.js";
 export * from "./weblock.js";
 export * from "./chat.js";
 export * from "./attachment.js";
+export * from "./kt.js";

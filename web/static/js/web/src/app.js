@@ -27,6 +27,8 @@ const urls = new Map();
 /** The E2E module, this tab's device and chat; null when this tab does not own the browser's device (or the browser lacks IndexedDB / Web Locks). */
 let e2e = null;
 let e2eMod = null;
+/** Settles once this tab's E2E device is open (or known to be off): messages wait for it. */
+let e2eInit = Promise.resolve();
 /** Messages are opened one at a time, in the order they arrive (ratchets advance in order). */
 let pipe = Promise.resolve();
 /** Account key changes and refused devices seen, by user, until dismissed. */
@@ -185,7 +187,7 @@ function start(token, owned) {
         renderList();
     });
     wire();
-    void startE2E(owned);
+    e2eInit = startE2E(owned);
     client.start();
 }
 async function startE2E(owned) {
@@ -204,6 +206,10 @@ async function startE2E(owned) {
         const device = await mod.Device.open(store, { user: me, device: owned });
         const chat = new mod.E2EChat(client, device);
         chat.onIdentity = (ev) => noteIdentity(ev);
+        chat.onKT = (ev) => {
+            identityAlerts.set(ev.user, `⚠ The server's key transparency proof for ${ev.user} does not verify (${ev.error.message}): it may be showing keys ${ev.user}'s devices did not publish. Nothing was encrypted to them.`);
+            renderBanner();
+        };
         e2e = { m: mod, device, chat, published: !!(await store.load("web/published")) };
         for (const id of ["e2e-direct", "e2e-group"])
             $(id).closest("label").hidden = false;
@@ -264,6 +270,7 @@ async function reveal(c, m) {
     const enc = c?.e2e || (m.body ?? "").startsWith('{"e2e":');
     if (!enc)
         return m;
+    await e2eInit;
     if (m.kind === "system") {
         if (e2e) {
             await e2e.chat.open(m).catch(() => { });
