@@ -45,6 +45,21 @@ coverage() {
 	else
 		echo "  SKIPPED  the systemd unit's check: no systemd-analyze"
 	fi
+	if command -v podman >/dev/null 2>&1 && command -v buildah >/dev/null 2>&1; then
+		echo "  ran      the container image build and run (podman, buildah)"
+	else
+		echo "  SKIPPED  the container image check: no podman or buildah (apt-get install podman buildah busybox-static)"
+	fi
+	if command -v helm >/dev/null 2>&1 || [[ -x /tmp/parley-tools/helm ]]; then
+		echo "  ran      the Helm chart's render and validation (helm, kubernetes-validate)"
+	else
+		echo "  SKIPPED  the Helm chart's check: no helm (.ci/run builds it into /tmp/parley-tools)"
+	fi
+	if command -v podman-compose >/dev/null 2>&1 || [[ -x /tmp/parley-deploy-venv/bin/podman-compose ]]; then
+		echo "  ran      the compose file's check (podman-compose)"
+	else
+		echo "  SKIPPED  the compose file's check: no podman-compose (.ci/run installs it into /tmp/parley-deploy-venv)"
+	fi
 	echo "  not here the TypeScript SDK and web page build (scripts/web.sh, which .ci/run runs)"
 }
 if [[ "${1:-}" == --summary ]]; then
