@@ -53,6 +53,7 @@ func Run(t *testing.T, h Harness) {
 		{"Count", testCount},
 		{"Reopen", testReopen},
 		{"Concurrent", testConcurrent},
+		{"Labelled", testLabelled},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
