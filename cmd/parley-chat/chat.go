@@ -48,6 +48,7 @@ func init() {
 		{name: "/list", help: "your conversations with unread counts (@ = you were mentioned)", run: (*chatSession).chatList},
 		{name: "/info", help: "members, your role and the tier of the current conversation", needConv: true, run: (*chatSession).chatInfo},
 		{name: "/history", args: "[N]", help: "the last N messages of the current conversation (default 20)", max: 1, needConv: true, run: (*chatSession).chatHistory},
+		{name: "/search", args: "TEXT", help: "find TEXT (a phrase; Chinese as typed) in your plain conversations, newest first", min: 1, max: -1, run: (*chatSession).chatSearch},
 		{name: "/read", help: "mark the current conversation read up to the last message seen", needConv: true, run: (*chatSession).chatRead},
 		{name: "/reply", args: "SEQ TEXT", help: "send TEXT as a reply to message SEQ", min: 2, max: -1, needConv: true, run: (*chatSession).chatReply},
 		{name: "/edit", args: "SEQ TEXT", help: "replace the text of your message SEQ", min: 2, max: -1, needConv: true, run: (*chatSession).chatEdit},
@@ -853,6 +854,33 @@ func (s *chatSession) chatHistory(ctx context.Context, args []string) error {
 			continue
 		}
 		s.printf("%s", chatFormat(m, me))
+	}
+	return nil
+}
+
+func (s *chatSession) chatSearch(ctx context.Context, args []string) error {
+	res, err := s.c.Search(ctx, protocol.SearchQuery{Text: strings.Join(args, " ")})
+	if err != nil {
+		return fmt.Errorf("search: %w", err)
+	}
+	if len(res.Hits) == 0 {
+		s.printf("* nothing found")
+		return nil
+	}
+	for _, h := range res.Hits {
+		// The matches between [ and ].
+		var b strings.Builder
+		at := 0
+		for _, hl := range h.Highlights {
+			start, end, ok := protocol.HighlightBytes(h.Snippet, hl)
+			if !ok || start < at {
+				continue
+			}
+			b.WriteString(h.Snippet[at:start] + "[" + h.Snippet[start:end] + "]")
+			at = end
+		}
+		b.WriteString(h.Snippet[at:])
+		s.printf("conv %d #%d %s: %s", h.ConvID, h.Seq, h.Sender, b.String())
 	}
 	return nil
 }

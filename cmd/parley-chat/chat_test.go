@@ -257,6 +257,8 @@ func TestChatCLIGroupActions(t *testing.T) {
 		t.Fatal(err)
 	}
 	cli.do("/history 3", "bob: @alice done   <- @alice")
+	cli.do("/search please look", "alice: @bob [please] [look]")
+	cli.do("/search nothing like this", "* nothing found")
 	// Own messages never unread: only bob's message counts.
 	cli.do("/list", "unread 1")
 	cli.do("/read", "read up to")
