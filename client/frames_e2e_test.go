@@ -384,3 +384,29 @@ func TestE2EReplies(t *testing.T) {
 		t.Fatalf("history = %+v, %v; want the reply to %d", msgs, err, q.Seq)
 	}
 }
+
+// TestE2EReadBy: ReadBy counts the members who read a message and names
+// them; a seq not stored is bad_reference.
+func TestE2EReadBy(t *testing.T) {
+	srv := servertest.Start(t)
+	alice := startE2E(t, srv.URL, srv.Token("alice"), "phone", nil)
+	bob := startE2E(t, srv.URL, srv.Token("bob"), "phone", nil)
+	ctx := ctxT(t)
+	g, err := alice.CreateGroup(ctx, "team", []string{"bob", "carol"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := alice.Send(ctx, g.ConvID, "read me")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bob.MarkRead(ctx, g.ConvID, m.Seq); err != nil {
+		t.Fatal(err)
+	}
+	rb, err := alice.ReadBy(ctx, g.ConvID, m.Seq)
+	if err != nil || rb.ReadCount != 1 || rb.MemberCount != 2 || len(rb.Users) != 1 || rb.Users[0] != "bob" {
+		t.Fatalf("ReadBy = %+v, %v; want bob, 1 of 2", rb, err)
+	}
+	_, err = alice.ReadBy(ctx, g.ConvID, m.Seq+9)
+	wantCode(t, "read_by beyond the last seq", err, protocol.CodeBadReference)
+}

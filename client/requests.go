@@ -218,3 +218,18 @@ func syncFrames(pos map[uint64]uint64, max int) []protocol.Frame {
 	}
 	return frames
 }
+
+// ReadBy returns the read receipts of message seq of convID: how many of
+// the members who can see it have read it and, in a group small enough
+// (the server's chat.read_by_names), who. A group over
+// chat.read_by_max_members answers too_large.
+func (c *Client) ReadBy(ctx context.Context, convID, seq uint64) (protocol.ReadBy, error) {
+	r, _, err := c.do(ctx, protocol.Frame{Type: protocol.TypeReadBy, ConvID: convID, Seq: seq}, protocol.TypeReadBy, idempotent)
+	if err != nil {
+		return protocol.ReadBy{}, err
+	}
+	if r.ReadBy == nil {
+		return protocol.ReadBy{}, fmt.Errorf("read_by: answer has no receipts")
+	}
+	return *r.ReadBy, nil
+}

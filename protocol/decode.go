@@ -198,7 +198,7 @@ func validate(f *Frame, lim Limits) *Error {
 			}
 		}
 		return nil
-	case TypeRead:
+	case TypeRead, TypeReadBy:
 		return needPosition(f)
 	case TypeSync:
 		if len(f.Convs) > lim.MaxSyncConvs {

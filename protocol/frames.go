@@ -20,6 +20,9 @@ const (
 	TypeMute        = "mute"
 	TypePresenceSub = "presence_sub"
 	TypeTyping      = "typing"
+	// TypeReadBy asks how many members have read a message (and, in a
+	// small enough group, who); the answer is a frame of the same type.
+	TypeReadBy = "read_by"
 )
 
 // Frame types sent by the server. TypeHistory and TypeConvList answer the
@@ -134,6 +137,7 @@ type Frame struct {
 	Snapshot   []ConvSnapshot `json:"snapshot,omitzero"`
 	List       []ConvSummary  `json:"list,omitzero"`
 	Conv       *ConvInfo      `json:"conv,omitempty"`
+	ReadBy     *ReadBy        `json:"read_by,omitempty"`
 	UserID     string         `json:"user_id,omitempty"`
 	DeviceID   string         `json:"device_id,omitempty"`
 	State      string         `json:"state,omitempty"`
@@ -383,6 +387,19 @@ type ConvInfo struct {
 	Role        string `json:"role,omitempty"` // the caller's role
 	Tier        string `json:"tier,omitempty"` // small, medium or large (groups)
 	E2E         bool   `json:"e2e,omitempty"`  // end-to-end encrypted (fixed at creation)
+}
+
+// ReadBy is the answer to read_by: of the MemberCount current members who
+// can see message Seq (joined at or before it, its sender left out),
+// ReadCount have read it (their read position is at or past it). Users
+// names them, sorted, when MemberCount is at most the server's
+// chat.read_by_names.
+type ReadBy struct {
+	ConvID      uint64   `json:"conv_id,string"`
+	Seq         uint64   `json:"seq"`
+	ReadCount   int      `json:"read_count"`
+	MemberCount int      `json:"member_count"`
+	Users       []string `json:"users,omitempty"`
 }
 
 // Hello is the first frame on every connection.

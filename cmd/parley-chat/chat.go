@@ -49,6 +49,7 @@ func init() {
 		{name: "/info", help: "members, your role and the tier of the current conversation", needConv: true, run: (*chatSession).chatInfo},
 		{name: "/history", args: "[N]", help: "the last N messages of the current conversation (default 20)", max: 1, needConv: true, run: (*chatSession).chatHistory},
 		{name: "/search", args: "TEXT", help: "find TEXT (a phrase; Chinese as typed) in your plain conversations, newest first", min: 1, max: -1, run: (*chatSession).chatSearch},
+		{name: "/readby", args: "SEQ", help: "who of the members has read message SEQ (read by N of M)", min: 1, max: 1, needConv: true, run: (*chatSession).chatReadBy},
 		{name: "/read", help: "mark the current conversation read up to the last message seen", needConv: true, run: (*chatSession).chatRead},
 		{name: "/reply", args: "SEQ TEXT", help: "send TEXT as a reply to message SEQ", min: 2, max: -1, needConv: true, run: (*chatSession).chatReply},
 		{name: "/edit", args: "SEQ TEXT", help: "replace the text of your message SEQ", min: 2, max: -1, needConv: true, run: (*chatSession).chatEdit},
@@ -903,6 +904,23 @@ func parseSeq(cmd, arg string) (uint64, error) {
 		return 0, fmt.Errorf("%s: %q is not a message seq (the second number of [CONV SEQ])", cmd, arg)
 	}
 	return seq, nil
+}
+
+func (s *chatSession) chatReadBy(ctx context.Context, args []string) error {
+	seq, err := parseSeq("readby", args[0])
+	if err != nil {
+		return err
+	}
+	rb, err := s.c.ReadBy(ctx, s.current, seq)
+	if err != nil {
+		return fmt.Errorf("readby: %w", err)
+	}
+	line := fmt.Sprintf("* #%d read by %d of %d", seq, rb.ReadCount, rb.MemberCount)
+	if len(rb.Users) > 0 {
+		line += ": " + strings.Join(rb.Users, ", ")
+	}
+	s.printf("%s", line)
+	return nil
 }
 
 func (s *chatSession) chatReply(ctx context.Context, args []string) error {

@@ -241,6 +241,8 @@ func TestChatCLIGroupActions(t *testing.T) {
 	cli.do("/reply "+seq+" and  welcome", "alice: (re #"+seq+") and  welcome")
 	cli.do("/reply "+oops+" to nothing", "conflict")
 	cli.do("/reply 999 to nothing", "bad_reference")
+	cli.do("/readby "+seq, "* #"+seq+" read by 0 of ")
+	cli.do("/readby 999", "bad_reference")
 	cli.do("@bob please look", "alice: @bob please look")
 
 	// bob sees the mention, the system events and the edit.

@@ -82,6 +82,12 @@ type Config struct {
 	// PushPerDevice bounds a device's push registrations (push_register
 	// answers too_many_registrations past it).
 	PushPerDevice int `yaml:"push_registrations_per_device" help:"push registrations (APNs, FCM, Web Push tokens) one device may hold"`
+	// Read receipts of one message (read_by) read every eligible
+	// member's read position: groups of more than ReadByMaxMembers
+	// members are refused (too_large), and the readers are named only up
+	// to ReadByNames eligible members.
+	ReadByMaxMembers int `yaml:"read_by_max_members" help:"read_by answers for conversations of at most this many members (each answer reads one position per member)"`
+	ReadByNames      int `yaml:"read_by_names" help:"read_by names the readers when at most this many members can see the message (0: never)"`
 }
 
 // DefaultConfig returns the defaults: a sync sends whole ranges up to 200
@@ -112,6 +118,10 @@ func DefaultConfig() Config {
 		// An app with one token per provider it builds for, and room to
 		// register a rotated token before removing the old one.
 		PushPerDevice: 4,
+		// The medium tier's ceiling: a large group's answer would read
+		// thousands of positions per hover.
+		ReadByMaxMembers: 2000,
+		ReadByNames:      200,
 	}
 }
 
@@ -134,6 +144,8 @@ func (c Config) Validate() error {
 	p.Check(c.PrekeysPerDevice > 0, "prekeys_per_device", "must be positive, got %d", c.PrekeysPerDevice)
 	p.Check(c.PrekeyPeriod > 0, "prekey_period", "must be positive, got %v", c.PrekeyPeriod)
 	p.Check(c.PushPerDevice >= 1 && c.PushPerDevice <= 64, "push_registrations_per_device", "must be within 1-64, got %d", c.PushPerDevice)
+	p.Check(c.ReadByMaxMembers >= 1, "read_by_max_members", "must be positive, got %d", c.ReadByMaxMembers)
+	p.Check(c.ReadByNames >= 0 && c.ReadByNames <= c.ReadByMaxMembers, "read_by_names", "must be in 0..read_by_max_members (%d), got %d", c.ReadByMaxMembers, c.ReadByNames)
 	return p.Err("chat")
 }
 

@@ -88,6 +88,8 @@ func (s *Service) handle(ctx context.Context, c Caller, f *protocol.Frame, reply
 		return s.convInfoFrame(ctx, c, f.ConvID)
 	case protocol.TypeSearch:
 		return s.searchFrame(ctx, c, f)
+	case protocol.TypeReadBy:
+		return s.readBy(ctx, c, f.ConvID, f.Seq)
 	case protocol.TypePushRegister, protocol.TypePushRemove:
 		return s.push(ctx, c, f)
 	case protocol.TypeKTKeys, protocol.TypeKTConsistency, protocol.TypeKTLeaves:

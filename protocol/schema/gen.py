@@ -51,6 +51,9 @@ defs={
  "KTKeys":obj({"origin":{"type":"string","minLength":1},"note_key":{"type":"string","minLength":1},"vrf_key":{"$ref":"#/$defs/Bytes"}},
    ["origin","note_key","vrf_key"],"the key transparency log's public keys"),
  "KeyCounts":obj({"prekeys":SEQ,"kem_prekeys":SEQ},["prekeys","kem_prekeys"]),
+ "ReadBy":obj({"conv_id":ref("ConvID"),"seq":{"type":"integer","minimum":1},"read_count":SEQ,"member_count":SEQ,
+   "users":{**arr(ID),"description":"the members who read it, sorted; only when member_count is at most the server's chat.read_by_names"}},
+   ["conv_id","seq","read_count","member_count"],"read receipts of one message: read_count of the member_count current members who can see it (joined at or before it, not its sender) have read it"),
  "PresenceState":obj({"user_id":ID,"online":BOOL,"last_seen":MS},["user_id","online"]),
  "Limits":obj({k:{"type":"integer","minimum":1} for k in ["max_frame_bytes","max_body_bytes","max_client_msg_id","max_sync_convs","max_history","max_group_members","max_name_bytes","max_mentions","max_presence_subs"]},
    ["max_frame_bytes","max_body_bytes","max_client_msg_id","max_sync_convs","max_history","max_group_members","max_name_bytes","max_mentions","max_presence_subs"]),
@@ -128,6 +131,7 @@ server={
  "attachment":frame("attachment",{"rid":RID,"attachment":ref("AttachmentInfo")},["attachment"],"answer to attachment_url"),
  "push":frame("push",{"rid":RID,"registrations":arr(ref("PushRegistration"))},["registrations"],"answer to push_register and push_remove: this device's registrations"),
  "search":frame("search",{"rid":RID,"search":ref("SearchResult")},["search"],"answer to search"),
+ "read_by":frame("read_by",{"rid":RID,"read_by":ref("ReadBy")},["read_by"],"answer to read_by"),
  "keys_low":frame("keys_low",{"user_id":ID,"device_id":ID,"counts":ref("KeyCounts")},["user_id","device_id","counts"],"push: a device's one-time prekeys run low"),
 }
 C={"rid":RID}
@@ -173,6 +177,7 @@ client={
  "push_remove":cf("push_remove",{"push":ref("PushRegistration")},[],"remove one of this device's push tokens (push: provider and token or endpoint), or all of them (no push)"),
  "search":cf("search",{"query":ref("SearchQuery")},["query"],"search the plain conversations you are a member of"),
  "conv_info":cf("conv_info",{"conv_id":ref("ConvID")},["conv_id"],"read a conversation's conv frame"),
+ "read_by":cf("read_by",{"conv_id":ref("ConvID"),"seq":{"type":"integer","minimum":1}},["conv_id","seq"],"how many of the members who can see message seq have read it, and (small groups) who"),
  "attachment_url":cf("attachment_url",{"conv_id":ref("ConvID"),"seq":{"type":"integer","minimum":1},"thumbnail":BOOL},["conv_id","seq"],"a download URL for the file (or thumbnail) of message seq"),
 }
 def name(prefix,t): return prefix+"".join(w.capitalize() for w in t.split("_"))

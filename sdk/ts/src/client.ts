@@ -1,7 +1,7 @@
 import { Backoff } from "./backoff.js";
 import type {
   ConvInfo, ConvSnapshot, ConvSummary, Hello, Message, PresenceState, SAck, SConv, SConvList, SError, SHistory,
-  Position, SPresence, SReceipt, SSearch, SSnapshot, SearchQuery, SearchResult, ServerFrame, SyncConv,
+  Position, ReadBy, SPresence, SReadBy, SReceipt, SSearch, SSnapshot, SearchQuery, SearchResult, ServerFrame, SyncConv,
 } from "./frames.js";
 import { ConvOrder } from "./order.js";
 import { ParleyError, parleyError } from "./errors.js";
@@ -768,6 +768,14 @@ export class Client {
    */
   async search(q: SearchQuery): Promise<SearchResult> {
     return ((await this.request({ type: "search", query: q }, true)) as SSearch).search;
+  }
+
+  /**
+   * Read receipts of message seq: how many of the members who can see it
+   * have read it ("read by N of M") and, in a small enough group, who.
+   */
+  async readBy(convId: string, seq: number): Promise<ReadBy> {
+    return ((await this.request({ type: "read_by", conv_id: convId, seq }, true)) as SReadBy).read_by;
   }
 
   async conversations(): Promise<ConvSummary[]> {

@@ -129,6 +129,20 @@ test("replies: reply_to is pushed, survives an edit, shows reply_recalled; a bad
   closeAll(a, b);
 });
 
+test("read_by: read by N of M, and who", async () => {
+  const a = await srv.client("rb-a"), b = await srv.client("rb-b");
+  await Promise.all([a.log.waitConnected(), b.log.waitConnected()]);
+  const g = await a.createGroup("rb", ["rb-b", "rb-c"]);
+  const m = await a.send(g.conv_id, "read me");
+  let rb = await a.readBy(g.conv_id, m.seq);
+  assert.deepEqual([rb.read_count, rb.member_count, rb.users ?? []], [0, 2, []]);
+  await b.read(g.conv_id, m.seq);
+  rb = await a.readBy(g.conv_id, m.seq);
+  assert.deepEqual([rb.read_count, rb.member_count, rb.users], [1, 2, ["rb-b"]]);
+  await assert.rejects(a.readBy(g.conv_id, m.seq + 50), (e) => e.code === "bad_reference");
+  closeAll(a, b);
+});
+
 test("offline catch-up: a restarted client gets what it missed exactly once", async () => {
   const a = await srv.client("off-a");
   const positions = new MemoryPositions();

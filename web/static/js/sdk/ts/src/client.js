@@ -724,6 +724,13 @@ export class Client {
     async search(q) {
         return (await this.request({ type: "search", query: q }, true)).search;
     }
+    /**
+     * Read receipts of message seq: how many of the members who can see it
+     * have read it ("read by N of M") and, in a small enough group, who.
+     */
+    async readBy(convId, seq) {
+        return (await this.request({ type: "read_by", conv_id: convId, seq }, true)).read_by;
+    }
     async conversations() {
         return (await this.request({ type: "conv_list" }, true)).list;
     }
