@@ -51,6 +51,7 @@ var errorCodes = []protocol.Code{
 	protocol.CodeTokenRevoked, protocol.CodeBanned,
 	protocol.CodeQuotaExceeded, protocol.CodeTooManyUploads, protocol.CodeSizeMismatch, protocol.CodeHashMismatch,
 	protocol.CodePartOutOfOrder, protocol.CodeUploadIncomplete, protocol.CodeNotReady, protocol.CodeTooManyRegistrations, protocol.CodeBadReference,
+	protocol.CodeQueryTooLong, protocol.CodeQueryTooComplex, protocol.CodeBadCursor, protocol.CodeSearchUnavailable,
 }
 
 // Values of the kind label of parley_compensations_total (ledger.KindRows,
