@@ -12,9 +12,12 @@ import (
 	"testing"
 	"time"
 
+	natsio "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/parley-im/parley/internal/cluster/lease"
+	"github.com/parley-im/parley/internal/server"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -25,32 +28,77 @@ import (
 // asserted; docs/benchmarks.md "Ownership").
 
 // owner returns the node holding conv's partition lease and its epoch
-// ("" if none).
+// ("" if none), from the lease store the processes use (the JetStream KV
+// bucket by default, Redis with --cluster.leases redis).
 func (c *Cluster) owner(conv uint64) (string, uint64) {
 	c.t.Helper()
-	rdb := goredis.NewClient(&goredis.Options{Addr: c.redis})
-	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	p := lease.Partition(conv, lease.DefaultPartitions)
-	v, err := rdb.Get(ctx, c.keyspace+":part:"+strconv.Itoa(p)).Result()
-	if err != nil {
-		if !errors.Is(err, goredis.Nil) {
-			c.t.Logf("read lease of partition %d: %v", p, err)
-		}
-		return "", 0
-	}
+	v, _ := c.leaseEntry(conv)
 	node, e, _ := strings.Cut(v, "/")
 	epoch, _ := strconv.ParseUint(e, 10, 64)
 	return node, epoch
 }
 
-// leaseLeft returns the time left on conv's partition lease in Redis.
-func (c *Cluster) leaseLeft(conv uint64) time.Duration {
-	rdb := goredis.NewClient(&goredis.Options{Addr: c.redis})
-	defer rdb.Close()
+// redisLeases reports whether the processes keep their leases in Redis.
+func (c *Cluster) redisLeases() bool {
+	for i, a := range c.common {
+		if (a == "--cluster.leases" && i+1 < len(c.common) && c.common[i+1] == "redis") || a == "--cluster.leases=redis" {
+			return true
+		}
+	}
+	return false
+}
+
+// leaseEntry returns conv's partition lease ("node/epoch", "" if none)
+// and the time left on it.
+func (c *Cluster) leaseEntry(conv uint64) (string, time.Duration) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
 	p := lease.Partition(conv, lease.DefaultPartitions)
-	d, _ := rdb.PTTL(context.Background(), c.keyspace+":part:"+strconv.Itoa(p)).Result()
+	if c.redisLeases() {
+		rdb := goredis.NewClient(&goredis.Options{Addr: c.redis})
+		defer rdb.Close()
+		key := c.keyspace + ":part:" + strconv.Itoa(p)
+		v, err := rdb.Get(ctx, key).Result()
+		if err != nil {
+			if !errors.Is(err, goredis.Nil) {
+				c.t.Logf("read lease of partition %d: %v", p, err)
+			}
+			return "", 0
+		}
+		d, _ := rdb.PTTL(ctx, key).Result()
+		return v, d
+	}
+	nc, err := natsio.Connect(c.nats)
+	if err != nil {
+		c.t.Logf("read lease of partition %d: %v", p, err)
+		return "", 0
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(ctx, server.LeaseBucket(c.keyspace))
+	if err != nil {
+		c.t.Logf("read lease of partition %d: %v", p, err)
+		return "", 0
+	}
+	e, err := kv.Get(ctx, "part."+strconv.Itoa(p))
+	if err != nil {
+		if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			c.t.Logf("read lease of partition %d: %v", p, err)
+		}
+		return "", 0
+	}
+	v := string(e.Value())
+	if strings.HasPrefix(v, "/") { // released
+		return "", 0
+	}
+	// A lease lasts cluster.partition_lease (3 s) from its last renewal.
+	return v, lease.DefaultLeaseTTL - time.Since(e.Created())
+}
+
+// leaseLeft returns the time left on conv's partition lease.
+func (c *Cluster) leaseLeft(conv uint64) time.Duration {
+	_, d := c.leaseEntry(conv)
 	return d
 }
 

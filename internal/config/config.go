@@ -121,8 +121,16 @@ type Config struct {
 // (registry, presence leases, limits), NATS with JetStream (routing between
 // nodes, compensation tasks) and Cassandra/ScyllaDB (messages and rows).
 type Cluster struct {
-	Redis string `yaml:"redis" help:"Redis host:port (cluster mode)"`
-	NATS  string `yaml:"nats" help:"NATS URL, e.g. nats://127.0.0.1:4222, comma-separated for several (cluster mode)"`
+	Redis string `yaml:"redis" help:"Redis host:port (cluster mode), or with cluster.redis_sentinels the Sentinel master name"`
+	// RedisSentinels, when set, are the Sentinels that tell where the
+	// primary of the Redis named by Redis is (go-redis's failover client):
+	// a failover moves the processes to the promoted replica.
+	RedisSentinels string `yaml:"redis_sentinels" help:"Redis Sentinel addresses, comma-separated host:port; cluster.redis is then the master name Sentinel monitors"`
+	// Leases says where partition leases and their fencing epochs are
+	// kept: "nats" (a JetStream key-value bucket with
+	// cluster.jetstream_replicas replicas) or "redis".
+	Leases string `yaml:"leases" help:"where partition leases and fencing epochs live: nats (a JetStream KV bucket, replicated by Raft with cluster.jetstream_replicas) or redis (one primary; a failover can grant a lease twice)"`
+	NATS   string `yaml:"nats" help:"NATS URL, e.g. nats://127.0.0.1:4222, comma-separated for several (cluster mode)"`
 	// CassandraHosts are contact points, comma-separated host[:port].
 	CassandraHosts string `yaml:"cassandra_hosts" help:"Cassandra contact points, comma-separated host[:port] (cluster mode)"`
 	Keyspace       string `yaml:"keyspace" help:"Cassandra keyspace"`
@@ -133,9 +141,9 @@ type Cluster struct {
 	// SerialConsistency of Cassandra lightweight transactions: SERIAL, or
 	// LOCAL_SERIAL for a multi-datacenter deployment.
 	SerialConsistency string `yaml:"serial_consistency" help:"Cassandra consistency of lightweight transactions (SERIAL, LOCAL_SERIAL)"`
-	// JetStreamReplicas of the compensation task streams (3 on a NATS
-	// cluster).
-	JetStreamReplicas int `yaml:"jetstream_replicas" help:"replicas of the JetStream task streams (3 on a NATS cluster)"`
+	// JetStreamReplicas of the compensation task streams and the lease
+	// bucket (3 on a NATS cluster).
+	JetStreamReplicas int `yaml:"jetstream_replicas" help:"replicas of the JetStream task streams and lease bucket (3 on a NATS cluster)"`
 	// Namespace prefixes the deployment's NATS subjects, JetStream streams
 	// and Redis keys, so several deployments can share engines.
 	Namespace string `yaml:"namespace" help:"prefix of the deployment's NATS subjects, streams and Redis keys"`
@@ -151,9 +159,9 @@ type Cluster struct {
 	// by one chat process at a time (the same in every process of a
 	// deployment, gateways included).
 	Partitions int `yaml:"partitions" help:"conversation partitions, each owned by one chat process at a time (the same in every process, gateways included)"`
-	// PartitionLease is the TTL of a partition lease in Redis: a dead or
-	// stalled owner's partitions move within about 4/3 of it.
-	PartitionLease time.Duration `yaml:"partition_lease" help:"TTL of a partition's ownership lease in Redis; a dead owner's partitions move within about 4/3 of it"`
+	// PartitionLease is the TTL of a partition lease: a dead or stalled
+	// owner's partitions move within about 4/3 of it.
+	PartitionLease time.Duration `yaml:"partition_lease" help:"TTL of a partition's ownership lease; a dead owner's partitions move within about 4/3 of it"`
 	// ChatMaxInflight bounds the requests a chat process serves at once;
 	// past it a request is answered overloaded with retry_after_ms.
 	ChatMaxInflight int `yaml:"chat_max_inflight" help:"requests a chat process serves at once; past it a request is answered overloaded with retry_after_ms"`
@@ -312,7 +320,7 @@ func defaults() Config {
 		Admin:      Admin{Actor: "admin"},
 		Cluster: Cluster{Keyspace: "parley", ReplicationFactor: 1, Consistency: "QUORUM", SerialConsistency: "SERIAL",
 			JetStreamReplicas: 1, Namespace: "parley", PresenceResync: 15 * time.Second, PresenceShards: 256,
-			Partitions: 64, PartitionLease: 3 * time.Second, ChatMaxInflight: 1024},
+			Partitions: 64, PartitionLease: 3 * time.Second, ChatMaxInflight: 1024, Leases: "nats"},
 	}
 }
 
@@ -558,7 +566,8 @@ func problemsErr(p settings.Problems) error {
 
 func (c Config) validateRoles(p *settings.Problems) {
 	if c.Cluster.Enabled() {
-		p.Check(c.Cluster.Redis != "", "cluster.redis", "cluster mode needs Redis (host:port)")
+		p.Check(c.Cluster.Redis != "", "cluster.redis", "cluster mode needs Redis (host:port, or the master name with cluster.redis_sentinels)")
+		p.Check(c.Cluster.Leases == "nats" || c.Cluster.Leases == "redis", "cluster.leases", "must be nats or redis, got %q", c.Cluster.Leases)
 		p.Check(c.Cluster.NATS != "", "cluster.nats", "cluster mode needs NATS (nats://host:port)")
 		p.Check(validNamespace(c.Cluster.Namespace), "cluster.namespace", "%q must be 1-32 bytes of [a-z0-9_]", c.Cluster.Namespace)
 		p.Check(c.Cluster.Partitions >= 1 && c.Cluster.Partitions <= 65536, "cluster.partitions", "must be in [1, 65536], got %d", c.Cluster.Partitions)

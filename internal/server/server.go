@@ -298,7 +298,7 @@ func (s *Server) openEngines(ctx context.Context) error {
 	}
 	c := cfg.Cluster
 	ns := c.Namespace
-	s.redis = goredis.NewClient(&goredis.Options{Addr: c.Redis})
+	s.redis = RedisClient(c)
 	s.onClose(s.redis.Close)
 	reg, err := rredis.New(s.redis, rredis.Config{Prefix: ns + ":", Logger: log})
 	if err != nil {
@@ -317,8 +317,17 @@ func (s *Server) openEngines(ctx context.Context) error {
 	}
 	s.bus = b
 	if s.chatRole {
-		s.owner = lease.NewOwner(s.redis, lease.OwnerConfig{
-			Namespace: ns, Node: cfg.NodeID, Partitions: c.Partitions, LeaseTTL: c.PartitionLease, Logger: log,
+		var leases lease.Store = lease.NewRedisStore(s.redis, ns)
+		if c.Leases == "nats" {
+			kv, err := lease.OpenKVStore(ctx, nc, lease.KVConfig{Bucket: LeaseBucket(ns), Replicas: c.JetStreamReplicas})
+			if err != nil {
+				return fmt.Errorf("server: leases: %w", err)
+			}
+			s.onClose(kv.Close)
+			leases = kv
+		}
+		s.owner = lease.NewOwner(leases, lease.OwnerConfig{
+			Node: cfg.NodeID, Partitions: c.Partitions, LeaseTTL: c.PartitionLease, Logger: log,
 		})
 		cc := cfg.Cassandra()
 		cc.Logger = log
@@ -376,6 +385,27 @@ func (s *Server) openEngines(ctx context.Context) error {
 		}
 	})
 	return nil
+}
+
+// LeaseBucket is the JetStream KV bucket of namespace ns's partition
+// leases (cluster.leases nats).
+func LeaseBucket(ns string) string { return strings.ToUpper(ns) + "_LEASES" }
+
+// RedisClient returns the client of cluster mode's Redis: a plain client
+// of c.Redis, or with c.RedisSentinels go-redis's failover client, which
+// asks the Sentinels for the primary of the master named c.Redis and
+// follows a failover to the promoted replica.
+func RedisClient(c config.Cluster) goredis.UniversalClient {
+	if c.RedisSentinels == "" {
+		return goredis.NewClient(&goredis.Options{Addr: c.Redis})
+	}
+	var addrs []string
+	for _, a := range strings.Split(c.RedisSentinels, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	return goredis.NewFailoverClient(&goredis.FailoverOptions{MasterName: c.Redis, SentinelAddrs: addrs})
 }
 
 // runLoop runs f on a goroutine owned by the server until Shutdown.

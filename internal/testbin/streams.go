@@ -12,7 +12,7 @@ import (
 
 // DropStreams deletes the JetStream streams a cluster namespace created
 // (tasks, webhooks and their dead-letter streams, all named after the
-// upper-cased namespace). Streams left behind by many runs make the shared
+// upper-cased namespace, and the lease bucket's KV_ stream). Streams left behind by many runs make the shared
 // test server restore thousands of them at its next start.
 func DropStreams(t testing.TB, url, namespace string) {
 	t.Helper()
@@ -33,7 +33,7 @@ func DropStreams(t testing.TB, url, namespace string) {
 	names := js.StreamNames(ctx)
 	var drop []string
 	for name := range names.Name() {
-		if strings.HasPrefix(name, prefix) {
+		if strings.HasPrefix(name, prefix) || strings.HasPrefix(name, "KV_"+prefix) {
 			drop = append(drop, name)
 		}
 	}

@@ -9,28 +9,22 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	goredis "github.com/redis/go-redis/v9"
 )
 
 // Conversation ownership. Conversations map to partitions (Partition);
-// each partition is held by one chat process at a time under a lease in
-// Redis with a fencing epoch. The key <ns>:part:<p> holds "<node>/<epoch>"
-// with a TTL; <ns>:partepoch:<p> the partition's last epoch. A new lease's
-// epoch is max(last + 1, Redis time in ms), so epochs grow strictly even
-// when a Redis restart loses the counter (as long as Redis's clock does not
-// go back). Chat processes announce themselves in the sorted set
-// <ns>:chatnodes (score: expiry in ms); each wants the partitions it ranks
-// first for by rendezvous hashing among the live ones, takes them when
-// free, gives up those another live process ranks first for, and takes
-// any partition that stayed free for two rounds (so every partition finds
-// an owner while views of the membership differ).
+// each partition is held by one chat process at a time under a lease with
+// a fencing epoch, kept in a Store (NATS JetStream KV or Redis). Chat
+// processes announce themselves in the store; each wants the partitions
+// it ranks first for by rendezvous hashing among the live ones, takes
+// them when free, gives up those another live process ranks first for,
+// and takes any partition that stayed free for two rounds (so every
+// partition finds an owner while views of the membership differ).
 //
 // A holder stops writing under a lease a quarter of the TTL before it
-// could have expired in Redis (counted from when its last renewal was
-// sent), and the store confirms the epoch in Redis after each write
-// before acknowledging it (cassandra.Lease), so a stalled holder never
-// gets a write acknowledged after another took over.
+// could have expired in the store (counted from when its last renewal was
+// sent), and the store confirms the epoch in the lease store after each
+// write before acknowledging it (cassandra.Lease), so a stalled holder
+// never gets a write acknowledged after another took over.
 
 // DefaultPartitions and DefaultLeaseTTL are the defaults of OwnerConfig.
 const (
@@ -47,8 +41,7 @@ func Partition(conv uint64, n int) int {
 
 // OwnerConfig configures an Owner.
 type OwnerConfig struct {
-	Namespace string
-	Node      string
+	Node string
 	// Partitions is the number of partitions (default 64); it must be the
 	// same in every process of the deployment.
 	Partitions int
@@ -65,7 +58,7 @@ var ErrLeaseLost = errors.New("lease: partition lease lost")
 // Owner holds this process's partition leases. It implements
 // cassandra.Lease.
 type Owner struct {
-	rdb goredis.UniversalClient
+	st  Store
 	cfg OwnerConfig
 	log *slog.Logger
 
@@ -81,8 +74,9 @@ type lease struct {
 	until time.Time // stop writing at this time unless renewed
 }
 
-// NewOwner returns an Owner; Run takes and keeps the leases.
-func NewOwner(rdb goredis.UniversalClient, cfg OwnerConfig) *Owner {
+// NewOwner returns an Owner of the leases in st; Run takes and keeps
+// them.
+func NewOwner(st Store, cfg OwnerConfig) *Owner {
 	if cfg.Partitions <= 0 {
 		cfg.Partitions = DefaultPartitions
 	}
@@ -92,7 +86,7 @@ func NewOwner(rdb goredis.UniversalClient, cfg OwnerConfig) *Owner {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Owner{rdb: rdb, cfg: cfg, log: cfg.Logger, held: map[int]*lease{}, free: map[int]int{}}
+	return &Owner{st: st, cfg: cfg, log: cfg.Logger, held: map[int]*lease{}, free: map[int]int{}}
 }
 
 // Watch registers f, called when this process takes (held true) or gives
@@ -136,19 +130,16 @@ func (o *Owner) Epoch(conv uint64) (uint64, bool) {
 	return l.epoch, true
 }
 
-// Confirm implements cassandra.Lease: one GET of the partition's key.
+// Confirm implements cassandra.Lease: one read of the partition's lease.
 func (o *Owner) Confirm(ctx context.Context, conv, epoch uint64) error {
 	p := Partition(conv, o.cfg.Partitions)
-	v, err := o.rdb.Get(ctx, o.key(p)).Result()
-	if errors.Is(err, goredis.Nil) {
-		v, err = "", nil
-	}
+	ok, cur, err := o.st.Confirm(ctx, p, o.cfg.Node, epoch)
 	if err != nil {
 		return fmt.Errorf("lease: confirm partition %d: %w", p, err)
 	}
-	if v != o.value(epoch) {
+	if !ok {
 		o.drop(p, epoch)
-		return fmt.Errorf("%w: partition %d is %q, not %q", ErrLeaseLost, p, v, o.value(epoch))
+		return fmt.Errorf("%w: partition %d is %q, not %q", ErrLeaseLost, p, cur, leaseValue(o.cfg.Node, epoch))
 	}
 	return nil
 }
@@ -178,18 +169,13 @@ func (o *Owner) Reepoch(ctx context.Context, conv, epoch uint64) (uint64, bool, 
 	}
 	sent := time.Now()
 	ttl := o.cfg.LeaseTTL
-	v, err := reepochScript.Run(ctx, o.rdb, []string{o.key(p), o.epochKey(p)}, o.value(epoch), o.cfg.Node, ttl.Milliseconds()).Result()
+	next, ok, err := o.st.Reepoch(ctx, p, o.cfg.Node, epoch, ttl)
 	if err != nil {
 		return 0, false, fmt.Errorf("lease: new epoch for partition %d: %w", p, err)
 	}
-	str, isStr := v.(string)
-	if !isStr {
+	if !ok {
 		o.drop(p, epoch)
 		return 0, false, nil
-	}
-	next, err := strconv.ParseUint(str, 10, 64)
-	if err != nil || next <= epoch {
-		return 0, false, fmt.Errorf("lease: bad new epoch %q for partition %d", str, p)
 	}
 	o.mu.Lock()
 	l = o.held[p]
@@ -199,48 +185,14 @@ func (o *Owner) Reepoch(ctx context.Context, conv, epoch uint64) (uint64, bool, 
 	}
 	o.mu.Unlock()
 	if !kept {
-		// Given up meanwhile (rebalanced or expired): let it go in Redis
+		// Given up meanwhile (rebalanced or expired): let it go in the store
 		// too rather than wait for its TTL.
-		_ = releaseScript.Run(ctx, o.rdb, []string{o.key(p)}, o.value(next)).Err()
+		_ = o.st.Release(ctx, o.cfg.Node, map[int]uint64{p: next})
 		return 0, false, nil
 	}
 	o.log.Info("ownership: partition moved to a new epoch", "partition", p, "epoch", next)
 	return next, true, nil
 }
-
-func (o *Owner) key(p int) string      { return o.cfg.Namespace + ":part:" + strconv.Itoa(p) }
-func (o *Owner) epochKey(p int) string { return o.cfg.Namespace + ":partepoch:" + strconv.Itoa(p) }
-func (o *Owner) nodesKey() string      { return o.cfg.Namespace + ":chatnodes" }
-func (o *Owner) value(epoch uint64) string {
-	return o.cfg.Node + "/" + strconv.FormatUint(epoch, 10)
-}
-
-// nextEpochLua sets e to the partition's next epoch and records it in
-// KEYS[2]: above every epoch granted before, and at least Redis's clock in
-// milliseconds, so epochs grow across Redis restarts that lose KEYS[2].
-// Acquiring a lease and re-epoching one share it.
-const nextEpochLua = `
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local e = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now)
-redis.call('SET', KEYS[2], string.format('%d', e))`
-
-var (
-	acquireScript = goredis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end` + nextEpochLua + `
-redis.call('SET', KEYS[1], ARGV[1] .. '/' .. string.format('%d', e), 'PX', ARGV[2])
-return string.format('%d', e)`)
-	renewScript = goredis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0`)
-	reepochScript = goredis.NewScript(`
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end` + nextEpochLua + `
-redis.call('SET', KEYS[1], ARGV[2] .. '/' .. string.format('%d', e), 'PX', ARGV[3])
-return string.format('%d', e)`)
-	releaseScript = goredis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0`)
-)
 
 // Run takes, renews and rebalances leases every LeaseTTL/3 until ctx
 // ends, then gives them all up.
@@ -262,27 +214,22 @@ func (o *Owner) Run(ctx context.Context) {
 func (o *Owner) round(ctx context.Context) {
 	ttl := o.cfg.LeaseTTL
 	now := time.Now()
-	nodes, err := o.announce(ctx, now)
+	nodes, err := o.st.Announce(ctx, o.cfg.Node, ttl)
 	if err != nil {
 		if ctx.Err() == nil {
-			o.log.Warn("ownership: redis unavailable; partitions are given up as their leases end", "err", err)
+			o.log.Warn("ownership: lease store unavailable; partitions are given up as their leases end", "err", err)
 		}
 		o.expire(now)
 		return
 	}
 	o.renew(ctx)
-	keys := make([]string, o.cfg.Partitions)
-	for p := range keys {
-		keys[p] = o.key(p)
-	}
-	vals, err := o.rdb.MGet(ctx, keys...).Result()
+	vals, err := o.st.Holders(ctx, o.cfg.Partitions, ttl)
 	if err != nil {
 		o.expire(now)
 		return
 	}
 	var give []int
-	for p, v := range vals {
-		cur, _ := v.(string)
+	for p, cur := range vals {
 		want := rendezvous(nodes, p)
 		o.mu.Lock()
 		_, mine := o.held[p]
@@ -303,19 +250,6 @@ func (o *Owner) round(ctx context.Context) {
 	o.release(give, false)
 }
 
-// announce refreshes this node's entry and returns the live nodes.
-func (o *Owner) announce(ctx context.Context, now time.Time) ([]string, error) {
-	ms := now.UnixMilli()
-	pipe := o.rdb.TxPipeline()
-	pipe.ZAdd(ctx, o.nodesKey(), goredis.Z{Score: float64(ms + o.cfg.LeaseTTL.Milliseconds()), Member: o.cfg.Node})
-	pipe.ZRemRangeByScore(ctx, o.nodesKey(), "-inf", strconv.FormatInt(ms, 10))
-	live := pipe.ZRangeByScore(ctx, o.nodesKey(), &goredis.ZRangeBy{Min: strconv.FormatInt(ms, 10), Max: "+inf"})
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, err
-	}
-	return live.Val(), nil
-}
-
 // renew extends every held lease; a lease found gone is dropped at once.
 func (o *Owner) renew(ctx context.Context) {
 	o.mu.Lock()
@@ -328,29 +262,21 @@ func (o *Owner) renew(ctx context.Context) {
 		return
 	}
 	sent := time.Now()
-	pipe := o.rdb.Pipeline()
-	cmds := make(map[int]*goredis.Cmd, len(held))
-	for p, e := range held {
-		cmds[p] = renewScript.Eval(ctx, pipe, []string{o.key(p)}, o.value(e), o.cfg.LeaseTTL.Milliseconds())
+	res, err := o.st.Renew(ctx, o.cfg.Node, held, o.cfg.LeaseTTL)
+	if err != nil && ctx.Err() == nil {
+		// Unknown: keep writing until the local deadline passes.
+		o.log.Warn("ownership: renewal failed", "err", err)
 	}
-	_, _ = pipe.Exec(ctx)
-	for p, c := range cmds {
-		n, err := c.Int64()
-		switch {
-		case err != nil:
-			// Unknown: keep writing until the local deadline passes.
-			if ctx.Err() == nil {
-				o.log.Warn("ownership: renewal failed", "partition", p, "err", err)
-			}
-		case n == 1:
-			o.mu.Lock()
-			if l := o.held[p]; l != nil && l.epoch == held[p] {
-				l.until = sent.Add(o.cfg.LeaseTTL - o.cfg.LeaseTTL/4)
-			}
-			o.mu.Unlock()
-		default:
+	for p, ok := range res {
+		if !ok {
 			o.drop(p, held[p])
+			continue
 		}
+		o.mu.Lock()
+		if l := o.held[p]; l != nil && l.epoch == held[p] {
+			l.until = sent.Add(o.cfg.LeaseTTL - o.cfg.LeaseTTL/4)
+		}
+		o.mu.Unlock()
 	}
 	o.expire(time.Now())
 }
@@ -358,21 +284,15 @@ func (o *Owner) renew(ctx context.Context) {
 // acquire tries to take partition p.
 func (o *Owner) acquire(ctx context.Context, p int, ttl time.Duration) {
 	sent := time.Now()
-	v, err := acquireScript.Run(ctx, o.rdb, []string{o.key(p), o.epochKey(p)}, o.cfg.Node, ttl.Milliseconds()).Result()
+	epoch, ok, err := o.st.Acquire(ctx, p, o.cfg.Node, ttl)
 	if err != nil {
 		if ctx.Err() == nil {
 			o.log.Warn("ownership: acquire failed", "partition", p, "err", err)
 		}
 		return
 	}
-	s, ok := v.(string)
 	if !ok {
 		return // taken meanwhile
-	}
-	epoch, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		o.log.Error("ownership: bad epoch from redis", "partition", p, "epoch", s)
-		return
 	}
 	o.mu.Lock()
 	o.held[p] = &lease{epoch: epoch, until: sent.Add(ttl - ttl/4)}
@@ -443,14 +363,11 @@ func (o *Owner) release(ps []int, all bool) {
 	time.Sleep(releaseGrace)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	pipe := o.rdb.Pipeline()
-	for p, e := range gone {
-		releaseScript.Eval(ctx, pipe, []string{o.key(p)}, o.value(e))
-	}
+	err := o.st.Release(ctx, o.cfg.Node, gone)
 	if all {
-		pipe.ZRem(ctx, o.nodesKey(), o.cfg.Node)
+		err = errors.Join(err, o.st.Leave(ctx, o.cfg.Node))
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err != nil {
 		o.log.Warn("ownership: release failed; the leases expire instead", "err", err)
 	}
 }

@@ -11,8 +11,11 @@ import (
 	"testing"
 	"time"
 
+	natsio "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/parley-im/parley/internal/enginetest"
 	"github.com/parley-im/parley/internal/snowflake"
 )
 
@@ -40,6 +43,129 @@ func redisT(t *testing.T) (*goredis.Client, string) {
 		}
 	})
 	return rdb, ns
+}
+
+// engine is one lease store under the conformance tests, with the test's
+// handles on its state.
+type engine struct {
+	// store opens another Store on the same leases (another process).
+	store func() Store
+	// set writes partition p's lease as val ("node/epoch") behind the
+	// owners' backs.
+	set func(p int, val string)
+	// get reads partition p's lease ("" when free).
+	get func(p int) string
+	// lose loses every lease and epoch (a store restarted empty) and
+	// returns a Store on what is left.
+	lose func() Store
+	// dead returns a Store whose engine cannot be reached.
+	dead func() Store
+}
+
+// engines are the lease stores every conformance test runs on: Redis
+// ($PARLEY_TEST_REDIS) and NATS JetStream KV (a real NATS server with
+// JetStream in the test process).
+var engines = map[string]func(t *testing.T) engine{
+	"redis": func(t *testing.T) engine {
+		rdb, ns := redisT(t)
+		rs := NewRedisStore(rdb, ns)
+		return engine{
+			store: func() Store { return NewRedisStore(rdb, ns) },
+			set: func(p int, val string) {
+				if node, _, _ := parseLease(val); node == "" { // released: no key
+					rdb.Del(context.Background(), rs.key(p))
+					return
+				}
+				if err := rdb.Set(context.Background(), rs.key(p), val, time.Minute).Err(); err != nil {
+					t.Fatal(err)
+				}
+			},
+			get: func(p int) string {
+				v, _ := rdb.Get(context.Background(), rs.key(p)).Result()
+				return v
+			},
+			lose: func() Store {
+				keys, _ := rdb.Keys(context.Background(), ns+":*").Result()
+				if len(keys) > 0 {
+					rdb.Del(context.Background(), keys...)
+				}
+				return rs
+			},
+			dead: func() Store {
+				dead := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+				t.Cleanup(func() { _ = dead.Close() })
+				return NewRedisStore(dead, ns)
+			},
+		}
+	},
+	"nats": func(t *testing.T) engine {
+		srv := enginetest.NATS(t, 0, t.TempDir())
+		connect := func() *natsio.Conn {
+			nc, err := natsio.Connect(srv.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nc.Close)
+			return nc
+		}
+		bucket := "leases"
+		open := func(nc *natsio.Conn) *KVStore {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			s, err := OpenKVStore(ctx, nc, KVConfig{Bucket: bucket})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			return s
+		}
+		nc := connect()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := open(nc)
+		kv := first.kv
+		return engine{
+			store: func() Store { return open(connect()) },
+			set: func(p int, val string) {
+				if _, err := kv.Put(context.Background(), partKey(p), []byte(val)); err != nil {
+					t.Fatal(err)
+				}
+			},
+			get: func(p int) string {
+				e, err := kv.Get(context.Background(), partKey(p))
+				if err != nil {
+					return ""
+				}
+				if node, _, _ := parseLease(string(e.Value())); node == "" {
+					return ""
+				}
+				return string(e.Value())
+			},
+			lose: func() Store {
+				if err := js.DeleteKeyValue(context.Background(), bucket); err != nil {
+					t.Fatal(err)
+				}
+				s := open(nc)
+				kv = s.kv
+				return s
+			},
+			dead: func() Store {
+				nc := connect()
+				s := open(nc)
+				nc.Close()
+				return s
+			},
+		}
+	},
+}
+
+// forEngines runs f as a subtest on every lease store.
+func forEngines(t *testing.T, f func(t *testing.T, e engine)) {
+	for name, open := range engines {
+		t.Run(name, func(t *testing.T) { f(t, open(t)) })
+	}
 }
 
 // run starts o until the test ends (or stop is called).
@@ -77,12 +203,13 @@ func convIn(p, n int) uint64 {
 // partition held by exactly one, leases renewed (held well past the TTL);
 // when one stops, the other takes its partitions at higher epochs, and
 // the stopped one's epochs no longer confirm.
-func TestOwnersShareAndTakeOver(t *testing.T) {
-	rdb, ns := redisT(t)
+func TestOwnersShareAndTakeOver(t *testing.T) { forEngines(t, testOwnersShareAndTakeOver) }
+
+func testOwnersShareAndTakeOver(t *testing.T, e engine) {
 	const n = 16
 	ttl := 2 * time.Second
-	a := NewOwner(rdb, OwnerConfig{Namespace: ns, Node: "a", Partitions: n, LeaseTTL: ttl})
-	b := NewOwner(rdb, OwnerConfig{Namespace: ns, Node: "b", Partitions: n, LeaseTTL: ttl})
+	a := NewOwner(e.store(), OwnerConfig{Node: "a", Partitions: n, LeaseTTL: ttl})
+	b := NewOwner(e.store(), OwnerConfig{Node: "b", Partitions: n, LeaseTTL: ttl})
 	stopA := run(t, a)
 	run(t, b)
 	split := func() bool {
@@ -152,11 +279,13 @@ func TestOwnersShareAndTakeOver(t *testing.T) {
 // claiming its partitions before its lease can have expired, and a new
 // lease after the keys are lost (a Redis restart) has a higher epoch.
 func TestOwnerStopsWritingBeforeExpiry(t *testing.T) {
-	rdb, ns := redisT(t)
+	forEngines(t, testOwnerStopsWritingBeforeExpiry)
+}
+
+func testOwnerStopsWritingBeforeExpiry(t *testing.T, e engine) {
 	ttl := 800 * time.Millisecond
-	dead := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
-	defer dead.Close()
-	o := NewOwner(rdb, OwnerConfig{Namespace: ns, Node: "a", Partitions: 1, LeaseTTL: ttl})
+	live, dead := e.store(), e.dead()
+	o := NewOwner(live, OwnerConfig{Node: "a", Partitions: 1, LeaseTTL: ttl})
 	o.round(context.Background())
 	e1, ok := o.Epoch(7)
 	if !ok {
@@ -166,7 +295,7 @@ func TestOwnerStopsWritingBeforeExpiry(t *testing.T) {
 	// Redis becomes unreachable: renewals fail. Whatever the rounds do,
 	// by the time the lease could have expired in Redis the owner has
 	// stopped claiming the partition.
-	o.rdb = dead
+	o.st = dead
 	for time.Since(taken) < ttl {
 		o.round(context.Background())
 		time.Sleep(20 * time.Millisecond)
@@ -174,10 +303,9 @@ func TestOwnerStopsWritingBeforeExpiry(t *testing.T) {
 	if _, ok := o.Epoch(7); ok {
 		t.Errorf("still claims the partition %v after taking the lease, TTL %v", time.Since(taken), ttl)
 	}
-	// Redis loses every key (restart): the next lease's epoch is higher.
-	o.rdb = rdb
-	keys, _ := rdb.Keys(context.Background(), ns+":*").Result()
-	rdb.Del(context.Background(), keys...)
+	// The store loses every key (restart): the next lease's epoch is
+	// higher.
+	o.st = e.lose()
 	o.round(context.Background())
 	e2, ok := o.Epoch(7)
 	if !ok || e2 <= e1 {
@@ -237,10 +365,11 @@ func TestNodeNumbersLeased(t *testing.T) {
 // does); a second call for the old epoch returns the new one; it is
 // refused, and the partition given up, when the lease in Redis is held by
 // another node or at another epoch.
-func TestReepoch(t *testing.T) {
-	rdb, ns := redisT(t)
+func TestReepoch(t *testing.T) { forEngines(t, testReepoch) }
+
+func testReepoch(t *testing.T, e engine) {
 	ctx := context.Background()
-	o := NewOwner(rdb, OwnerConfig{Namespace: ns, Node: "a", Partitions: 1, LeaseTTL: time.Minute})
+	o := NewOwner(e.store(), OwnerConfig{Node: "a", Partitions: 1, LeaseTTL: time.Minute})
 	o.round(ctx)
 	e1, ok := o.Epoch(7)
 	if !ok {
@@ -256,11 +385,8 @@ func TestReepoch(t *testing.T) {
 	if err := o.Confirm(ctx, 7, e2); err != nil {
 		t.Fatalf("Confirm(new epoch): %v", err)
 	}
-	if v, _ := rdb.Get(ctx, o.epochKey(0)).Result(); v != fmt.Sprint(e2) {
-		t.Errorf("partition's last epoch in Redis = %q, want %d", v, e2)
-	}
-	if ttl, _ := rdb.PTTL(ctx, o.key(0)).Result(); ttl <= 0 {
-		t.Errorf("lease key's TTL after Reepoch = %v", ttl)
+	if v := e.get(0); v != fmt.Sprintf("a/%d", e2) {
+		t.Errorf("lease in the store after Reepoch = %q, want a/%d", v, e2)
 	}
 	// Asked again for the old epoch (another conversation of the
 	// partition): the new one, no new claim.
@@ -281,42 +407,121 @@ func TestReepoch(t *testing.T) {
 
 	// The epoch moved in Redis behind the holder's back (the same node
 	// name re-took it elsewhere): refused, the partition given up.
-	if err := rdb.Set(ctx, o.key(0), fmt.Sprintf("a/%d", e2+5), time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
+	e.set(0, fmt.Sprintf("a/%d", e2+5))
 	if got, ok, err := o.Reepoch(ctx, 7, e2); err != nil || ok {
 		t.Fatalf("Reepoch with the epoch moved in Redis = %d, %v, %v; want refused", got, ok, err)
 	}
 	if _, held := o.Epoch(7); held {
 		t.Error("still claims the partition after a refused Reepoch")
 	}
-	if v, _ := rdb.Get(ctx, o.key(0)).Result(); v != fmt.Sprintf("a/%d", e2+5) {
-		t.Errorf("lease in Redis after a refused Reepoch = %q", v)
+	if v := e.get(0); v != fmt.Sprintf("a/%d", e2+5) {
+		t.Errorf("lease in the store after a refused Reepoch = %q", v)
 	}
 
-	// Another node holds it: refused, nothing changed in Redis.
-	rdb.Del(ctx, o.key(0))
-	b := NewOwner(rdb, OwnerConfig{Namespace: ns, Node: "b", Partitions: 1, LeaseTTL: time.Minute})
+	// Another node holds it: refused, nothing changed in the store.
+	e.set(0, fmt.Sprintf("/%d", e2+5)) // released
+	b := NewOwner(e.store(), OwnerConfig{Node: "b", Partitions: 1, LeaseTTL: time.Minute})
 	b.round(ctx)
 	eb, ok := b.Epoch(7)
 	if !ok || eb <= e2 {
 		t.Fatalf("b's lease = %d, %v; want above %d", eb, ok, e2)
 	}
 	o.round(ctx) // a cannot take it
-	a := NewOwner(rdb, OwnerConfig{Namespace: ns, Node: "a", Partitions: 1, LeaseTTL: time.Minute})
+	a := NewOwner(e.store(), OwnerConfig{Node: "a", Partitions: 1, LeaseTTL: time.Minute})
 	a.mu.Lock()
 	a.held[0] = &lease{epoch: eb, until: time.Now().Add(time.Minute)} // a believes it holds b's epoch
 	a.mu.Unlock()
 	if got, ok, err := a.Reepoch(ctx, 7, eb); err != nil || ok {
 		t.Fatalf("Reepoch of a lease b holds = %d, %v, %v; want refused", got, ok, err)
 	}
-	if v, _ := rdb.Get(ctx, o.key(0)).Result(); v != fmt.Sprintf("b/%d", eb) {
+	if v := e.get(0); v != fmt.Sprintf("b/%d", eb) {
 		t.Errorf("b's lease after a's refused Reepoch = %q", v)
-	}
-	if v, _ := rdb.Get(ctx, o.epochKey(0)).Result(); v != fmt.Sprint(eb) {
-		t.Errorf("partition's last epoch after a refused Reepoch = %q, want %d", v, eb)
 	}
 	if err := b.Confirm(ctx, 7, eb); err != nil {
 		t.Errorf("b's lease after a's refused Reepoch: %v", err)
+	}
+}
+
+// TestAcquireRace: many processes that all see a partition free try to
+// take it at once; exactly one gets it, and only its epoch confirms.
+func TestAcquireRace(t *testing.T) { forEngines(t, testAcquireRace) }
+
+func testAcquireRace(t *testing.T, e engine) {
+	ctx := context.Background()
+	const racers = 8
+	stores := make([]Store, racers)
+	for i := range stores {
+		stores[i] = e.store()
+	}
+	var (
+		mu  sync.Mutex
+		won []int
+		eps = make([]uint64, racers)
+		wg  sync.WaitGroup
+	)
+	for i, s := range stores {
+		wg.Go(func() {
+			ep, ok, err := s.Acquire(ctx, 3, fmt.Sprintf("n%d", i), time.Minute)
+			if err != nil {
+				t.Errorf("n%d: %v", i, err)
+			}
+			if ok {
+				mu.Lock()
+				won = append(won, i)
+				eps[i] = ep
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(won) != 1 {
+		t.Fatalf("%d processes took the partition (%v), want 1", len(won), won)
+	}
+	w := won[0]
+	for i, s := range stores {
+		ok, cur, err := s.Confirm(ctx, 3, fmt.Sprintf("n%d", i), eps[w])
+		if err != nil || ok != (i == w) {
+			t.Errorf("n%d confirms the winner's epoch: %v (lease %q), %v", i, ok, cur, err)
+		}
+	}
+	if holders, _ := stores[(w+1)%racers].Holders(ctx, 4, time.Minute); holders[3] != fmt.Sprintf("n%d", w) {
+		t.Errorf("holders seen by another process: %q, want n%d at partition 3", holders, w)
+	}
+}
+
+// TestReleasedLeaseKeepsEpoch: a released partition is free at once, and
+// the next lease's epoch is above the released one.
+func TestReleasedLeaseKeepsEpoch(t *testing.T) { forEngines(t, testReleasedLeaseKeepsEpoch) }
+
+func testReleasedLeaseKeepsEpoch(t *testing.T, e engine) {
+	ctx := context.Background()
+	a, b := e.store(), e.store()
+	ea, ok, err := a.Acquire(ctx, 0, "a", time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("a takes 0: %v, %v", ok, err)
+	}
+	if _, ok, _ := b.Acquire(ctx, 0, "b", time.Minute); ok {
+		t.Fatal("b took a partition a holds")
+	}
+	next, ok, err := a.Reepoch(ctx, 0, "a", ea, time.Minute)
+	if err != nil || !ok || next <= ea {
+		t.Fatalf("reepoch: %d, %v, %v", next, ok, err)
+	}
+	if err := a.Release(ctx, "a", map[int]uint64{0: next}); err != nil {
+		t.Fatal(err)
+	}
+	if v := e.get(0); v != "" {
+		t.Fatalf("lease after release = %q, want free", v)
+	}
+	waitFor(t, "b to see the partition free", func() bool {
+		h, err := b.Holders(ctx, 1, time.Minute)
+		return err == nil && h[0] == ""
+	})
+	eb, ok, err := b.Acquire(ctx, 0, "b", time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("b takes the released partition: %v, %v", ok, err)
+	}
+	if eb <= next {
+		t.Errorf("epoch after release %d, released %d", eb, next)
 	}
 }

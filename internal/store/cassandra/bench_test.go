@@ -102,7 +102,7 @@ func benchLease(b *testing.B) Lease {
 	}
 	rdb := goredis.NewClient(&goredis.Options{Addr: addr})
 	b.Cleanup(func() { _ = rdb.Close() })
-	o := lease.NewOwner(rdb, lease.OwnerConfig{Namespace: fmt.Sprintf("bench_%d", time.Now().UnixNano()), Node: "bench", Partitions: 4})
+	o := lease.NewOwner(lease.NewRedisStore(rdb, fmt.Sprintf("bench_%d", time.Now().UnixNano())), lease.OwnerConfig{Node: "bench", Partitions: 4})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { o.Run(ctx); close(done) }()
