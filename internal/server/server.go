@@ -23,6 +23,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -845,10 +846,12 @@ func (s *Server) dropPredecessor(ctx context.Context) error {
 	return nil
 }
 
-// refreshLease keeps this gateway's registry entries alive; if the lease
-// lapsed (the node was cut off long enough for others to consider it
-// dead), its sessions are closed so their clients reconnect and register
-// again.
+// refreshLease keeps this gateway's registry entries alive. If the lease
+// was lost (the node was cut off long enough for others to consider it
+// dead, or a Redis failover or restart lost it), the open sessions are
+// registered again under a new lease and announced online, so they stay
+// connected and pushes reach them again; only if that fails are they
+// closed, so their clients reconnect and register again.
 func (s *Server) refreshLease(ctx context.Context, r *rredis.Registry) {
 	tick := time.NewTicker(r.TTL() / 3)
 	defer tick.Stop()
@@ -861,11 +864,30 @@ func (s *Server) refreshLease(ctx context.Context, r *rredis.Registry) {
 		err := r.Refresh(ctx, s.cfg.NodeID)
 		switch {
 		case errors.Is(err, rredis.ErrLeaseLost):
-			s.log.Warn("registry lease lost; closing sessions so they register again")
-			s.gw.CloseAll(protocol.CloseGoingAway, "session registry lease lost")
+			s.restoreRegistry(ctx, r)
 		case err != nil && ctx.Err() == nil:
 			s.log.Warn("registry refresh failed; retrying", "err", err)
 		}
+	}
+}
+
+// restoreRegistry registers this gateway's open sessions again after
+// its registry lease was lost.
+func (s *Server) restoreRegistry(ctx context.Context, r *rredis.Registry) {
+	entries := s.gw.Registered()
+	rctx, cancel := context.WithTimeout(ctx, r.TTL()/3)
+	users, err := r.Restore(rctx, s.cfg.NodeID, entries)
+	cancel()
+	if err != nil {
+		s.log.Warn("registry lease lost and the sessions could not be registered again; closing them so they reconnect", "sessions", len(entries), "err", err)
+		s.gw.CloseAll(protocol.CloseGoingAway, "session registry lease lost")
+		return
+	}
+	s.log.Warn("registry lease lost (Redis failover or restart); open sessions registered again", "sessions", len(entries), "restored", len(users))
+	slices.Sort(users)
+	users = slices.Compact(users)
+	for _, u := range users {
+		s.presence.Connected(ctx, u)
 	}
 }
 

@@ -21,9 +21,10 @@
 // A gateway calls DropNode(node) once before it accepts connections (clearing
 // what a previous process of the same node left), Refresh(node) every TTL/3,
 // and DropNode(node) again on clean shutdown. Refresh returns ErrLeaseLost
-// when the lease lapsed anyway (Redis was unreachable longer than TTL): the
-// node's entries are gone and the gateway must close its connections so the
-// clients reconnect and register again.
+// when the lease lapsed anyway (Redis was unreachable longer than TTL, or a
+// failover or restart lost it): the node's entries are gone, and the gateway
+// registers its open connections again (Restore) or, failing that, closes
+// them so the clients reconnect and register again.
 //
 // All types are safe for concurrent use.
 package redis
@@ -503,6 +504,55 @@ func (r *Registry) Refresh(ctx context.Context, node string) error {
 		return fmt.Errorf("redis: refresh %q: %w (a new lease was taken since)", node, ErrLeaseLost)
 	}
 	return nil
+}
+
+// restoreScript writes entry ARGV[2] at field ARGV[1] unless the field
+// holds another node's (ARGV[3]) entry: a restore never displaces a
+// connection made elsewhere meanwhile.
+var restoreScript = goredis.NewScript(`
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if v and cjson.decode(v).n ~= ARGV[3] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+`)
+
+// Restore registers again the live connections of a node whose lease was
+// lost while they stayed open (a Redis failover that lost the lease, or a
+// Redis restarted without its data): it takes a new lease and writes each
+// entry under it, in pipelines of 512, skipping a device now registered
+// by another node. It returns the users whose entries it wrote. The
+// next Refresh then keeps the new lease.
+func (r *Registry) Restore(ctx context.Context, node string, entries []registry.Entry) ([]string, error) {
+	epoch, err := r.acquire(ctx, node)
+	if err != nil {
+		return nil, fmt.Errorf("redis: restore: lease: %w", err)
+	}
+	r.mu.Lock()
+	delete(r.mu.lost, node) // the entries come back under this epoch
+	r.mu.Unlock()
+	var users []string
+	for len(entries) > 0 {
+		n := min(len(entries), 512)
+		chunk := entries[:n]
+		entries = entries[n:]
+		p := r.c.Pipeline()
+		cmds := make([]*goredis.Cmd, len(chunk))
+		for i, e := range chunk {
+			val, _ := json.Marshal(stored{Node: node, Session: e.Session, Since: e.Since, Epoch: epoch})
+			cmds[i] = restoreScript.Eval(ctx, p, []string{r.userKey(e.User)}, e.Device, val, node)
+			p.SAdd(ctx, r.nodeKey(node), member(e.User, e.Device, e.Session))
+		}
+		p.PExpire(ctx, r.nodeKey(node), 2*r.cfg.TTL)
+		if err := exec(ctx, p); err != nil {
+			return users, fmt.Errorf("redis: restore: %w", err)
+		}
+		for i, c := range cmds {
+			if n, _ := c.Int(); n == 1 {
+				users = append(users, chunk[i].User)
+			}
+		}
+	}
+	return users, nil
 }
 
 // DropNode ends node's lease, which makes all its entries invisible at once,

@@ -371,3 +371,52 @@ func BenchmarkLookup(b *testing.B) {
 		}
 	})
 }
+
+// TestRestoreAfterLostLease: Redis loses a gateway's lease and entries (a
+// failover to a replica that had not got them, a restart without data):
+// Refresh reports ErrLeaseLost, Restore brings the open connections back
+// under a new lease, except a device that connected to another gateway
+// meanwhile, and later Refreshes keep the new lease.
+func TestRestoreAfterLostLease(t *testing.T) {
+	c := enginetest.Redis(t)
+	prefix := enginetest.RedisPrefix(t, c)
+	r := newRegistry(t, c, Config{Prefix: prefix})
+	mustRegister(t, r, entry("u1", "d1", "g1", "s1"))
+	mustRegister(t, r, entry("u2", "d1", "g1", "s2"))
+	mustRegister(t, r, entry("u3", "d1", "g1", "s3"))
+	// Redis loses it all.
+	keys, _ := c.Keys(ctx, prefix+"*").Result()
+	c.Del(ctx, keys...)
+	if err := r.Refresh(ctx, "g1"); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Refresh after the lease was lost: %v, want ErrLeaseLost", err)
+	}
+	// u3's device connected to g2 meanwhile.
+	mustRegister(t, r, entry("u3", "d1", "g2", "s9"))
+	users, err := r.Restore(ctx, "g1", []registry.Entry{entry("u1", "d1", "g1", "s1"), entry("u2", "d1", "g1", "s2"), entry("u3", "d1", "g1", "s3")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(users)
+	if !slices.Equal(users, []string{"u1", "u2"}) {
+		t.Errorf("restored users %v, want [u1 u2]", users)
+	}
+	got, err := r.Lookup(ctx, []string{"u1", "u2", "u3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for u, want := range map[string]string{"u1": "g1/s1", "u2": "g1/s2", "u3": "g2/s9"} {
+		if es := got[u]; len(es) != 1 || es[0].Node+"/"+es[0].Session != want {
+			t.Errorf("%s: %v, want %s", u, es, want)
+		}
+	}
+	if err := r.Refresh(ctx, "g1"); err != nil {
+		t.Errorf("Refresh after Restore: %v", err)
+	}
+	// DropNode still finds the restored entries through the index.
+	if err := r.DropNode(ctx, "g1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := r.Lookup(ctx, []string{"u1", "u2"}); len(got) != 0 {
+		t.Errorf("after DropNode: %v", got)
+	}
+}
