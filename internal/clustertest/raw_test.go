@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -125,6 +126,47 @@ func (a *acked) retried() {
 	a.mu.Lock()
 	a.retries++
 	a.mu.Unlock()
+}
+
+// afterFault returns the first acknowledgement after the fault at from
+// and the longest time without one between from and to.
+func (a *acked) afterFault(from, to time.Time) (first time.Time, gap time.Duration) {
+	a.mu.Lock()
+	var all []time.Time
+	for _, ts := range a.times {
+		all = append(all, ts...)
+	}
+	a.mu.Unlock()
+	slices.SortFunc(all, time.Time.Compare)
+	prev := from
+	for _, at := range all {
+		if !at.After(from) {
+			continue
+		}
+		if first.IsZero() {
+			first = at
+		}
+		if at.After(to) {
+			at = to
+		}
+		gap = max(gap, at.Sub(prev))
+		if at.Equal(to) {
+			break
+		}
+		prev = at
+	}
+	return first, gap
+}
+
+// maxSeq is the highest seq acknowledged in conv so far.
+func (a *acked) maxSeq(conv uint64) uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var top uint64
+	for seq := range a.seqs[conv] {
+		top = max(top, seq)
+	}
+	return top
 }
 
 func (a *acked) total() int {

@@ -68,6 +68,11 @@ type KVConfig struct {
 
 // OpenKVStore creates or binds the bucket and starts watching it; it
 // returns once the watch has delivered the bucket's current contents.
+// GrantsDurable implements durable: a write the bucket acknowledged is on
+// a majority of its replicas, and a lease is taken only by a
+// compare-and-set against a revision unchanged for the TTL.
+func (s *KVStore) GrantsDurable() bool { return true }
+
 // Close stops the watch.
 func OpenKVStore(ctx context.Context, nc *natsio.Conn, cfg KVConfig) (*KVStore, error) {
 	js, err := jetstream.New(nc)

@@ -313,6 +313,52 @@ func testOwnerStopsWritingBeforeExpiry(t *testing.T, e engine) {
 	}
 }
 
+// TestConfirmWithinDeadline: with the leases in the JetStream KV bucket
+// (acknowledged grants never lost), a write under a lease still before its
+// local deadline confirms without reaching the store, so a lease store
+// outage shorter than the deadline does not stop acknowledgements; past
+// the deadline, or at an epoch not held, Confirm asks the store, which
+// cannot answer. On Redis (a failover can lose a grant) every Confirm is a
+// read: unreachable Redis fails it at once.
+func TestConfirmWithinDeadline(t *testing.T) { forEngines(t, testConfirmWithinDeadline) }
+
+func testConfirmWithinDeadline(t *testing.T, e engine) {
+	ttl := 1200 * time.Millisecond
+	st := e.store()
+	o := NewOwner(st, OwnerConfig{Node: "a", Partitions: 1, LeaseTTL: ttl})
+	sent := time.Now()
+	o.round(context.Background())
+	e1, ok := o.Epoch(7)
+	if !ok {
+		t.Fatal("no lease after a round on an empty namespace")
+	}
+	_, local := st.(durable)
+	o.st = e.dead()
+	err := o.Confirm(context.Background(), 7, e1)
+	switch {
+	case !time.Now().Before(sent.Add(ttl - ttl/4)):
+		t.Skipf("the round took %v, past the local deadline (starved machine)", time.Since(sent))
+	case local && err != nil:
+		t.Errorf("Confirm within the deadline with the store unreachable: %v", err)
+	case local && o.localConfirms.Load() != 1:
+		t.Errorf("Confirm within the deadline: %d local confirmations, want 1", o.localConfirms.Load())
+	case !local && err == nil:
+		t.Error("Confirm on unreachable Redis succeeded: Redis's Confirm must be a read")
+	}
+	if err := o.Confirm(context.Background(), 7, e1-1); err == nil {
+		t.Error("Confirm of an epoch not held succeeded with the store unreachable")
+	}
+	o.mu.Lock()
+	until := o.held[0].until
+	o.mu.Unlock()
+	time.Sleep(time.Until(until) + 20*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := o.Confirm(ctx, 7, e1); err == nil {
+		t.Error("Confirm past the local deadline succeeded with the store unreachable")
+	}
+}
+
 // TestNodeNumbersLeased: a configured node number held by another live
 // node refuses the lease (the process does not start); the same node
 // restarting takes its number back; without a configured number two nodes

@@ -48,6 +48,19 @@ type Store interface {
 	Confirm(ctx context.Context, p int, node string, epoch uint64) (ok bool, current string, err error)
 }
 
+// durable is implemented by a store whose acknowledged grants and
+// renewals are never lost (replicated by consensus) and which grants a
+// lease to another process only after it has gone unchanged for the TTL,
+// counted from after its last renewal was written. On such a store a
+// holder needs no round trip to confirm a write: a write that completed
+// before the holder's local deadline (3/4 of the TTL after it sent its
+// last acknowledged renewal) completed before anyone could take the
+// partition (Owner.Confirm).
+type durable interface {
+	// GrantsDurable reports whether the store has that property.
+	GrantsDurable() bool
+}
+
 func leaseValue(node string, epoch uint64) string {
 	return node + "/" + strconv.FormatUint(epoch, 10)
 }
