@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs a Redis with Sentinel on loopback for the failover tests: a primary,
-# one replica and three Sentinels monitoring them as master "parley".
+# one replica and three Sentinels (Debian's redis-sentinel) monitoring them
+# as master "parley". internal/clustertest's TestRedisFailoverMidStorm runs
+# a topology of its own through this script (its own directory and ports).
 #
 #   scripts/engines/redis-ha.sh start|stop|status
 #
@@ -34,13 +36,16 @@ alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 running() { alive "$pidfile"; }
 
 install() {
-	command -v redis-server >/dev/null && command -v redis-cli >/dev/null && return 0
-	log "installing redis-server"
+	command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v redis-sentinel >/dev/null && return 0
+	log "installing redis-server and redis-sentinel"
 	export DEBIAN_FRONTEND=noninteractive
-	if ! apt-get install -y -q redis-server >&2; then
+	if ! apt-get install -y -q redis-server redis-sentinel >&2; then
 		apt-get update -q >&2
-		apt-get install -y -q redis-server >&2
+		apt-get install -y -q redis-server redis-sentinel >&2
 	fi
+	# The packages' own services (a system Redis on 6379, a Sentinel on
+	# 26379) are not these; where an init system started them, stop them.
+	service redis-sentinel stop >/dev/null 2>&1 || true
 }
 
 # primary_port prints the port the Sentinels name as the primary (the
@@ -95,7 +100,7 @@ sentinel failover-timeout $master 4000
 sentinel parallel-syncs $master 1
 CONF
 	fi
-	redis-server "$d/sentinel.conf" --sentinel
+	redis-sentinel "$d/sentinel.conf"
 	for _ in $(seq 1 100); do ping "$p" && return 0; sleep 0.1; done
 	log "sentinel on $p did not answer; log follows"
 	tail -n 20 "$d/sentinel.log" >&2 || true
