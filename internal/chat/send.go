@@ -16,6 +16,9 @@ import (
 // A failed write is reported and nothing is acknowledged; a failed fan-out
 // never undoes the stored message.
 func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply func(*protocol.Frame)) *protocol.Error {
+	if perr := s.shed(); perr != nil {
+		return perr
+	}
 	start := s.now()
 	cv, own, perr := s.sendReads(ctx, c, f.ConvID)
 	if perr != nil {
@@ -80,6 +83,29 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 		s.attach.Recalled(ctx, recalled)
 	}
 	return nil
+}
+
+// shed answers overloaded, before anything is read or stored, while this
+// process's fan-out is further behind its ACKs than MaxFanoutLag: a sender
+// then waits (retry_after_ms: the excess, 100 ms to 5 s) rather than get
+// an ACK for a message that would reach its recipients ever later. The
+// lag is the fan-out's load (LoadLag): a registry or bus outage, which
+// fails fan-outs and retries them, does not stop sends, which it would not
+// speed up.
+func (s *Service) shed() *protocol.Error {
+	if s.cfg.MaxFanoutLag <= 0 {
+		return nil
+	}
+	lag := s.fan.LoadLag()
+	if lag <= s.cfg.MaxFanoutLag {
+		return nil
+	}
+	if s.obs.Shed != nil {
+		s.obs.Shed()
+	}
+	wait := min(max(lag-s.cfg.MaxFanoutLag, 100*time.Millisecond), 5*time.Second)
+	return &protocol.Error{Code: protocol.CodeOverloaded, RetryAfter: wait.Milliseconds(),
+		Msg: "delivery is " + lag.Round(100*time.Millisecond).String() + " behind the acknowledgements (chat.max_fanout_lag " + s.cfg.MaxFanoutLag.String() + "); retry later"}
 }
 
 // directRecipients are the two members of direct conversation cv, for its

@@ -70,6 +70,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/parley-im/parley/internal/bus"
 	"github.com/parley-im/parley/internal/ledger"
@@ -180,6 +181,22 @@ func (f *Fanout) Wait(ctx context.Context, conv, seq uint64) { f.out.wait(ctx, c
 
 // Backlog is the number of messages queued in memory or being fanned out.
 func (f *Fanout) Backlog() int { return f.out.backlog() }
+
+// Lag is how long the oldest message queued or being fanned out in this
+// process has waited since its ACK (0 when none waits): how far delivery
+// is behind the acknowledgements. It is at most 50 ms old.
+func (f *Fanout) Lag() time.Duration {
+	all, _ := f.out.lag()
+	return all
+}
+
+// LoadLag is Lag over the conversations whose fan-out is not retrying
+// after a failure: the delay that more workers or chat processes would
+// cut, not the one an unreachable engine (the registry, the bus) causes.
+func (f *Fanout) LoadLag() time.Duration {
+	_, healthy := f.out.lag()
+	return healthy
+}
 
 // Stats returns the outbox's counters.
 func (f *Fanout) Stats() Stats { return f.out.stats() }

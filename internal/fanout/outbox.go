@@ -110,13 +110,15 @@ func (c Config) withDefaults() Config {
 type item struct {
 	seq  uint64
 	job  Job
-	read bool // job.Msg must be read from the store
+	read bool      // job.Msg must be read from the store
+	at   time.Time // when it was queued (after its ACK, or read back by a scan)
 }
 
 type convQ struct {
-	items   []item // sorted by seq, no repeats
-	busy    bool   // a worker holds the conversation
-	ready   bool   // in the ready list
+	items   []item    // sorted by seq, no repeats
+	busy    bool      // a worker holds the conversation
+	since   time.Time // busy: when the oldest item of the worker's batch was queued
+	ready   bool      // in the ready list
 	fails   int
 	waiting bool // a retry timer will make it ready
 }
@@ -144,6 +146,8 @@ type outbox struct {
 	// cleared collects the entries cleared while a scan reads the store
 	// (nil otherwise): its snapshot may still hold them.
 	cleared map[store.Pending]struct{}
+
+	lagAt, lagAll, lagHealthy atomic.Int64 // lag's last reading (unix ns) and values (ns)
 
 	deferred atomic.Int64 // messages left to the scan because the queue was full
 	done     atomic.Int64 // messages fanned out
@@ -182,6 +186,9 @@ func (o *outbox) addLocked(it item) {
 		return
 	}
 	o.held[key] = struct{}{}
+	if it.at.IsZero() {
+		it.at = time.Now()
+	}
 	q := o.convs[conv]
 	if q == nil {
 		q = &convQ{}
@@ -244,6 +251,54 @@ func (o *outbox) backlog() int {
 	return len(o.held)
 }
 
+// lag is how long the oldest message queued or being fanned out here has
+// waited since it was queued (0 with none): the fan-out's delay behind
+// the ACKs. healthy is the same over the conversations whose last
+// fan-out did not fail (those retrying with backoff wait for an engine,
+// not for a worker). Read at most every lagEvery; between reads the last
+// values are returned.
+func (o *outbox) lag() (all, healthy time.Duration) {
+	now := time.Now()
+	if at := o.lagAt.Load(); at != 0 && now.UnixNano()-at < int64(lagEvery) {
+		return time.Duration(o.lagAll.Load()), time.Duration(o.lagHealthy.Load())
+	}
+	o.mu.Lock()
+	var oldest, oldestOK time.Time
+	for _, q := range o.convs {
+		var first time.Time
+		if q.busy {
+			first = q.since
+		}
+		if len(q.items) > 0 && (first.IsZero() || q.items[0].at.Before(first)) {
+			first = q.items[0].at
+		}
+		if first.IsZero() {
+			continue
+		}
+		if oldest.IsZero() || first.Before(oldest) {
+			oldest = first
+		}
+		if q.fails == 0 && (oldestOK.IsZero() || first.Before(oldestOK)) {
+			oldestOK = first
+		}
+	}
+	o.mu.Unlock()
+	age := func(t time.Time) time.Duration {
+		if t.IsZero() {
+			return 0
+		}
+		return max(now.Sub(t), 0)
+	}
+	all, healthy = age(oldest), age(oldestOK)
+	o.lagAll.Store(int64(all))
+	o.lagHealthy.Store(int64(healthy))
+	o.lagAt.Store(now.UnixNano())
+	return all, healthy
+}
+
+// lagEvery bounds how often lag walks the queues (it is read per send).
+const lagEvery = 50 * time.Millisecond
+
 // Stats are the outbox's counters.
 type Stats struct {
 	Done, Failed, Deferred int64
@@ -297,6 +352,7 @@ func (o *outbox) take(ctx context.Context) (uint64, *convQ, []item, bool) {
 			q := o.convs[conv]
 			q.ready, q.busy = false, true
 			n := min(len(q.items), o.cfg.Batch)
+			q.since = q.items[0].at
 			batch := slices.Clone(q.items[:n])
 			q.items = q.items[n:]
 			o.queued -= n

@@ -93,6 +93,7 @@ type Metrics struct {
 	FramesIn     *prometheus.CounterVec // type
 	Errors       *prometheus.CounterVec // code (protocol.Code)
 	Stored       prometheus.Counter
+	Shed         prometheus.Counter   // sends answered overloaded: the fan-out was behind chat.max_fanout_lag
 	SendAck      prometheus.Histogram // frame received → stored ACK written, seconds
 	Delivery     prometheus.Histogram // message stored → recipient device's delivered ACK, seconds
 	Pushes       prometheus.Counter
@@ -133,6 +134,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		Stored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "parley_messages_stored_total",
 			Help: "Messages persisted (the stored ACK was due).",
+		}),
+		Shed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "parley_sends_shed_total",
+			Help: "Sends answered overloaded, nothing stored, because this process's fan-out was further behind its ACKs than chat.max_fanout_lag.",
 		}),
 		SendAck: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "parley_send_ack_seconds",
@@ -183,7 +188,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"kind"}),
 	}
 	reg.MustRegister(
-		m.Connections, m.Handshakes, m.FramesIn, m.Errors, m.Stored, m.SendAck,
+		m.Connections, m.Handshakes, m.FramesIn, m.Errors, m.Stored, m.Shed, m.SendAck,
 		m.Delivery, m.Pushes, m.Retransmits, m.QueueDrops, m.SnapshotConv, m.StoreErrors,
 		m.FanoutMessages, m.FanoutRows, m.FanoutPushes, m.Compensations,
 	)

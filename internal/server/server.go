@@ -490,6 +490,7 @@ func (s *Server) startChat() error {
 			Stored:      func(d time.Duration) { m.Stored.Inc(); m.SendAck.Observe(d.Seconds()) },
 			StoreFailed: func(op string) { m.StoreErrors.WithLabelValues(op).Inc() },
 			Snapshot:    func(n int) { m.SnapshotConv.Observe(float64(n)) },
+			Shed:        func() { m.Shed.Inc() },
 		},
 	})
 	if err != nil {
@@ -517,6 +518,9 @@ func (s *Server) startChat() error {
 	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "parley_fanout_backlog", Help: "Stored messages whose fan-out is queued or running in this process.",
 	}, func() float64 { return float64(fan.Backlog()) }))
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "parley_fanout_lag_seconds", Help: "How long the oldest message queued or being fanned out in this process has waited since its ACK: how far delivery is behind the acknowledgements.",
+	}, func() float64 { return fan.Lag().Seconds() }))
 	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "parley_compensation_backlog", Help: "Compensation tasks waiting for a successful retry.",
 	}, func() float64 { return float64(s.ledger.Backlog()) }))
