@@ -378,3 +378,56 @@ func (q *Queue) Checkpoint(dir string) error {
 	}
 	return nil
 }
+
+// Exported is one event of the database, as Export lists it: queued
+// (Head with its attempts and queued-at as stored), or a dead letter.
+type Exported struct {
+	Endpoint string
+	Head     hooks.Head
+	Dead     *hooks.DeadLetter // a dead letter; Head.Key is its event's
+	// Cursor is this event's place: Export from it lists the ones after.
+	Cursor []byte
+}
+
+// Export lists at most limit events after cursor (nil: from the first),
+// dead letters (of every endpoint) before queued events, each in key
+// order. It only reads: a copy of a stopped node's queue (parley migrate
+// --from) pages through it and records the last cursor it finished.
+func (q *Queue) Export(_ context.Context, after []byte, limit int) ([]Exported, error) {
+	o := &cpebble.IterOptions{}
+	if after != nil {
+		o.LowerBound = append(append([]byte(nil), after...), 0)
+	}
+	it, err := q.db.NewIter(o)
+	if err != nil {
+		return nil, fmt.Errorf("webhooks: pebble: export: %w", err)
+	}
+	var out []Exported
+	for ok := it.First(); ok && len(out) < limit; ok = it.Next() {
+		k := it.Key()
+		if len(k) < 1+1+keySuffix || k[len(k)-keySuffix-1] != 0 || (k[0] != 'q' && k[0] != 'd') {
+			continue
+		}
+		name := string(k[1 : len(k)-keySuffix-1])
+		key, _ := parseKey(prefix(k[0], name), k)
+		e := Exported{Endpoint: name, Cursor: append([]byte(nil), k...)}
+		if k[0] == 'd' {
+			var d hooks.DeadLetter
+			if err := json.Unmarshal(it.Value(), &d); err != nil {
+				continue // unreadable: Dead skips it too
+			}
+			e.Head.Key, e.Dead = key, &d
+		} else {
+			h, valid := parseValue(key, it.Value())
+			if !valid {
+				continue
+			}
+			e.Head = h
+		}
+		out = append(out, e)
+	}
+	if err := it.Close(); err != nil {
+		return nil, fmt.Errorf("webhooks: pebble: export: %w", err)
+	}
+	return out, nil
+}

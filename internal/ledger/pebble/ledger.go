@@ -287,3 +287,44 @@ func (l *Ledger) Checkpoint(dir string) error {
 	}
 	return nil
 }
+
+// Exported is one task of the database, as Export lists it.
+type Exported struct {
+	Task ledger.Task // as stored: a pending one's attempts and next-at, a dead one's error
+	Dead bool
+	// Cursor is this task's place: Export from it lists the ones after.
+	Cursor []byte
+}
+
+// Export lists at most limit tasks after cursor (nil: from the first),
+// pending tasks in id order, then dead ones. It only reads: a copy of a
+// stopped node's ledger (parley migrate --from) pages through it and
+// records the last cursor it finished. Undecodable tasks are passed over
+// (Run buries them).
+func (l *Ledger) Export(_ context.Context, after []byte, limit int) ([]Exported, error) {
+	o := &cpebble.IterOptions{}
+	if after != nil {
+		o.LowerBound = append(slices.Clone(after), 0)
+	}
+	it, err := l.db.NewIter(o)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: pebble: export: %w", err)
+	}
+	var out []Exported
+	for ok := it.First(); ok && len(out) < limit; ok = it.Next() {
+		k := it.Key()
+		dead := bytes.HasPrefix(k, deadPrefix)
+		if dead && len(k) != len(deadPrefix)+8 || !dead && len(k) != 8 {
+			continue
+		}
+		var t ledger.Task
+		if err := json.Unmarshal(it.Value(), &t); err != nil {
+			continue
+		}
+		out = append(out, Exported{Task: t, Dead: dead, Cursor: slices.Clone(k)})
+	}
+	if err := it.Close(); err != nil {
+		return nil, fmt.Errorf("ledger: pebble: export: %w", err)
+	}
+	return out, nil
+}

@@ -2,6 +2,7 @@ package pebble_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -103,5 +104,85 @@ func TestUndecodableTaskDies(t *testing.T) {
 	dead, err := l.Dead(ctx, 10)
 	if err != nil || len(dead) != 1 || dead[0].Error == "" {
 		t.Fatalf("dead = %+v, %v; want the undecodable task with its error", dead, err)
+	}
+}
+
+// TestExport lists pending tasks with their attempts and due times, then
+// dead ones, page by page from each cursor, and leaves the ledger as it
+// was.
+func TestExport(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	run := func(p ledger.Policy, record []ledger.Task, h ledger.Handler, wait int) {
+		t.Helper()
+		l, err := pebble.Open(pebble.Config{Dir: dir, Policy: p, Poll: 10 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		for _, task := range record {
+			if err := l.Record(ctx, task); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rctx, stop := context.WithCancel(ctx)
+		calls := make(chan struct{}, 16)
+		go func() {
+			for range wait {
+				<-calls
+			}
+			stop()
+		}()
+		_ = l.Run(rctx, func(ctx context.Context, task ledger.Task) error {
+			defer func() { calls <- struct{}{} }()
+			return h(ctx, task)
+		})
+	}
+	failed := errors.New("refused")
+	// Task 1 dies at its only attempt; task 2 fails once and waits an hour.
+	run(ledger.Policy{MaxAttempts: 1}, []ledger.Task{{Kind: ledger.KindRows, Conv: 1, Seq: 4, Users: []string{"ann"}}},
+		func(context.Context, ledger.Task) error { return failed }, 1)
+	run(ledger.Policy{MaxAttempts: 5, MinBackoff: time.Hour, MaxBackoff: time.Hour},
+		[]ledger.Task{{Kind: ledger.KindPush, Conv: 2, Seq: 9, Users: []string{"bo"}, Node: "n1"}},
+		func(context.Context, ledger.Task) error { return failed }, 1)
+	l, err := pebble.Open(pebble.Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Record(ctx, ledger.Task{Kind: ledger.KindRows, Conv: 3, Seq: 1, Users: []string{"cy"}, Mention: true}); err != nil {
+		t.Fatal(err)
+	}
+
+	var got []pebble.Exported
+	var after []byte
+	for {
+		page, err := l.Export(ctx, after, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		if len(page) != 1 {
+			t.Fatalf("a page of %d, want at most 1", len(page))
+		}
+		got = append(got, page...)
+		after = page[0].Cursor
+	}
+	if len(got) != 3 {
+		t.Fatalf("exported %d tasks, want 3: %+v", len(got), got)
+	}
+	if e := got[0]; e.Dead || e.Task.ID != 2 || e.Task.Conv != 2 || e.Task.Kind != ledger.KindPush || e.Task.Node != "n1" || e.Task.Attempts != 1 || e.Task.NextAt < time.Now().Add(50*time.Minute).UnixMilli() {
+		t.Errorf("first: %+v, want task 2 pending after 1 attempt, due in an hour", e)
+	}
+	if e := got[1]; e.Dead || e.Task.ID != 3 || e.Task.Conv != 3 || !e.Task.Mention || e.Task.Attempts != 0 {
+		t.Errorf("second: %+v, want task 3 pending, never attempted", e)
+	}
+	if e := got[2]; !e.Dead || e.Task.ID != 1 || e.Task.Conv != 1 || e.Task.Attempts != 1 || e.Task.Error != "refused" {
+		t.Errorf("third: %+v, want task 1 dead after 1 attempt", e)
+	}
+	if n := l.Backlog(); n != 2 {
+		t.Errorf("backlog after the export %d, want 2", n)
 	}
 }
