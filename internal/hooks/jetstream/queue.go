@@ -186,6 +186,26 @@ func (q *Queue) Put(ctx context.Context, evs []hooks.Event) error {
 	return nil
 }
 
+// PutDead stores d, the dead letter of endpoint's event k from another
+// queue (parley migrate --from copies an embedded node's), in the
+// dead-letter stream. It is published under a message id of k's, so a copy
+// published again within the stream's duplicate window (two minutes) is
+// stored once.
+func (q *Queue) PutDead(ctx context.Context, endpoint string, k hooks.Key, d hooks.DeadLetter) error {
+	if int(k.Type) >= len(webhook.Types) {
+		return fmt.Errorf("webhooks: jetstream: event type %d", k.Type)
+	}
+	rec, err := json.Marshal(d)
+	if err != nil {
+		return fmt.Errorf("webhooks: jetstream: %w", err)
+	}
+	if _, err := q.js.Publish(ctx, q.deadSubject(endpoint), rec,
+		njs.WithMsgID("dead."+endpoint+"."+webhook.ID(k.Conv, k.Seq, webhook.Types[k.Type]))); err != nil {
+		return fmt.Errorf("webhooks: jetstream: %w", err)
+	}
+	return nil
+}
+
 // Serve delivers the partitions this process holds until ctx ends: one
 // lane per endpoint and held partition.
 func (q *Queue) Serve(ctx context.Context, endpoints []string, deliver func(context.Context, string, hooks.Lane)) {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -233,4 +234,36 @@ func TestOwnership(t *testing.T) {
 	oa.set(0, false)
 	ob.set(0, true)
 	wait("partition 0 moved to b", in(1), in(0, 2, 3))
+}
+
+// TestPutDead: a dead letter copied twice under its event's key is
+// listed once, as given.
+func TestPutDead(t *testing.T) {
+	url := natsURL(t)
+	ns := namespace(t, url)
+	nc := connect(t, url)
+	defer nc.Close()
+	q := openQueue(t, nc, ns, holdingAll(4), "n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	d := hooks.DeadLetter{Attempts: 10, Error: "HTTP 500", At: 1700000000000, Event: []byte(`{"id":"x"}`)}
+	other := hooks.DeadLetter{Attempts: 3, Error: "timeout", At: 1700000000001, Event: []byte(`{"id":"y"}`)}
+	for range 2 {
+		if err := q.PutDead(ctx, "ep", hooks.Key{Conv: 5, Seq: 2}, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := q.PutDead(ctx, "ep", hooks.Key{Conv: 5, Seq: 2, Type: 1}, other); err != nil {
+		t.Fatal(err)
+	}
+	got, err := q.Dead(ctx, "ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []hooks.DeadLetter{d, other}; !reflect.DeepEqual(got, want) {
+		t.Errorf("dead letters %+v, want %+v", got, want)
+	}
+	if err := q.PutDead(ctx, "ep", hooks.Key{Type: 200}, d); err == nil {
+		t.Error("a dead letter of an unknown event type was stored")
+	}
 }

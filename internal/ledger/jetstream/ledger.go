@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,6 +81,40 @@ func (l *Ledger) Record(ctx context.Context, t ledger.Task) error {
 		return err
 	}
 	l.backlog.Add(1) // until the next poll
+	return nil
+}
+
+// Copy stores t, a task of another ledger (parley migrate --from copies
+// an embedded node's), pending or, with dead, among the dead tasks with
+// its attempts and error. id names the copy for JetStream's duplicate
+// window: a copy published again under the same id within two minutes is
+// stored once. A pending task is due at once and its attempts start again
+// at 1: this engine counts a task's attempts by its deliveries and keeps
+// no due time.
+func (l *Ledger) Copy(ctx context.Context, t ledger.Task, dead bool, id string) error {
+	if !ledger.ValidKind(t.Kind) {
+		return fmt.Errorf("%w %q", ledger.ErrKind, t.Kind)
+	}
+	src := t
+	t.ID, t.Attempts, t.NextAt, t.Error = 0, 0, 0, ""
+	data, err := json.Marshal(t)
+	if err != nil {
+		return fmt.Errorf("ledger: jetstream: copy: %w", err)
+	}
+	c := l.tasks.cfg
+	m := &natsio.Msg{Subject: c.Subject + "." + t.Kind, Data: data, Header: natsio.Header{}}
+	if dead {
+		m.Subject = c.DeadSubject + "." + t.Kind
+		m.Header.Set(headerError, src.Error)
+		m.Header.Set(headerAttempts, strconv.Itoa(src.Attempts))
+		m.Header.Set(headerSeq, strconv.FormatUint(src.ID, 10))
+	}
+	if err := l.tasks.publishOnce(ctx, m, id); err != nil {
+		return fmt.Errorf("ledger: jetstream: copy: %w", err)
+	}
+	if !dead {
+		l.backlog.Add(1) // until the next poll
+	}
 	return nil
 }
 

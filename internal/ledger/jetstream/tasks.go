@@ -162,6 +162,17 @@ func (t *taskQueue) enqueue(ctx context.Context, kind string, payload []byte) er
 	return nil
 }
 
+// publishOnce stores m under JetStream message id id: published again
+// with the same id within the stream's duplicate window (two minutes), it
+// is stored once.
+func (t *taskQueue) publishOnce(ctx context.Context, m *natsio.Msg, id string) error {
+	if !t.js.Conn().IsConnected() {
+		return pnats.ErrDisconnected
+	}
+	_, err := t.js.PublishMsg(ctx, m, jetstream.WithMsgID(id))
+	return err
+}
+
 // errPermanent, wrapped in a handler's error, moves the task to the dead
 // stream at once: retrying cannot help (e.g. an undecodable payload).
 var errPermanent = errors.New("ledger: jetstream: task failed permanently")
