@@ -108,6 +108,8 @@ func validate(f *Frame, lim Limits) *Error {
 		return validateKT(f)
 	case TypePushRegister, TypePushRemove:
 		return validatePush(f)
+	case TypeConvMute, TypeConvUnmute, TypeDNDSet, TypeDNDGet:
+		return validateNotify(f)
 	case TypeUploadCreate, TypeUploadStatus, TypeUploadPart, TypeUploadComplete, TypeAttachmentURL:
 		return validateAttach(f)
 	case TypeSearch:

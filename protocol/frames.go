@@ -112,6 +112,12 @@ type Frame struct {
 	Role    string   `json:"role,omitempty"`
 	Muted   bool     `json:"muted,omitempty"`
 
+	// conv_mute (request and push): notifications of conv_id are muted
+	// until this Unix millisecond (MuteForever: until unmuted); dnd_set
+	// and dnd: the user's do-not-disturb (notify.go).
+	MuteUntil int64 `json:"mute_until,omitempty"`
+	DND       *DND  `json:"dnd,omitempty"`
+
 	// send: mentions, @everyone, coalescible state
 	Mentions    []string `json:"mentions,omitempty"`
 	MentionAll  bool     `json:"mention_all,omitempty"`
@@ -245,6 +251,10 @@ func (f *Frame) FillLists() {
 		if f.Registrations == nil {
 			f.Registrations = []PushRegistration{}
 		}
+	case TypeDND:
+		if f.DND == nil {
+			f.DND = &DND{}
+		}
 	}
 }
 
@@ -371,6 +381,9 @@ type ConvSummary struct {
 	PeerReadSeq      uint64 `json:"peer_read_seq,omitempty"`
 	PeerDeliveredSeq uint64 `json:"peer_delivered_seq,omitempty"`
 	E2E              bool   `json:"e2e,omitempty"`
+	// MuteUntil: the user muted the conversation's notifications until
+	// then (MuteForever: until unmuted); absent when not muted.
+	MuteUntil int64 `json:"mute_until,omitempty"`
 }
 
 // ConvInfo describes a conversation (answer to open_direct, create_group and
@@ -387,6 +400,9 @@ type ConvInfo struct {
 	Role        string `json:"role,omitempty"` // the caller's role
 	Tier        string `json:"tier,omitempty"` // small, medium or large (groups)
 	E2E         bool   `json:"e2e,omitempty"`  // end-to-end encrypted (fixed at creation)
+	// MuteUntil: the caller muted the conversation's notifications until
+	// then (MuteForever: until unmuted); absent when not muted.
+	MuteUntil int64 `json:"mute_until,omitempty"`
 }
 
 // ReadBy is the answer to read_by: of the MemberCount current members who

@@ -347,6 +347,9 @@ type Store interface {
 	Attachments
 	// Push is the devices' push registrations (push.go).
 	Push
+	// Notify is the users' notification preferences: conversation mutes
+	// and do-not-disturb (notify.go).
+	Notify
 
 	// Close releases the store. It is safe to call twice.
 	Close() error

@@ -185,6 +185,18 @@ var migrations = []migration{
 	{12, "messages: the message a reply answers", []string{
 		`ALTER TABLE messages ADD IF NOT EXISTS reply_to bigint`,
 	}},
+	// Notification preferences: a user's conversation mutes, one
+	// partition per user, and do-not-disturb (notify.go).
+	{13, "notify: conversation mutes and do-not-disturb", []string{
+		`CREATE TABLE IF NOT EXISTS conv_mutes (
+			user_id text, conv_id bigint, mute_until bigint,
+			PRIMARY KEY (user_id, conv_id)
+		)`,
+		`CREATE TABLE IF NOT EXISTS dnd (
+			user_id text PRIMARY KEY, dnd_until bigint, daily boolean,
+			start_min int, end_min int, utc_offset int
+		)`,
+	}},
 }
 
 var latestVersion = migrations[len(migrations)-1].version

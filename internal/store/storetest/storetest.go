@@ -82,6 +82,7 @@ func Run(t *testing.T, h Harness) {
 		{"AttachmentBadArguments", testAttachmentBadArguments},
 		{"PushRegistrations", testPushRegistrations},
 		{"PushConcurrent", testPushConcurrent},
+		{"NotifyPrefs", testNotifyPrefs},
 		{"Outbox", testOutbox},
 		{"OutboxConcurrent", testOutboxConcurrent},
 		{"AppendRows", testAppendRows},
