@@ -276,14 +276,14 @@ func New(cfg Config, d Deps) (*Service, error) {
 		search: d.Search, searchLimits: d.SearchLimits}, nil
 }
 
-// storeErr turns a store failure into the client-facing error. Conditions
-// the client can act on keep their meaning; anything else means the engine
-// failed and nothing was done.
 // MovingMsg is the message of the overloaded error that answers a write
 // to a conversation this process does not (or no longer) own in cluster
 // mode; the gateway retries such a write on the new owner.
 const MovingMsg = "the conversation is moving between chat processes; retry"
 
+// storeErr turns a store failure into the client-facing error. Conditions
+// the client can act on keep their meaning; anything else means the engine
+// failed and nothing was done.
 func (s *Service) storeErr(op string, err error) *protocol.Error {
 	var pe *protocol.Error
 	switch {

@@ -289,8 +289,10 @@ func (c ServeConfig) withDefaults() ServeConfig {
 //
 // With cfg.Owner, the process also answers the writes of the partitions it
 // holds (subjectPart), subscribing and unsubscribing as it takes and
-// gives them up. A write for a partition it no longer holds gets no
-// answer here: the new owner answers it.
+// gives them up. The partitions' subscriptions are in one queue group, so
+// while a partition moves a write reaches one of the two processes: the
+// new owner serves it, the old one answers it "moved" (MovingMsg, with
+// the Parley-Moved header) and the gateway sends it again.
 func Serve(ctx context.Context, cfg ServeConfig) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -402,7 +404,12 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 				key = f.ConvID
 			}
 			if !owner.Holds(lease.Partition(key, owner.Partitions())) {
-				return // not (or no longer) the owner: the owner answers
+				// Given up since the request was routed here: say so,
+				// and the gateway sends it again to the new owner (an
+				// unanswered request would wait out its timeout).
+				data, _ := json.Marshal(chat.ErrorFrame(f.RID, movingErr()))
+				respond(m, data, true)
+				return
 			}
 			serve(m, req, f)
 		}
@@ -415,7 +422,8 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 				return
 			}
 			if !owner.Holds(lease.Partition(conv, owner.Partitions())) {
-				return // not (or no longer) the owner: the owner answers
+				respondAdmin(m, adminAnswer{Err: toWire(movingErr())})
+				return
 			}
 			ok := admit(func(rctx context.Context) { respondAdmin(m, runAdmin(rctx, svc, req, f)) })
 			if !ok {
@@ -464,12 +472,12 @@ func (ps *partSubs) update(p int, _ bool) {
 	subs, have := ps.subs[p]
 	switch {
 	case want && !have:
-		s1, err := ps.nc.Subscribe(subjectPart(ps.ns, p), ps.handle)
+		s1, err := ps.nc.QueueSubscribe(subjectPart(ps.ns, p), ownerQueue, ps.handle)
 		if err != nil {
 			ps.log.Error("ownership: subscribe failed", "partition", p, "err", err)
 			return
 		}
-		s2, err := ps.nc.Subscribe(subjectAdminPart(ps.ns, p), ps.handleAdmin)
+		s2, err := ps.nc.QueueSubscribe(subjectAdminPart(ps.ns, p), ownerQueue, ps.handleAdmin)
 		if err != nil {
 			_ = s1.Unsubscribe()
 			ps.log.Error("ownership: subscribe failed", "partition", p, "err", err)
@@ -477,10 +485,22 @@ func (ps *partSubs) update(p int, _ bool) {
 		}
 		ps.subs[p] = [2]*natsio.Subscription{s1, s2}
 	case !want && have:
-		_ = subs[0].Unsubscribe()
-		_ = subs[1].Unsubscribe()
+		// Drain, not Unsubscribe: the requests already on their way
+		// are still handled, and answered "moved".
+		_ = subs[0].Drain()
+		_ = subs[1].Drain()
 		delete(ps.subs, p)
 	}
+}
+
+// ownerQueue is the queue group of the partitions' subscriptions: a
+// request goes to one subscriber, never to both the old and the new owner.
+const ownerQueue = "owner"
+
+// movingErr answers a write that reached a process no longer owning its
+// partition; the caller retries it on the new owner (toOwner).
+func movingErr() *protocol.Error {
+	return &protocol.Error{Code: protocol.CodeOverloaded, Msg: chat.MovingMsg, RetryAfter: 200}
 }
 
 func (ps *partSubs) close() {
@@ -488,8 +508,8 @@ func (ps *partSubs) close() {
 	defer ps.mu.Unlock()
 	ps.closed = true
 	for p, s := range ps.subs {
-		_ = s[0].Unsubscribe()
-		_ = s[1].Unsubscribe()
+		_ = s[0].Drain()
+		_ = s[1].Drain()
 		delete(ps.subs, p)
 	}
 }
