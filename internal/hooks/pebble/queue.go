@@ -12,21 +12,33 @@
 // restarts, so an event's settle and its attempts count from when it was
 // first queued.
 //
+// The queued keys are also indexed in memory, per endpoint, by
+// conversation (its events' keys in delivery order): built from one scan
+// when the queue opens and kept by every write that adds or removes an
+// event, so Heads reads the next due conversations from memory and only
+// their values from the database. A scan of the database would step over
+// the deletions of every event removed since Pebble last compacted them,
+// and the dispatcher scans once per few events. The database stays the
+// truth: a restart builds the index again from it.
+//
 // Each endpoint is one lane (hooks.Lane), never lost. Queue is safe for
 // concurrent use; it passes internal/hooks/hookstest.
 package pebble
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/RaduBerinde/btreemap"
 	cpebble "github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
@@ -46,16 +58,90 @@ type Queue struct {
 	db        *cpebble.DB
 	closeOnce sync.Once
 
-	mu     sync.Mutex
-	counts map[string]*counts // per endpoint name
-	wake   map[string]chan struct{}
+	mu  sync.Mutex
+	eps map[string]*endpoint // per endpoint name
 }
 
-type counts struct{ backlog, dead atomic.Int64 }
+// endpoint is one endpoint's events as the queue holds them in memory.
+type endpoint struct {
+	wake          chan struct{}
+	backlog, dead atomic.Int64
+
+	// mu guards convs, the index of the endpoint's queued events:
+	// conversation → its events' keys in delivery order. It mirrors the
+	// 'q' keys: every write updates it after committing (while the
+	// database holds an event the index may not yet, never the reverse
+	// for long: Heads finds a removed one gone and moves on).
+	mu    sync.Mutex
+	convs *btreemap.BTreeMap[uint64, *pending]
+}
+
+// pending is one conversation's queued keys, in delivery order.
+type pending struct{ keys []hooks.Key }
+
+func compareKeys(a, b hooks.Key) int {
+	switch {
+	case a.Less(b):
+		return -1
+	case b.Less(a):
+		return 1
+	}
+	return 0
+}
+
+// add indexes k; false if it was indexed already.
+func (e *endpoint) add(k hooks.Key) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, p, ok := e.convs.Get(k.Conv)
+	if !ok {
+		e.convs.ReplaceOrInsert(k.Conv, &pending{keys: []hooks.Key{k}})
+		e.backlog.Add(1)
+		return true
+	}
+	i, found := slices.BinarySearchFunc(p.keys, k, compareKeys)
+	if found {
+		return false
+	}
+	p.keys = slices.Insert(p.keys, i, k)
+	e.backlog.Add(1)
+	return true
+}
+
+// remove drops k from the index; false if it was not indexed.
+func (e *endpoint) remove(k hooks.Key) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, p, ok := e.convs.Get(k.Conv)
+	if !ok {
+		return false
+	}
+	i, found := slices.BinarySearchFunc(p.keys, k, compareKeys)
+	if !found {
+		return false
+	}
+	if p.keys = slices.Delete(p.keys, i, i+1); len(p.keys) == 0 {
+		e.convs.Delete(k.Conv)
+	}
+	e.backlog.Add(-1)
+	return true
+}
+
+// has reports whether k is indexed.
+func (e *endpoint) has(k hooks.Key) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, p, ok := e.convs.Get(k.Conv)
+	if !ok {
+		return false
+	}
+	_, found := slices.BinarySearchFunc(p.keys, k, compareKeys)
+	return found
+}
 
 var _ hooks.Queue = (*Queue)(nil)
 
-// Open opens (or creates) the queue at cfg.Dir and counts what it holds.
+// Open opens (or creates) the queue at cfg.Dir and indexes what it holds.
 func Open(cfg Config) (*Queue, error) {
 	if cfg.FS == nil {
 		cfg.FS = vfs.Default
@@ -67,16 +153,17 @@ func Open(cfg Config) (*Queue, error) {
 	if err != nil {
 		return nil, fmt.Errorf("webhooks: pebble: open: %w", err)
 	}
-	q := &Queue{db: db, counts: map[string]*counts{}, wake: map[string]chan struct{}{}}
-	if err := q.count(); err != nil {
+	q := &Queue{db: db, eps: map[string]*endpoint{}}
+	if err := q.load(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("webhooks: pebble: open: %w", err)
 	}
 	return q, nil
 }
 
-// count reads the queued events and dead letters of every endpoint.
-func (q *Queue) count() error {
+// load indexes the queued events and counts the dead letters of every
+// endpoint.
+func (q *Queue) load() error {
 	it, err := q.db.NewIter(nil)
 	if err != nil {
 		return err
@@ -86,42 +173,34 @@ func (q *Queue) count() error {
 		if len(k) < 1+1+keySuffix || k[len(k)-keySuffix-1] != 0 {
 			continue
 		}
-		c := q.countsOf(string(k[1 : len(k)-keySuffix-1]))
+		name := string(k[1 : len(k)-keySuffix-1])
+		e := q.endpoint(name)
 		switch k[0] {
 		case 'q':
-			c.backlog.Add(1)
+			if key, ok := parseKey(prefix('q', name), k); ok {
+				e.add(key)
+			}
 		case 'd':
-			c.dead.Add(1)
+			e.dead.Add(1)
 		}
 	}
 	return it.Close()
 }
 
-func (q *Queue) countsOf(name string) *counts {
+func (q *Queue) endpoint(name string) *endpoint {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	c := q.counts[name]
-	if c == nil {
-		c = &counts{}
-		q.counts[name] = c
+	e := q.eps[name]
+	if e == nil {
+		e = &endpoint{wake: make(chan struct{}, 1), convs: btreemap.New[uint64, *pending](16, cmp.Compare[uint64])}
+		q.eps[name] = e
 	}
-	return c
+	return e
 }
 
-func (q *Queue) wakeOf(name string) chan struct{} {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	w := q.wake[name]
-	if w == nil {
-		w = make(chan struct{}, 1)
-		q.wake[name] = w
-	}
-	return w
-}
-
-func (q *Queue) poke(name string) {
+func (e *endpoint) poke() {
 	select {
-	case q.wakeOf(name) <- struct{}{}:
+	case e.wake <- struct{}{}:
 	default:
 	}
 }
@@ -173,7 +252,11 @@ func (q *Queue) Put(_ context.Context, evs []hooks.Event) error {
 	b := q.db.NewBatch()
 	defer b.Close()
 	now := time.Now()
-	var fresh []string
+	type put struct {
+		e *endpoint
+		k hooks.Key
+	}
+	var fresh []put
 	seen := make(map[string]bool, len(evs))
 	for _, ev := range evs {
 		k := appendKey(prefix('q', ev.Endpoint), ev.Key)
@@ -181,16 +264,14 @@ func (q *Queue) Put(_ context.Context, evs []hooks.Event) error {
 			continue
 		}
 		seen[string(k)] = true
-		if _, c, err := q.db.Get(k); err == nil {
-			c.Close() // produced again (a repeated fan-out)
-			continue
-		} else if !errors.Is(err, cpebble.ErrNotFound) {
-			return fmt.Errorf("webhooks: pebble: put: %w", err)
+		e := q.endpoint(ev.Endpoint)
+		if e.has(ev.Key) {
+			continue // produced again (a repeated fan-out)
 		}
 		if err := b.Set(k, value(hooks.Head{Key: ev.Key, Queued: now, Body: ev.Body}), nil); err != nil {
 			return fmt.Errorf("webhooks: pebble: put: %w", err)
 		}
-		fresh = append(fresh, ev.Endpoint)
+		fresh = append(fresh, put{e, ev.Key})
 	}
 	if b.Empty() {
 		return nil
@@ -198,9 +279,9 @@ func (q *Queue) Put(_ context.Context, evs []hooks.Event) error {
 	if err := b.Commit(cpebble.Sync); err != nil {
 		return fmt.Errorf("webhooks: pebble: put: %w", err)
 	}
-	for _, name := range fresh {
-		q.countsOf(name).backlog.Add(1)
-		q.poke(name)
+	for _, f := range fresh {
+		f.e.add(f.k)
+		f.e.poke()
 	}
 	return nil
 }
@@ -209,7 +290,7 @@ func (q *Queue) Put(_ context.Context, evs []hooks.Event) error {
 func (q *Queue) Serve(ctx context.Context, endpoints []string, deliver func(context.Context, string, hooks.Lane)) {
 	var wg sync.WaitGroup
 	for _, name := range endpoints {
-		l := &lane{q: q, name: name, wake: q.wakeOf(name)}
+		l := &lane{q: q, name: name, ep: q.endpoint(name)}
 		wg.Go(func() { deliver(ctx, name, l) })
 	}
 	wg.Wait()
@@ -217,8 +298,8 @@ func (q *Queue) Serve(ctx context.Context, endpoints []string, deliver func(cont
 
 // Stats returns the endpoint's queued events and dead letters.
 func (q *Queue) Stats(endpoint string) (backlog, dead int64) {
-	c := q.countsOf(endpoint)
-	return c.backlog.Load(), c.dead.Load()
+	e := q.endpoint(endpoint)
+	return e.backlog.Load(), e.dead.Load()
 }
 
 // Dead lists the endpoint's dead letters in key order.
@@ -256,69 +337,50 @@ func upper(p []byte) []byte {
 type lane struct {
 	q    *Queue
 	name string
-	wake chan struct{}
+	ep   *endpoint
 }
 
-// Heads scans the endpoint's conversations from conversation from,
-// wrapping around. Each head is read again after the scan, whose snapshot
-// may hold one delivered (or retried) since.
+// Heads walks the index from conversation from, wrapping around, then
+// reads each head's value. skip is called with the index locked (it must
+// not call the queue). A head removed since it was indexed is passed over.
 func (l *lane) Heads(_ context.Context, from uint64, limit int, skip func(conv uint64) bool) ([]hooks.Head, error) {
-	p := prefix('q', l.name)
-	it, err := l.q.db.NewIter(&cpebble.IterOptions{LowerBound: p, UpperBound: upper(p)})
-	if err != nil {
-		return nil, err
+	type pick struct {
+		k    hooks.Key
+		more bool
 	}
-	var keys []hooks.Key
-	more := map[hooks.Key]bool{}
-	scan := func(start, stop uint64, bounded bool) {
-		ok := it.SeekGE(appendKey(p, hooks.Key{Conv: start}))
-		for ok && len(keys) < limit {
-			k, valid := parseKey(p, it.Key())
-			if !valid {
-				ok = it.Next()
-				continue
-			}
-			if bounded && k.Conv >= stop {
-				return
-			}
-			if !skip(k.Conv) {
-				keys = append(keys, k)
-				// One step on tells whether the conversation has more.
-				if it.Next() {
-					if n, valid := parseKey(p, it.Key()); valid && n.Conv == k.Conv {
-						more[k] = true
-					}
-				}
-			}
-			if k.Conv == ^uint64(0) {
-				return
-			}
-			ok = it.SeekGE(appendKey(p, hooks.Key{Conv: k.Conv + 1}))
+	var picks []pick
+	visit := func(conv uint64, p *pending) bool {
+		if len(picks) >= limit {
+			return false
 		}
+		if !skip(conv) {
+			picks = append(picks, pick{p.keys[0], len(p.keys) > 1})
+		}
+		return true
 	}
-	scan(from, 0, false)
-	if from > 0 && len(keys) < limit {
-		scan(0, from, true)
+	l.ep.mu.Lock()
+	l.ep.convs.AscendFunc(btreemap.GE(from), btreemap.Max[uint64](), visit)
+	if from > 0 && len(picks) < limit {
+		l.ep.convs.AscendFunc(btreemap.Min[uint64](), btreemap.LT(from), visit)
 	}
-	if err := it.Close(); err != nil {
-		return nil, err
-	}
-	out := make([]hooks.Head, 0, len(keys))
-	for _, k := range keys {
-		v, c, err := l.q.db.Get(appendKey(p, k))
+	l.ep.mu.Unlock()
+	p := prefix('q', l.name)
+	out := make([]hooks.Head, 0, len(picks))
+	for _, pk := range picks {
+		v, c, err := l.q.db.Get(appendKey(p, pk.k))
 		if errors.Is(err, cpebble.ErrNotFound) {
-			// Finished since the scan: the conversation's next event
-			// is for the next one.
-			l.q.poke(l.name)
+			// Finished since: the conversation's next event is for
+			// the next call.
+			l.ep.poke()
 			continue
 		}
 		if err != nil {
 			return out, err
 		}
-		h, ok := parseValue(k, v)
+		h, ok := parseValue(pk.k, v)
 		c.Close()
 		if ok {
-			h.More = more[k]
+			h.More = pk.more
 			out = append(out, h)
 		}
 	}
@@ -331,13 +393,17 @@ func (l *lane) Done(_ context.Context, h hooks.Head) error {
 	if err := l.q.db.Delete(appendKey(prefix('q', l.name), h.Key), cpebble.NoSync); err != nil {
 		return err
 	}
-	l.q.countsOf(l.name).backlog.Add(-1)
+	l.ep.remove(h.Key)
 	return nil
 }
 
 // Retry writes the event's attempts.
 func (l *lane) Retry(_ context.Context, h hooks.Head) error {
-	return l.q.db.Set(appendKey(prefix('q', l.name), h.Key), value(h), cpebble.NoSync)
+	if err := l.q.db.Set(appendKey(prefix('q', l.name), h.Key), value(h), cpebble.NoSync); err != nil {
+		return err
+	}
+	l.ep.add(h.Key) // indexed already unless it was removed meanwhile
+	return nil
 }
 
 // Bury moves an event to the dead letters in one synced batch.
@@ -346,24 +412,35 @@ func (l *lane) Bury(_ context.Context, h hooks.Head, cause string) error {
 	if err != nil {
 		return err
 	}
+	dk := appendKey(prefix('d', l.name), h.Key)
+	// The same event queued again and buried again keeps one dead
+	// letter, the last: count it once.
+	_, c, err := l.q.db.Get(dk)
+	again := err == nil
+	if again {
+		c.Close()
+	} else if !errors.Is(err, cpebble.ErrNotFound) {
+		return err
+	}
 	b := l.q.db.NewBatch()
 	defer b.Close()
 	if err := b.Delete(appendKey(prefix('q', l.name), h.Key), nil); err != nil {
 		return err
 	}
-	if err := b.Set(appendKey(prefix('d', l.name), h.Key), rec, nil); err != nil {
+	if err := b.Set(dk, rec, nil); err != nil {
 		return err
 	}
 	if err := b.Commit(cpebble.Sync); err != nil {
 		return err
 	}
-	c := l.q.countsOf(l.name)
-	c.backlog.Add(-1)
-	c.dead.Add(1)
+	l.ep.remove(h.Key)
+	if !again {
+		l.ep.dead.Add(1)
+	}
 	return nil
 }
 
-func (l *lane) Changed() <-chan struct{} { return l.wake }
+func (l *lane) Changed() <-chan struct{} { return l.ep.wake }
 
 // Err is always nil: an embedded node delivers every endpoint itself.
 func (l *lane) Err() error { return nil }

@@ -2,6 +2,9 @@ package pebble_test
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/parley-im/parley/internal/hooks"
@@ -98,4 +101,102 @@ func TestExport(t *testing.T) {
 	if backlog, dead := q.Stats("a"); backlog != 1 || dead != 1 {
 		t.Errorf("a after the export: backlog %d, dead %d; want 1, 1", backlog, dead)
 	}
+}
+
+// The index the queue keeps in memory answers as the database does: after
+// random puts, retries, deliveries and burials, the heads of the queue
+// that made them are those of a queue opened again on its files (which
+// builds its index from them alone).
+func TestIndexMatchesDatabase(t *testing.T) {
+	dir := t.TempDir()
+	q, err := pebble.Open(pebble.Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	ctx := context.Background()
+	l := lane(t, q)
+	for range 2000 {
+		conv, seq := uint64(rng.IntN(50)), uint64(rng.IntN(8))
+		switch op := rng.IntN(4); {
+		case op < 2:
+			e := hooks.Event{Endpoint: "ep", Key: hooks.Key{Conv: conv, Seq: seq, Type: uint8(rng.IntN(2))}, Body: fmt.Appendf(nil, `{"conv":%d,"seq":%d}`, conv, seq)}
+			if err := q.Put(ctx, []hooks.Event{e}); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			hs, err := l.Heads(ctx, conv, 1, func(uint64) bool { return false })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(hs) == 0 {
+				continue
+			}
+			h := hs[0]
+			h.Attempts++
+			switch rng.IntN(3) {
+			case 0:
+				err = l.Retry(ctx, h)
+			case 1:
+				err = l.Done(ctx, h)
+			default:
+				err = l.Bury(ctx, h, "cause")
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	all := func(l hooks.Lane, from uint64) []hooks.Head {
+		hs, err := l.Heads(ctx, from, 1<<20, func(uint64) bool { return false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return hs
+	}
+	backlog, dead := q.Stats("ep")
+	var live [][]hooks.Head
+	for _, from := range []uint64{0, 17, 49, 50} {
+		live = append(live, all(l, from))
+	}
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	q2, err := pebble.Open(pebble.Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q2.Close()
+	if b, d := q2.Stats("ep"); b != backlog || d != dead {
+		t.Fatalf("reopened: backlog %d, dead %d; the queue before counted %d, %d", b, d, backlog, dead)
+	}
+	l2 := lane(t, q2)
+	for i, from := range []uint64{0, 17, 49, 50} {
+		got := all(l2, from)
+		if !slices.EqualFunc(got, live[i], func(a, b hooks.Head) bool {
+			return a.Key == b.Key && a.Attempts == b.Attempts && a.More == b.More && string(a.Body) == string(b.Body)
+		}) {
+			t.Fatalf("Heads(from %d) reopened = %+v\nbefore = %+v", from, got, live[i])
+		}
+	}
+	if len(live[0]) == 0 || backlog == 0 || dead == 0 {
+		t.Fatalf("the run left %d heads, backlog %d, dead %d: it exercised too little", len(live[0]), backlog, dead)
+	}
+}
+
+// lane returns the queue's lane of endpoint "ep", served until the test
+// ends.
+func lane(t *testing.T, q hooks.Queue) hooks.Lane {
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan hooks.Lane, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		q.Serve(ctx, []string{"ep"}, func(ctx context.Context, _ string, l hooks.Lane) {
+			got <- l
+			<-ctx.Done()
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return <-got
 }
