@@ -434,4 +434,8 @@ type Hello struct {
 	// upload but the last (docs/protocol.md, "Attachments").
 	MaxFileBytes int64 `json:"max_file_bytes"`
 	PartBytes    int64 `json:"part_bytes"`
+	// WebPushKey is the server's VAPID public key, the
+	// applicationServerKey of a browser's Web Push subscription (absent:
+	// the server sends no Web Push; docs/push.md).
+	WebPushKey string `json:"webpush_key,omitempty"`
 }

@@ -2,13 +2,20 @@ package e2e
 
 import (
 	"crypto/ecdh"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/servertest"
 	"github.com/parley-im/parley/protocol"
 	"github.com/parley-im/parley/protocol/schema"
@@ -133,5 +140,33 @@ func TestPushRegistrations(t *testing.T) {
 	}
 	if st, out := rpc.do("POST", "/v1/rpc?device=ipad", []byte(`{"type":"push_register","push":{"provider":"apns","token":"aa","topic":"t","sandbox":"yes"}}`)); st != http.StatusOK || !strings.Contains(string(out), `"code":"bad_frame"`) {
 		t.Errorf("a registration with a field of the wrong type: %d %s", st, out)
+	}
+}
+
+// TestHelloWebPushKey: with push.webpush set, hello announces the VAPID
+// public key (the applicationServerKey a page subscribes with); without
+// it, no key.
+func TestHelloWebPushKey(t *testing.T) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, _ := x509.MarshalPKCS8PrivateKey(k)
+	file := filepath.Join(t.TempDir(), "vapid.pem")
+	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := k.PublicKey.ECDH()
+	want := base64.RawURLEncoding.EncodeToString(pub.Bytes())
+
+	srv := servertest.Start(t, servertest.WithConfig(func(c *config.Config) {
+		c.Push.WebPush.VAPIDKeyFile, c.Push.WebPush.Subject = file, "mailto:ops@parley.example"
+	}))
+	if got := dialRaw(t, srv, "alice", "web").hello.WebPushKey; got != want {
+		t.Errorf("hello webpush_key %q, want %q", got, want)
+	}
+	plain := servertest.Start(t)
+	if got := dialRaw(t, plain, "alice", "web").hello.WebPushKey; got != "" {
+		t.Errorf("hello of a node without Web Push: webpush_key %q", got)
 	}
 }

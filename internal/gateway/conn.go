@@ -235,7 +235,7 @@ func (g *Gateway) open(s *session) {
 		Protocol: protocol.Version, SessionID: s.id, UserID: s.user, DeviceID: s.device, Node: g.cfg.Node,
 		ServerTime: now.UnixMilli(), HeartbeatMS: g.cfg.HeartbeatInterval.Milliseconds(),
 		IdleTimeoutMS: g.cfg.IdleTimeout.Milliseconds(), Limits: g.cfg.Limits,
-		MaxFileBytes: g.cfg.MaxFileBytes, PartBytes: g.cfg.PartBytes,
+		MaxFileBytes: g.cfg.MaxFileBytes, PartBytes: g.cfg.PartBytes, WebPushKey: g.cfg.WebPushKey,
 	}})
 	s.greeted.Store(true)
 }

@@ -73,6 +73,9 @@ type Config struct {
 	// (cmd/parley: attach.*; 0: attachments off).
 	MaxFileBytes int64 `yaml:"-"`
 	PartBytes    int64 `yaml:"-"`
+	// WebPushKey is the VAPID public key hello announces (cmd/parley:
+	// from push.webpush.vapid_key_file; empty: no Web Push).
+	WebPushKey string `yaml:"-"`
 
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval" help:"client ping interval announced in hello"`
 	IdleTimeout       time.Duration `yaml:"idle_timeout" help:"close a connection silent for this long"`

@@ -144,6 +144,22 @@ func loadECKey(file string) (*ecdsa.PrivateKey, error) {
 	return ek, nil
 }
 
+// VAPIDPublicKey is the public key of the VAPID key in file, as a page
+// passes it to pushManager.subscribe (applicationServerKey) and as the
+// k= of every request: the uncompressed P-256 point, base64url without
+// padding.
+func VAPIDPublicKey(file string) (string, error) {
+	k, err := loadECKey(file)
+	if err != nil {
+		return "", fmt.Errorf("push: vapid key: %w", err)
+	}
+	v, err := newVAPID(k, "", time.Now)
+	if err != nil {
+		return "", err
+	}
+	return v.public, nil
+}
+
 func newVAPID(key *ecdsa.PrivateKey, subject string, now func() time.Time) (*vapid, error) {
 	pub, err := key.PublicKey.ECDH()
 	if err != nil || key.Curve.Params().Name != "P-256" {

@@ -87,6 +87,9 @@ type Deps struct {
 	// chat service pushes through (fault tests).
 	WrapRegistry func(registry.Registry) registry.Registry
 	WrapBus      func(bus.Bus) bus.Bus
+	// PushClient, if set, is the pusher's HTTP client to the push
+	// providers (tests: one that trusts a local push service).
+	PushClient *http.Client
 }
 
 // Server is a running node.
@@ -651,7 +654,7 @@ func (s *Server) openPusher(chatStore store.Store) (*push.Pusher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("push: queue: %w", err)
 	}
-	p, err := push.New(cfg.Push, push.Options{Queue: q, Store: chatStore, Logger: s.log})
+	p, err := push.New(cfg.Push, push.Options{Queue: q, Store: chatStore, Logger: s.log, Client: s.deps.PushClient})
 	if err != nil {
 		q.Close()
 		return nil, err
@@ -801,7 +804,10 @@ func (s *Server) startGateway(ctx context.Context) error {
 		r := route.NewRemote(s.nc, cfg.Cluster.Namespace, cfg.Gateway.RequestTimeout, cfg.Cluster.Partitions)
 		s.backend, mayWatch = r, r.MayWatch
 	}
-	gcfg := s.gatewayConfig()
+	gcfg, err := s.gatewayConfig()
+	if err != nil {
+		return err
+	}
 	gcfg.SessionPrefix = cfg.NodeID + "-" + nonce()
 	if err := s.dropPredecessor(ctx); err != nil {
 		return fmt.Errorf("server: registry: %w", err)
@@ -902,17 +908,28 @@ func nonce() string {
 }
 
 // gatewayConfig is the gateway's configuration; on a node with the chat
-// role, hello announces attachments only if the node serves them.
-func (s *Server) gatewayConfig() gateway.Config {
+// role, hello announces attachments only if the node serves them. Hello
+// announces the VAPID public key of push.webpush.vapid_key_file.
+func (s *Server) gatewayConfig() (gateway.Config, error) {
 	g := s.cfg.GatewayConfig()
 	if s.chatRole && s.attach == nil {
 		g.MaxFileBytes, g.PartBytes = 0, 0
 	}
-	return g
+	if f := s.cfg.Push.WebPush.VAPIDKeyFile; f != "" {
+		k, err := push.VAPIDPublicKey(f)
+		if err != nil {
+			return g, err
+		}
+		g.WebPushKey = k
+	}
+	return g, nil
 }
 
 func (s *Server) listen() error {
-	gcfg := s.gatewayConfig()
+	gcfg, err := s.gatewayConfig()
+	if err != nil {
+		return err
+	}
 	var ln net.Listener = s.ln // bound by Start
 	if s.gw != nil {
 		// Per-source pacing before anything reads the connection.

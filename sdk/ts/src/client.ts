@@ -1,7 +1,7 @@
 import { Backoff } from "./backoff.js";
 import type {
   ConvInfo, ConvSnapshot, ConvSummary, Hello, Message, PresenceState, SAck, SConv, SConvList, SError, SHistory,
-  Position, ReadBy, SPresence, SReadBy, SReceipt, SSearch, SSnapshot, SearchQuery, SearchResult, ServerFrame, SyncConv,
+  Position, PushRegistration, ReadBy, SPresence, SPush, SReadBy, SReceipt, SSearch, SSnapshot, SearchQuery, SearchResult, ServerFrame, SyncConv,
 } from "./frames.js";
 import { ConvOrder } from "./order.js";
 import { ParleyError, parleyError } from "./errors.js";
@@ -776,6 +776,29 @@ export class Client {
    */
   async readBy(convId: string, seq: number): Promise<ReadBy> {
     return ((await this.request({ type: "read_by", conv_id: convId, seq }, true)) as SReadBy).read_by;
+  }
+
+  /**
+   * Registers this device's push token or Web Push subscription
+   * (push_register); resolves with the device's registrations. Registering
+   * one again refreshes it; one another device held moves here.
+   */
+  async pushRegister(reg: PushRegistration): Promise<PushRegistration[]> {
+    return ((await this.request({ type: "push_register", push: reg }, true)) as SPush).registrations;
+  }
+
+  /** Removes one of this device's push registrations (push_remove), or every one without reg. */
+  async pushRemove(reg?: { provider: PushRegistration["provider"]; token?: string; endpoint?: string }): Promise<PushRegistration[]> {
+    return ((await this.request(reg ? { type: "push_remove", push: reg } : { type: "push_remove" }, true)) as SPush).registrations;
+  }
+
+  /**
+   * The server's VAPID public key from the current connection's hello, the
+   * applicationServerKey of pushManager.subscribe; null when the server
+   * sends no Web Push (or before the first connection).
+   */
+  get webPushKey(): string | null {
+    return this.connection?.hello.webpush_key ?? null;
   }
 
   async conversations(): Promise<ConvSummary[]> {

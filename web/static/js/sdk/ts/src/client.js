@@ -731,6 +731,26 @@ export class Client {
     async readBy(convId, seq) {
         return (await this.request({ type: "read_by", conv_id: convId, seq }, true)).read_by;
     }
+    /**
+     * Registers this device's push token or Web Push subscription
+     * (push_register); resolves with the device's registrations. Registering
+     * one again refreshes it; one another device held moves here.
+     */
+    async pushRegister(reg) {
+        return (await this.request({ type: "push_register", push: reg }, true)).registrations;
+    }
+    /** Removes one of this device's push registrations (push_remove), or every one without reg. */
+    async pushRemove(reg) {
+        return (await this.request(reg ? { type: "push_remove", push: reg } : { type: "push_remove" }, true)).registrations;
+    }
+    /**
+     * The server's VAPID public key from the current connection's hello, the
+     * applicationServerKey of pushManager.subscribe; null when the server
+     * sends no Web Push (or before the first connection).
+     */
+    get webPushKey() {
+        return this.connection?.hello.webpush_key ?? null;
+    }
     async conversations() {
         return (await this.request({ type: "conv_list" }, true)).list;
     }
