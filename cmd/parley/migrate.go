@@ -15,10 +15,10 @@ import (
 )
 
 const migrateUsage = `parley migrate [--from DATA_DIR [--checkpoint FILE]] [--config FILE] [--<setting> VALUE ...]
-  creates or upgrades the Cassandra schema; --from then copies a stopped embedded node into it, resumably (docs/deploy.md)`
+  creates or upgrades the Cassandra schema; --from then copies a stopped embedded node into it, and its queues into JetStream, resumably (docs/deploy.md)`
 
 // migrateSettings are the settings migrate reads (config.Cassandra).
-var migrateSettings = []string{"cluster.cassandra_hosts", "cluster.keyspace", "cluster.replication_factor", "cluster.consistency", "cluster.serial_consistency", "store.bucket_width", "store.conversation_states", "store.conversation_idle",
+var migrateSettings = []string{"cluster.cassandra_hosts", "cluster.keyspace", "cluster.nats", "cluster.namespace", "cluster.partitions", "cluster.jetstream_replicas", "cluster.replication_factor", "cluster.consistency", "cluster.serial_consistency", "store.bucket_width", "store.conversation_states", "store.conversation_idle",
 	"attach.engine", "attach.s3.endpoint", "attach.s3.bucket", "attach.s3.region", "attach.s3.access_key", "attach.s3.secret_key", "attach.s3.secret_key_file", "attach.s3.secure"}
 
 // migrateProgress is where `migrate --from` draws its progress bar.
@@ -101,7 +101,7 @@ func runMigrate(ctx context.Context, args []string, out io.Writer) error {
 // migrateFrom copies the embedded node of from into the cluster cfg names.
 func migrateFrom(ctx context.Context, from, cpPath string, cfg config.Config, out io.Writer) error {
 	cc := cfg.Cassandra()
-	target := fmt.Sprintf("keyspace %s on %s", cc.Keyspace, strings.Join(cc.Hosts, ","))
+	target := fmt.Sprintf("keyspace %s on %s, namespace %s", cc.Keyspace, strings.Join(cc.Hosts, ","), cfg.Cluster.Namespace)
 	cp, err := loadCheckpoint(cpPath, target)
 	if err != nil {
 		return err
@@ -124,10 +124,19 @@ func migrateFrom(ctx context.Context, from, cpPath string, cfg config.Config, ou
 		defer sb.Close()
 		defer db.Close()
 	}
-	m := &migration{src: src, exp: exp, dst: dst, srcBlob: sb, dstBlob: db, cp: cp, cpPath: cpPath, bar: &progress{w: migrateProgress}}
+	qs, err := openQueues(ctx, from, cfg)
+	if err != nil {
+		return err
+	}
+	defer qs.close()
+	m := &migration{src: src, exp: exp, dst: dst, srcBlob: sb, dstBlob: db, cp: cp, cpPath: cpPath, bar: &progress{w: migrateProgress}, queues: qs}
 	if err := m.run(ctx); err != nil {
 		return err
 	}
 	_, err = fmt.Fprintf(out, "parley: copied %s (%d conversations, %d messages) into %s\n", from, m.bar.all, m.bar.total, target)
+	if err == nil && qs != nil {
+		_, err = fmt.Fprintf(out, "parley: copied %d webhook events, %d push events and %d compensation tasks (dead letters included) into JetStream at %s (namespace %s)\n",
+			qs.hookN, qs.pushN, qs.ledN, cfg.Cluster.NATS, cfg.Cluster.Namespace)
+	}
 	return err
 }

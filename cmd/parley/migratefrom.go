@@ -39,6 +39,17 @@ type checkpoint struct {
 	KT          bool   `json:"kt"`
 	Push        bool   `json:"push"`
 	Messages    uint64 `json:"messages"` // copied so far (the progress bar)
+	// The durable queues (migratequeues.go).
+	Webhooks  queueProgress `json:"webhook_queue"`
+	PushQueue queueProgress `json:"push_queue"`
+	Ledger    queueProgress `json:"ledger"`
+}
+
+// queueProgress is how far the copy of one queue is.
+type queueProgress struct {
+	Cursor []byte `json:"cursor,omitempty"` // the source's place of the last event copied
+	Copied uint64 `json:"copied"`           // events copied (the progress bar)
+	Done   bool   `json:"done"`
 }
 
 func loadCheckpoint(path, target string) (checkpoint, error) {
@@ -119,6 +130,7 @@ type migration struct {
 	cpPath  string
 	bar     *progress
 	pending map[store.Pending]bool // the source's outstanding fan-out
+	queues  *queues                // nil: the source's queues are empty
 }
 
 const exportPage = 500
@@ -191,6 +203,9 @@ func (m *migration) run(ctx context.Context) error {
 		if err := m.step(func() error { m.cp.Push = true; return m.push(ctx) }); err != nil {
 			return fmt.Errorf("push registrations: %w", err)
 		}
+	}
+	if err := m.copyQueues(ctx); err != nil {
+		return err
 	}
 	m.bar.what = "done"
 	m.bar.draw(true)

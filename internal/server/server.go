@@ -343,10 +343,9 @@ func (s *Server) openEngines(ctx context.Context) error {
 		s.store = st
 		s.onClose(st.Close)
 
-		led, err := jetstream.Open(ctx, nc, jetstream.Config{
-			Stream: strings.ToUpper(ns) + "_TASKS", Subject: ns + ".tasks", DeadSubject: ns + ".dead",
-			Replicas: c.JetStreamReplicas, Logger: log,
-		})
+		lc := LedgerConfig(ns, c.JetStreamReplicas)
+		lc.Logger = log
+		led, err := jetstream.Open(ctx, nc, lc)
 		if err != nil {
 			return fmt.Errorf("server: ledger: %w", err)
 		}
@@ -394,6 +393,16 @@ func (s *Server) openEngines(ctx context.Context) error {
 // LeaseBucket is the JetStream KV bucket of namespace ns's partition
 // leases (cluster.leases nats).
 func LeaseBucket(ns string) string { return strings.ToUpper(ns) + "_LEASES" }
+
+// LedgerConfig names the JetStream streams and subjects of namespace ns's
+// compensation ledger.
+func LedgerConfig(ns string, replicas int) jetstream.Config {
+	return jetstream.Config{Stream: strings.ToUpper(ns) + "_TASKS", Subject: ns + ".tasks", DeadSubject: ns + ".dead", Replicas: replicas}
+}
+
+// PushNamespace is the namespace of the push queue's JetStream streams
+// (internal/hooks/jetstream) in namespace ns.
+func PushNamespace(ns string) string { return ns + ".push" }
 
 // RedisClient returns the client of cluster mode's Redis: a plain client
 // of c.Redis, or with c.RedisSentinels go-redis's failover client, which
@@ -647,7 +656,7 @@ func (s *Server) openPusher(chatStore store.Store) (*push.Pusher, error) {
 		q, err = hpebble.Open(hpebble.Config{Dir: filepath.Join(cfg.DataDir, "push"), FS: privatefs.Wrap(s.deps.StoreFS), Logger: s.log})
 	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		q, err = hjetstream.Open(ctx, hjetstream.Config{NATS: s.nc, Namespace: cfg.Cluster.Namespace + ".push", Replicas: cfg.Cluster.JetStreamReplicas,
+		q, err = hjetstream.Open(ctx, hjetstream.Config{NATS: s.nc, Namespace: PushNamespace(cfg.Cluster.Namespace), Replicas: cfg.Cluster.JetStreamReplicas,
 			Owner: s.owner, Node: cfg.NodeID, AckWait: max(time.Minute, 2*cfg.Push.MaxBackoff), Logger: s.log})
 		cancel()
 	}
