@@ -16,8 +16,10 @@
 // partition's owner. Both pass the conformance suite internal/hooks/
 // hookstest, which also runs the delivery tests below on each.
 //
-// One delivery loop (deliver.go) runs per Lane the queue hands out (per
-// endpoint on Pebble; per endpoint and held partition on JetStream): one
+// One delivery loop (Dispatcher, dispatch.go, which the pusher of
+// internal/push shares; the webhook attempt is in deliver.go) runs per
+// Lane the queue hands out (per endpoint on Pebble; per endpoint and held
+// partition on JetStream): one
 // conversation's events go out one at a time in (seq, type) order, up to
 // the endpoint's Concurrency conversations at once across its lanes. A
 // failed attempt (a transport error, a timeout, any status but 2xx) is
@@ -35,7 +37,6 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -95,13 +96,9 @@ type endpoint struct {
 	Endpoint
 	secret []byte
 	client *http.Client
-	// sem bounds the conversations delivered at once across the
-	// endpoint's lanes; listeners (the lanes' loops) hear when a slot
-	// frees.
-	sem       chan struct{}
-	listenMu  sync.Mutex
-	listeners map[int]func()
-	listenID  int
+	// slots bound the conversations delivered at once across the
+	// endpoint's lanes.
+	slots *Slots
 
 	delivered atomic.Int64
 	failed    atomic.Int64
@@ -139,8 +136,7 @@ func New(cfg Config, o Options) (*Hooks, error) {
 				CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 			}
 		}
-		ep := &endpoint{Endpoint: e, secret: sec, client: c,
-			sem: make(chan struct{}, e.Concurrency), listeners: map[int]func(){}}
+		ep := &endpoint{Endpoint: e, secret: sec, client: c, slots: NewSlots(e.Concurrency)}
 		h.eps = append(h.eps, ep)
 		h.names = append(h.names, e.Name)
 		for _, t := range e.Events {

@@ -11,123 +11,32 @@ import (
 	"github.com/parley-im/parley/internal/hooks"
 )
 
-// Run sends until ctx ends: one loop per lane the queue hands out.
+// Run sends until ctx ends: one loop per lane the queue hands out (the
+// webhooks' dispatcher, hooks.Dispatcher).
 func (p *Pusher) Run(ctx context.Context) {
-	p.q.Serve(ctx, []string{Endpoint}, func(ctx context.Context, _ string, l hooks.Lane) { p.serveLane(ctx, l) })
+	d := &hooks.Dispatcher{Slots: p.slots, Settle: p.cfg.Burst,
+		// Read a lane once a quarter of the slots is free, not for each.
+		Batch:   p.cfg.Concurrency / 4,
+		OnError: func(err error) { p.log.Error("push: reading the queue failed", "err", err) }}
+	p.q.Serve(ctx, []string{Endpoint}, func(ctx context.Context, _ string, q hooks.Lane) {
+		l := &lane{Lane: q, answered: map[hooks.Key]map[string]bool{}}
+		d.Run(ctx, q, func(ctx context.Context, hd hooks.Head) time.Time { return p.attempt(ctx, l, hd) })
+	})
 }
 
+// lane is the pusher's state of one lane: the registrations an event in
+// progress has had an answer for, so its retry does not send to them
+// again.
 type lane struct {
 	hooks.Lane
-	wake chan struct{}
 
-	mu    sync.Mutex
-	convs map[uint64]*convState
-	next  uint64
-	// answered are the registrations an event in progress has had an
-	// answer for, so its retry does not send to them again.
+	mu       sync.Mutex
 	answered map[hooks.Key]map[string]bool
 }
 
-type convState struct {
-	busy  bool
-	until time.Time
-}
-
-func (l *lane) poke() {
-	select {
-	case l.wake <- struct{}{}:
-	default:
-	}
-}
-
-const scanLimit = 1024
-
-// serveLane hands out l's due heads, one attempt at a time per
-// conversation and Config.Concurrency in all, until ctx ends or the lane
-// is lost.
-func (p *Pusher) serveLane(ctx context.Context, q hooks.Lane) {
-	l := &lane{Lane: q, wake: make(chan struct{}, 1), convs: map[uint64]*convState{}, answered: map[hooks.Key]map[string]bool{}}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for l.Err() == nil {
-		now := time.Now()
-		wait := time.Second
-		// Scan once a quarter of the slots is free, not for each: a scan
-		// walks the queue, and under load one per freed slot costs more
-		// than the sends.
-		if free := cap(p.sem) - len(p.sem); free > 0 && free >= cap(p.sem)/4 {
-			l.mu.Lock()
-			from := l.next
-			l.mu.Unlock()
-			heads, err := l.Heads(ctx, from, min(free, scanLimit), func(conv uint64) bool {
-				l.mu.Lock()
-				defer l.mu.Unlock()
-				st := l.convs[conv]
-				if st == nil {
-					return false
-				}
-				if !st.busy && st.until.After(now) {
-					wait = min(wait, st.until.Sub(now))
-				}
-				return st.busy || st.until.After(now)
-			})
-			if err != nil && ctx.Err() == nil {
-				p.log.Error("push: reading the queue failed", "err", err)
-			}
-			for _, hd := range heads {
-				l.mu.Lock()
-				if due := hd.Queued.Add(p.cfg.Burst); due.After(now) {
-					l.convs[hd.Conv] = &convState{until: due}
-					l.next = hd.Conv + 1
-					l.mu.Unlock()
-					time.AfterFunc(due.Sub(now), l.poke)
-					continue
-				}
-				select {
-				case p.sem <- struct{}{}:
-				default:
-					l.mu.Unlock()
-					goto waitLoop
-				}
-				l.convs[hd.Conv] = &convState{busy: true}
-				l.next = hd.Conv + 1
-				l.mu.Unlock()
-				wg.Go(func() {
-					defer func() { <-p.sem; l.poke() }()
-					p.deliver(ctx, l, hd)
-				})
-			}
-		}
-	waitLoop:
-		timer.Reset(wait)
-		select {
-		case <-ctx.Done():
-			return
-		case <-l.wake:
-		case <-l.Changed():
-		case <-timer.C:
-		}
-	}
-}
-
-// deliver makes one attempt at hd: a notification to every registration
-// of its users not answered yet.
-func (p *Pusher) deliver(ctx context.Context, l *lane, hd hooks.Head) {
-	until := p.attempt(ctx, l, hd)
-	l.mu.Lock()
-	if until.IsZero() || ctx.Err() != nil {
-		delete(l.convs, hd.Conv)
-	} else {
-		l.convs[hd.Conv] = &convState{until: until}
-		time.AfterFunc(time.Until(until), l.poke)
-	}
-	l.mu.Unlock()
-	l.poke()
-}
-
-// attempt returns when the conversation may go on (zero: now).
+// attempt makes one attempt at hd: a notification to every registration
+// of its users not answered yet. It returns when the conversation may go
+// on (zero: now).
 func (p *Pusher) attempt(ctx context.Context, l *lane, hd hooks.Head) time.Time {
 	var ev event
 	if err := json.Unmarshal(hd.Body, &ev); err != nil {

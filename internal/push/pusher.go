@@ -7,8 +7,9 @@
 // with each partition delivered by its owner). Fanned writes one event
 // per text or file message with offline recipients (hooks.Offline), in
 // the fan-out, before the message's outbox entry is cleared; the delivery
-// loops here hand each conversation's events out in seq order and remove
-// one only once every registration of its users was answered, so a crash
+// loops (the webhooks' hooks.Dispatcher) hand each conversation's events
+// out in seq order, and an attempt here removes one only once every
+// registration of its users was answered, so a crash
 // loses none (an event in flight is sent again: the collapse id makes the
 // device show it once).
 //
@@ -91,7 +92,7 @@ type Pusher struct {
 	now   func() time.Time
 	provs map[string]provider
 	stats map[string]*counters
-	sem   chan struct{}
+	slots *hooks.Slots
 
 	collapsed atomic.Int64
 	// Lag observes the delay from a message's server time to its
@@ -126,7 +127,7 @@ func New(cfg Config, o Options) (*Pusher, error) {
 			MaxIdleConnsPerHost: cfg.Concurrency, IdleConnTimeout: 90 * time.Second}}
 	}
 	p := &Pusher{cfg: cfg, q: o.Queue, st: o.Store, log: o.Logger, now: o.Now, provs: map[string]provider{},
-		stats: map[string]*counters{}, sem: make(chan struct{}, cfg.Concurrency), since: map[uint64]time.Time{}}
+		stats: map[string]*counters{}, slots: hooks.NewSlots(cfg.Concurrency), since: map[uint64]time.Time{}}
 	if cfg.APNs.KeyFile != "" {
 		a, err := newAPNs(cfg.APNs, c, o.Now)
 		if err != nil {
