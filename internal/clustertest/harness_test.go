@@ -50,6 +50,7 @@ type Cluster struct {
 	dir      string
 	key      []byte
 	common   []string
+	env      []string // more environment of every process
 	mu       sync.Mutex
 	procs    map[string]*Proc
 	cass     string // Cassandra contact point
@@ -77,6 +78,7 @@ type Options struct {
 	Gateways, Chats int
 	Redis, NATS     string   // override the shared engines (restart tests)
 	Extra           []string // more flags for every process
+	Env             []string // more environment of every process (KEY=value)
 }
 
 // Start migrates a fresh keyspace and starts the processes.
@@ -92,7 +94,7 @@ func Start(t *testing.T, o Options) *Cluster {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	ks := "t" + strings.ToLower(hex.EncodeToString(key[:6]))
-	c := &Cluster{t: t, dir: t.TempDir(), key: key, procs: make(map[string]*Proc), cass: cass, redis: redis, nats: nats, keyspace: ks}
+	c := &Cluster{t: t, dir: t.TempDir(), key: key, env: o.Env, procs: make(map[string]*Proc), cass: cass, redis: redis, nats: nats, keyspace: ks}
 	c.common = append([]string{
 		"--cluster.redis", redis, "--cluster.nats", nats, "--cluster.cassandra-hosts", cass,
 		"--cluster.keyspace", ks, "--cluster.namespace", ks, "--auth.hs256-key", hex.EncodeToString(key), "--log.level", "warn",
@@ -153,6 +155,9 @@ func (c *Cluster) run(p *Proc) {
 	p.log = f
 	p.cmd = exec.Command(binary, p.args...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
+	if c.env != nil {
+		p.cmd.Env = append(os.Environ(), c.env...)
+	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		c.t.Fatalf("start %s: %v", p.Name, err)
