@@ -42,35 +42,11 @@ func runBackup(ctx context.Context, args []string, stderr io.Writer) error {
 	if *out == "" {
 		return errors.New("backup: -out is required")
 	}
-	key, err := cfg.ResolveAdminKey()
-	if err != nil {
-		return fmt.Errorf("backup: %w", err)
-	}
-	if key == nil {
-		return errors.New("backup: the server API is off: set admin.listen and admin.key_file (the node's and this command's configuration)")
-	}
-	host, port, err := net.SplitHostPort(cfg.Admin.Listen)
-	if err != nil {
-		return fmt.Errorf("backup: admin.listen: %w", err)
-	}
-	if host == "" || host == "0.0.0.0" || host == "::" {
-		host = "127.0.0.1"
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+net.JoinHostPort(host, port)+strings.TrimPrefix(admin.BackupRoute, "POST "), nil)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+hex.EncodeToString(key))
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := adminPost(ctx, cfg, admin.BackupRoute, nil)
 	if err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		var e struct{ Code, Error string }
-		_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&e)
-		return fmt.Errorf("backup: the node answered %d %s: %s", resp.StatusCode, e.Code, e.Error)
-	}
 	var w io.Writer = os.Stdout
 	var f *os.File
 	if *out != "-" {
@@ -106,6 +82,45 @@ func runBackup(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "parley: backup of %d files (%d bytes) written to %s\n", tot.Files, tot.Bytes, *out)
 	return nil
+}
+
+// adminPost calls route ("POST /path") of the running node's server API
+// (admin.listen and the admin key of cfg) with body (nil: none); an answer
+// other than 200 is an error naming its code.
+func adminPost(ctx context.Context, cfg config.Config, route string, body io.Reader) (*http.Response, error) {
+	key, err := cfg.ResolveAdminKey()
+	if err != nil {
+		return nil, err
+	}
+	if key == nil {
+		return nil, errors.New("the server API is off: set admin.listen and admin.key_file (the node's and this command's configuration)")
+	}
+	host, port, err := net.SplitHostPort(cfg.Admin.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("admin.listen: %w", err)
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+net.JoinHostPort(host, port)+strings.TrimPrefix(route, "POST "), body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+hex.EncodeToString(key))
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		var e struct{ Code, Error string }
+		_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&e)
+		return nil, fmt.Errorf("the node answered %d %s: %s", resp.StatusCode, e.Code, e.Error)
+	}
+	return resp, nil
 }
 
 // checkArchive reads a backup archive to its end and checks its shape:

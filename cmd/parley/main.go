@@ -29,6 +29,7 @@ commands:
   migrate  create or upgrade the Cassandra schema of cluster mode
   backup   write a consistent archive of a running embedded node's data
   restore  unpack a backup archive into a new data directory
+  search   search reindex: rebuild a running node's search index
   kt       kt audit: verify a server's key transparency log from outside
   version  print the version, commit and Go release of this build
 
@@ -69,6 +70,8 @@ func run(ctx context.Context, args []string) error {
 		return runBackup(ctx, rest, os.Stderr)
 	case "restore":
 		return runRestore(rest, os.Stderr)
+	case "search":
+		return runSearch(ctx, rest, os.Stderr)
 	case "kt":
 		return runKT(ctx, rest, stdout)
 	case "version":

@@ -29,6 +29,7 @@ import (
 	"github.com/parley-im/parley/internal/access"
 	"github.com/parley-im/parley/internal/attach"
 	"github.com/parley-im/parley/internal/chat"
+	"github.com/parley-im/parley/internal/search"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -54,6 +55,7 @@ type Chat interface {
 	AdminSend(ctx context.Context, c chat.Caller, f *protocol.Frame) (*protocol.Frame, *protocol.Error)
 	AdminModerate(ctx context.Context, actor string, f *protocol.Frame) (*protocol.Frame, *protocol.Error)
 	AdminNotice(ctx context.Context, actor string, convID uint64, clientMsgID, text string) (*protocol.Frame, *protocol.Error)
+	AdminSearch(ctx context.Context, user string, q protocol.SearchQuery) (*protocol.SearchResult, *protocol.Error)
 }
 
 var _ Chat = (*chat.Service)(nil)
@@ -83,9 +85,14 @@ type Deps struct {
 	// cannot back itself up, and the endpoint answers invalid_argument).
 	// While another backup runs it returns an error wrapping ErrBackupBusy.
 	Backup func(ctx context.Context, w io.Writer) error
-	Limits protocol.Limits
-	Logger *slog.Logger
-	Now    func() time.Time
+	// Reindex rebuilds the search index of one conversation (conv ≠ 0)
+	// or of every plain one, calling progress after each (nil: the node
+	// has no index of its own, and the endpoint answers
+	// search_unavailable).
+	Reindex func(ctx context.Context, conv uint64, progress func(search.ReindexProgress)) (search.ReindexProgress, error)
+	Limits  protocol.Limits
+	Logger  *slog.Logger
+	Now     func() time.Time
 }
 
 // Config configures the API.

@@ -34,7 +34,9 @@ var Routes = []string{
 	"POST /v1/admin/users/{user_id}/disconnect",
 	"GET /v1/admin/conversations/{conv_id}/attachments",
 	"DELETE /v1/admin/attachments/{attachment_id}",
+	"POST /v1/admin/search",
 	BackupRoute,
+	ReindexRoute,
 }
 
 // BackupRoute streams a backup archive (Deps.Backup); its answer is a tar
@@ -93,12 +95,13 @@ func (s *Server) routes() {
 	handlers := []handler{
 		s.createDirect, s.createGroup, s.getConv, s.addMembers, s.removeMember, s.setRole, s.mute,
 		s.sendMessage, s.editMessage, s.recallMessage, s.userConversations, s.userAccess,
-		s.ban, s.unban, s.revoke, s.disconnect, s.attachments, s.deleteAttachment,
+		s.ban, s.unban, s.revoke, s.disconnect, s.attachments, s.deleteAttachment, s.search,
 	}
 	for i, pattern := range Routes[:len(handlers)] {
 		s.handle(pattern, handlers[i])
 	}
 	s.mux.HandleFunc(BackupRoute, s.backup)
+	s.mux.HandleFunc(ReindexRoute, s.reindex)
 	// Anything else (an unknown path, or a method a path does not take).
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, protocol.Errorf(protocol.CodeNotFound, "no endpoint %s %s", r.Method, truncate(r.URL.Path)))

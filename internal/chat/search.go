@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/parley-im/parley/internal/search"
+	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/protocol"
 )
 
@@ -18,10 +19,29 @@ const snippetRunes = 80
 // before it joined. Each hit's snippet comes from the stored message, as
 // the caller may read it (a former member's as of its leave).
 func (s *Service) searchFrame(ctx context.Context, c Caller, f *protocol.Frame) (*protocol.Frame, *protocol.Error) {
+	res, perr := s.runSearch(ctx, c.User, *f.Query)
+	if perr != nil {
+		return nil, perr
+	}
+	return &protocol.Frame{Type: protocol.TypeSearch, Search: res}, nil
+}
+
+// AdminSearch is the server API's search. With user, it answers what
+// that user's search frame would (the user's windows); without, it
+// searches the one conversation the query must name, all of it, as the
+// operator (moderation). q has passed protocol.Validate.
+func (s *Service) AdminSearch(ctx context.Context, user string, q protocol.SearchQuery) (*protocol.SearchResult, *protocol.Error) {
+	if user == "" && q.ConvID == 0 {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "a search without user_id needs query.conv_id")
+	}
+	return s.runSearch(ctx, user, q)
+}
+
+// runSearch runs q for user ("" : the operator, in q.ConvID only).
+func (s *Service) runSearch(ctx context.Context, user string, q protocol.SearchQuery) (*protocol.SearchResult, *protocol.Error) {
 	if s.search == nil {
 		return nil, protocol.Errorf(protocol.CodeSearchUnavailable, "this server has no search index")
 	}
-	q := *f.Query
 	leaves := map[uint64]uint64{}
 	var ws []search.Window
 	if q.ConvID != 0 {
@@ -29,9 +49,12 @@ func (s *Service) searchFrame(ctx context.Context, c Caller, f *protocol.Frame) 
 		if err != nil {
 			return nil, s.storeErr("search", err)
 		}
-		m, perr := s.member(ctx, c.User, q.ConvID)
-		if perr != nil {
-			return nil, perr
+		var m store.Member // the operator: the whole conversation
+		if user != "" {
+			var perr *protocol.Error
+			if m, perr = s.member(ctx, user, q.ConvID); perr != nil {
+				return nil, perr
+			}
 		}
 		if cv.E2E {
 			return nil, protocol.Errorf(protocol.CodeE2EUnsupported, "an end-to-end encrypted conversation is searched on the device, never on the server")
@@ -41,7 +64,7 @@ func (s *Service) searchFrame(ctx context.Context, c Caller, f *protocol.Frame) 
 		}
 		leaves[q.ConvID] = m.LeaveSeq
 	} else {
-		rows, err := s.store.UserConversations(ctx, c.User)
+		rows, err := s.store.UserConversations(ctx, user)
 		if err != nil {
 			return nil, s.storeErr("search", err)
 		}
@@ -64,7 +87,7 @@ func (s *Service) searchFrame(ctx context.Context, c Caller, f *protocol.Frame) 
 		return nil, searchErr(err)
 	}
 	if len(ws) == 0 {
-		return &protocol.Frame{Type: protocol.TypeSearch, Search: &protocol.SearchResult{}}, nil
+		return &protocol.SearchResult{}, nil
 	}
 	res, err := s.search.Search(ctx, sq)
 	if err != nil {
@@ -109,7 +132,7 @@ func (s *Service) searchFrame(ctx context.Context, c Caller, f *protocol.Frame) 
 		}
 		out.Hits = append(out.Hits, hit)
 	}
-	return &protocol.Frame{Type: protocol.TypeSearch, Search: out}, nil
+	return out, nil
 }
 
 // window is the part of a conversation a member may search: its

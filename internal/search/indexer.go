@@ -377,10 +377,15 @@ func (w *writer) flush() error {
 	return nil
 }
 
-// ReindexProgress is reported after each conversation of a reindex.
+// ReindexProgress is reported once the work is counted and after each
+// conversation of a reindex.
 type ReindexProgress struct {
 	Conversations int   // done so far
 	Messages      int64 // read so far
+	// The work counted before it started: plain conversations and their
+	// messages (last seqs), of which Conversations and Messages are done.
+	TotalConversations int
+	TotalMessages      int64
 }
 
 // Reindex rebuilds the index of one conversation (conv ≠ 0) or of every
@@ -436,7 +441,23 @@ func (ix *Indexer) Reindex(ctx context.Context, conv uint64, progress func(Reind
 		if c.E2E {
 			return p, fmt.Errorf("search: conversation %d is end-to-end encrypted: %w", conv, ErrE2E)
 		}
+		p.TotalConversations, p.TotalMessages = 1, int64(c.LastSeq)
+		if progress != nil {
+			progress(p)
+		}
 		return p, one(c)
+	}
+	// Count first, so that progress has a total.
+	err := ix.eachConv(ctx, func(c store.Conversation) error {
+		p.TotalConversations++
+		p.TotalMessages += int64(c.LastSeq)
+		return nil
+	})
+	if err != nil {
+		return p, err
+	}
+	if progress != nil {
+		progress(p)
 	}
 	return p, ix.eachConv(ctx, one)
 }

@@ -1047,6 +1047,9 @@ func (s *Server) startAdmin() error {
 	if !s.clustered() {
 		deps.Backup = s.Backup
 	}
+	if s.search != nil {
+		deps.Reindex = s.search.Reindex
+	}
 	a, err := admin.New(admin.Config{Listen: cfg.Admin.Listen, Key: s.adminKey, Actor: cfg.Admin.Actor, RequestTimeout: cfg.Gateway.RequestTimeout}, deps)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)

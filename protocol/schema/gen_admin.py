@@ -50,6 +50,10 @@ schemas = {
     "BanRequest": obj({"reason": {"type": "string", "maxLength": 256}}, []),
     "RevokeRequest": obj({"before": {"type": "integer", "minimum": 1, "description": "Unix ms; absent: now"}, "device": ID}, []),
     "DisconnectRequest": obj({"device": ID}, []),
+    "SearchRequest": obj({"user_id": {**ID, "description": "search as this user, within the user's membership windows (as the user's search frame); absent: query.conv_id is required and that conversation is searched whole"},
+                          "query": fr("SearchQuery")}, ["query"]),
+    "SearchAnswer": obj({"search": fr("SearchResult")}, ["search"]),
+    "ReindexRequest": obj({"conv_id": {**U64S, "description": "rebuild this conversation only; absent: every plain conversation"}}, []),
 }
 
 def err(desc): return {"description": desc, "content": {"application/json": {"schema": ref("Error")}}}
@@ -104,6 +108,16 @@ paths = {
                                   "responses": {"200": {"description": "the archive", "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}},
                                                 "401": COMMON["401"], "409": err("conflict: another backup is running"),
                                                 "400": err("invalid_argument: the node runs in cluster mode (back up its engines)"), "500": err("internal: a checkpoint failed")}}},
+    "/v1/admin/search": {"post": op("search plain conversations' messages as a user, or one conversation whole (docs/admin.md, \"Search\")", "a page of hits", "SearchAnswer", "SearchRequest",
+                                    errors={**COMMON, "400": err("bad_frame (not a JSON object, a field of the wrong type, an unknown field), invalid_argument (no query text, neither user_id nor query.conv_id, a bad filter), query_too_long, query_too_complex, bad_cursor, e2e_unsupported"),
+                                            "403": err("not_member: user_id was never a member of query.conv_id"),
+                                            "503": err("search_unavailable (the node has no search index), store_unavailable or overloaded")})},
+    "/v1/admin/search/reindex": {"post": {"summary": "rebuild the search index of one conversation or of every plain one while the node serves (docs/admin.md, \"Search\"): a stream of JSON lines, {\"progress\":{\"conversations\",\"messages\",\"total_conversations\",\"total_messages\"}} once counted and after each conversation, then {\"done\":{...}} or {\"error\":{\"code\",\"error\"}}",
+                                          "security": [{"adminKey": []}],
+                                          "requestBody": {"required": False, "content": {"application/json": {"schema": ref("ReindexRequest")}}},
+                                          "responses": {"200": {"description": "the progress stream; its last line says how it ended", "content": {"application/x-ndjson": {"schema": {"type": "string"}}}},
+                                                        "400": err("bad_frame, invalid_argument: conv_id is no conversation id"), "401": COMMON["401"],
+                                                        "413": COMMON["413"], "503": err("search_unavailable: the node has no search index of its own")}}},
     U + "/disconnect": {"post": op("close the user's sessions (of one device) on every gateway (4004)", "sessions found", "DisconnectAnswer", "DisconnectRequest", ["user_id"], errors=COMMON)},
 }
 doc = {"openapi": "3.1.0",

@@ -240,6 +240,11 @@ func (a *Admin) AdminUserConversations(ctx context.Context, user string, after u
 	return a.local.AdminUserConversations(ctx, user, after, limit)
 }
 
+// AdminSearch reads locally.
+func (a *Admin) AdminSearch(ctx context.Context, user string, q protocol.SearchQuery) (*protocol.SearchResult, *protocol.Error) {
+	return a.local.AdminSearch(ctx, user, q)
+}
+
 // AdminFrame runs a membership frame with the admin authority on the owner.
 func (a *Admin) AdminFrame(ctx context.Context, actor string, f *protocol.Frame) (*protocol.ConvInfo, *protocol.Error) {
 	ans := a.route(ctx, adminOpMembers, adminRequest{Op: adminOpMembers, Actor: actor}, f)
