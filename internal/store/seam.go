@@ -291,7 +291,25 @@ func (c *checked) Append(ctx context.Context, a Append) (AppendResult, error) {
 	if r := a.ReadBy; r != nil && (!protocol.ValidID(r.User) || !validDevice(r.Device, true)) {
 		a.ReadBy = nil // no such position: not raised (ReadRaised false)
 	}
+	if r := a.React; r != nil && (m.TargetSeq == 0 || r.Emoji == "" || len(r.Emoji) > maxEmojiBytes) {
+		return AppendResult{}, fmt.Errorf("%s: %s: a reaction needs a target and an emoji of 1-%d bytes", c.name, op, maxEmojiBytes)
+	}
 	return c.e.Append(ctx, a)
+}
+
+// maxEmojiBytes bounds a stored reaction's emoji (one emoji with its
+// modifiers and joiners).
+const maxEmojiBytes = 64
+
+func (c *checked) ReactedBy(ctx context.Context, conv uint64, user string, from, to uint64) ([]Reacted, error) {
+	if err := c.enter(ctx, "reacted by"); err != nil {
+		return nil, err
+	}
+	defer c.gate.RUnlock()
+	if !protocol.ValidID(user) || from > to {
+		return nil, nil
+	}
+	return c.e.ReactedBy(ctx, conv, user, from, to)
 }
 
 func (c *checked) Pending(ctx context.Context, limit int) ([]Pending, error) {

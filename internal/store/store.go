@@ -162,6 +162,10 @@ type Message struct {
 	// one answers (0: none). Like the identity it is set by Append and
 	// kept by every rewrite (edits, recalls).
 	ReplyTo uint64
+	// Reactions are the counts of the reactions to the message, in the
+	// order their emojis were first added (react.go); kept by every
+	// rewrite but a recall, which clears them.
+	Reactions []Reaction
 }
 
 // Append is one message to persist. The store assigns Seq (the conversation's
@@ -193,6 +197,12 @@ type Append struct {
 	// duplicate, and not when the position's write failed (the message is
 	// stored all the same and the caller raises the position).
 	ReadBy *Reader
+	// React makes the append a reaction (react.go): with Msg.TargetSeq
+	// set, the engine applies it to the target's counts and the sender's
+	// own set under the conversation's lock, after Check accepted the
+	// target, and stores both with the event. A reaction that changes
+	// nothing fails with ErrConflict and stores nothing.
+	React *React
 }
 
 // Reader names a read position: a user's device ("" for the per-user
@@ -350,6 +360,8 @@ type Store interface {
 	// Notify is the users' notification preferences: conversation mutes
 	// and do-not-disturb (notify.go).
 	Notify
+	// Reactions is each user's reactions to messages (react.go).
+	Reactions
 
 	// Close releases the store. It is safe to call twice.
 	Close() error

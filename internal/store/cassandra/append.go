@@ -187,7 +187,11 @@ func (s *Store) appendNew(ctx context.Context, st *convState, a store.Append, id
 			return s.duplicate(ctx, st, rec)
 		}
 	}
-	w, err := s.rewriteTarget(ctx, st, a.Check, m.TargetSeq, pendingEdit{Event: m.MsgID})
+	check, react, err := s.reactCheck(ctx, st.id, a)
+	if err != nil {
+		return store.AppendResult{}, err
+	}
+	w, err := s.rewriteTarget(ctx, st, check, m.TargetSeq, pendingEdit{Event: m.MsgID})
 	if err != nil {
 		return store.AppendResult{}, err
 	}
@@ -235,6 +239,10 @@ func (s *Store) appendNew(ctx context.Context, st *convState, a store.Append, id
 		return store.AppendResult{}, err
 	}
 	s.afterClaim(ctx, st, seq, m.CoalesceKey)
+	if react != nil {
+		s.storeMine(ctx, st.id, react)
+		target = nil // counts only: no version for former members
+	}
 	return s.stored(ctx, st, a, m, target)
 }
 

@@ -188,12 +188,32 @@ type editImage struct {
 	// Attachment: images written before messages named attachments have
 	// none, as those messages had none.
 	Attachment uint64 `json:"f,omitempty"`
+	// Reactions: the counts (store.Message.Reactions).
+	Reactions []reactionCount `json:"x,omitempty"`
+}
+
+// reactionCount is one emoji's count in an edit image.
+type reactionCount struct {
+	Emoji string `json:"e"`
+	Count int    `json:"n"`
 }
 
 func imageOf(m store.Message) editImage {
 	return editImage{Sender: m.Sender, SenderDevice: m.SenderDevice, ClientMsgID: m.ClientMsgID, Kind: m.Kind,
 		Body: m.Body, TargetSeq: m.TargetSeq, Edited: m.Edited, Recalled: m.Recalled,
-		Mentions: cloneMentions(m.Mentions), MentionAll: m.MentionAll, Attachment: m.Attachment}
+		Mentions: cloneMentions(m.Mentions), MentionAll: m.MentionAll, Attachment: m.Attachment,
+		Reactions: countsOf(m.Reactions)}
+}
+
+func countsOf(rs []store.Reaction) []reactionCount {
+	if len(rs) == 0 {
+		return nil
+	}
+	out := make([]reactionCount, len(rs))
+	for i, r := range rs {
+		out[i] = reactionCount(r)
+	}
+	return out
 }
 
 func (e editImage) apply(m store.Message) store.Message {
@@ -201,6 +221,13 @@ func (e editImage) apply(m store.Message) store.Message {
 	m.Body, m.TargetSeq, m.Edited, m.Recalled = e.Body, e.TargetSeq, e.Edited, e.Recalled
 	m.Mentions, m.MentionAll = cloneMentions(e.Mentions), e.MentionAll
 	m.Attachment = e.Attachment
+	m.Reactions = nil
+	if len(e.Reactions) > 0 && !e.Recalled {
+		m.Reactions = make([]store.Reaction, len(e.Reactions))
+		for i, r := range e.Reactions {
+			m.Reactions[i] = store.Reaction(r)
+		}
+	}
 	return m
 }
 

@@ -255,9 +255,15 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 		return
 	}
 	var w *rewrite // an edit's or recall's target as rewritten (pending)
+	var react *reaction
 	if t := fresh[0].a; t.Msg.TargetSeq != 0 {
-		var err error
-		if w, err = s.rewriteTarget(ctx, st, t.Check, t.Msg.TargetSeq, pendingEdit{Event: t.Msg.MsgID, Seq: top + 1}); err != nil {
+		check, r, err := s.reactCheck(ctx, st.id, t)
+		if err != nil {
+			fresh[0].err = err
+			return
+		}
+		react = r
+		if w, err = s.rewriteTarget(ctx, st, check, t.Msg.TargetSeq, pendingEdit{Event: t.Msg.MsgID, Seq: top + 1}); err != nil {
 			if ce, ok := err.(checkError); ok {
 				err = ce.err
 			}
@@ -337,7 +343,10 @@ func (s *Store) writeOwned(ctx context.Context, st *convState, batch []*ownedReq
 		failAll(fresh, err)
 		return
 	}
-	if w != nil {
+	switch {
+	case react != nil:
+		s.storeMine(ctx, st.id, react)
+	case w != nil:
 		s.recordEdit(ctx, st.id, last, w.msg) // as in stored
 	}
 	rows, read, err := s.afterOwned(ctx, st, fresh, msgs, epoch, gen)

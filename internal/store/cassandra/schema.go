@@ -197,6 +197,15 @@ var migrations = []migration{
 			start_min int, end_min int, utc_offset int
 		)`,
 	}},
+	// Reactions: each user's emojis on a message, one partition per
+	// (conversation, user), ordered by the message's seq (react.go); the
+	// counts are in the message's edit image.
+	{14, "reactions: each user's reactions to messages", []string{
+		`CREATE TABLE IF NOT EXISTS reactions (
+			conv_id bigint, user_id text, seq bigint, emojis list<text>,
+			PRIMARY KEY ((conv_id, user_id), seq)
+		)`,
+	}},
 }
 
 var latestVersion = migrations[len(migrations)-1].version

@@ -154,8 +154,24 @@ func (s *Store) appendLocked(st *convState, a store.Append, idem string) (res st
 	defer b.Close()
 	recall := false
 	if m.TargetSeq != 0 {
-		if overlaid, recall, err = s.rewriteTarget(st, b, a.Check, m.TargetSeq, seq); err != nil {
+		check := a.Check
+		var mine []string
+		if a.React != nil {
+			before, err := s.mine(conv, m.Sender, m.TargetSeq)
+			if err != nil {
+				return res, err
+			}
+			check = reactCheck(a.Check, before, *a.React, &mine)
+		}
+		// A reaction keeps no version of its target: AsOf restores
+		// bodies, and counts are shown as they are now.
+		if overlaid, recall, err = s.rewriteTarget(st, b, check, m.TargetSeq, seq, a.React == nil); err != nil {
 			return res, err
+		}
+		if a.React != nil {
+			if err = setMine(b, conv, m.Sender, m.TargetSeq, mine); err != nil {
+				return res, err
+			}
 		}
 	}
 	row := st.row
@@ -328,7 +344,7 @@ func (s *Store) currentMembers(conv uint64) ([]store.Member, error) {
 // a recall reports itself, and the versions go once it is durable. It
 // reports whether it recorded an image and whether the target is now
 // recalled.
-func (s *Store) rewriteTarget(st *convState, b *cpebble.Batch, check func(store.Message) (store.Message, error), target, event uint64) (overlaid, recall bool, err error) {
+func (s *Store) rewriteTarget(st *convState, b *cpebble.Batch, check func(store.Message) (store.Message, error), target, event uint64, versioned bool) (overlaid, recall bool, err error) {
 	if target > st.row.LastSeq {
 		return false, false, fmt.Errorf("target %d: %w", target, store.ErrNotFound)
 	}
@@ -346,11 +362,14 @@ func (s *Store) rewriteTarget(st *convState, b *cpebble.Batch, check func(store.
 	next.ConvID, next.Seq, next.MsgID, next.ServerTime = old.ConvID, old.Seq, old.MsgID, old.ServerTime
 	next.CoalesceKey, next.Superseded, next.ReplyTo = old.CoalesceKey, false, old.ReplyTo
 	next.Mentions = cloneMentions(next.Mentions)
+	if next.Recalled {
+		next.Reactions = nil
+	}
 	if err := b.Set(msgKey(st.id, ref.bucket, ref.msgID), encodeMessage(next), nil); err != nil {
 		return false, false, err
 	}
 	recall = next.Recalled && !old.Recalled
-	if !next.Recalled {
+	if versioned && !next.Recalled {
 		if err := b.Set(versionKey(st.id, target, event), encodeMessage(old), nil); err != nil {
 			return false, false, err
 		}

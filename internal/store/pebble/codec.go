@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/parley-im/parley/internal/store"
 )
@@ -40,9 +41,12 @@ const (
 	// flagReplyTo: an uvarint seq (non-zero), the message answered,
 	// follows the attachment id. Values written before replies never
 	// have it and read as ReplyTo 0.
-	flagReplyTo  = 1 << 4
-	flagsKnownV1 = flagEdited | flagRecalled
-	flagsKnown   = flagsKnownV1 | flagMentionAll | flagAttachment | flagReplyTo
+	flagReplyTo = 1 << 4
+	// flagReactions: an uvarint count of (emoji, uvarint count) pairs
+	// ends the value (after the reply's seq).
+	flagReactions = 1 << 5
+	flagsKnownV1  = flagEdited | flagRecalled
+	flagsKnown    = flagsKnownV1 | flagMentionAll | flagAttachment | flagReplyTo | flagReactions
 )
 
 // Member flags (v2).
@@ -174,6 +178,9 @@ func encodeMessage(m store.Message) []byte {
 	if m.ReplyTo != 0 {
 		flags |= flagReplyTo
 	}
+	if len(m.Reactions) != 0 {
+		flags |= flagReactions
+	}
 	e.byte(flags)
 	e.string(m.Sender)
 	e.string(m.SenderDevice)
@@ -190,6 +197,13 @@ func encodeMessage(m store.Message) []byte {
 	}
 	if m.ReplyTo != 0 {
 		e.uvarint(m.ReplyTo)
+	}
+	if len(m.Reactions) != 0 {
+		e.uvarint(uint64(len(m.Reactions)))
+		for _, r := range m.Reactions {
+			e.string(r.Emoji)
+			e.uvarint(uint64(r.Count))
+		}
 	}
 	return e.bytes()
 }
@@ -243,11 +257,66 @@ func decodeMessage(conv uint64, b []byte) (store.Message, error) {
 				d.fail() // 0 is written as absent
 			}
 		}
+		if flags&flagReactions != 0 {
+			m.Reactions = decodeReactions(d)
+		}
 	}
 	if err := d.finish("message"); err != nil {
 		return store.Message{}, err
 	}
 	return m, nil
+}
+
+// decodeReactions reads a message's reaction counts: at least one, each
+// with a non-empty emoji and a count of at least 1.
+func decodeReactions(d *decoder) []store.Reaction {
+	n := d.uvarint()
+	// Each pair takes at least two bytes, which bounds the allocation.
+	if d.err == nil && (n == 0 || n > uint64(len(d.b))) {
+		d.fail()
+	}
+	if d.err != nil {
+		return nil
+	}
+	out := make([]store.Reaction, n)
+	for i := range out {
+		out[i].Emoji = d.string()
+		c := d.uvarint()
+		if d.err == nil && (out[i].Emoji == "" || c == 0 || c > math.MaxInt32) {
+			d.fail()
+		}
+		out[i].Count = int(c)
+	}
+	return out
+}
+
+// encodeEmojis is the value of an A row: a user's emojis on a message.
+func encodeEmojis(es []string) []byte {
+	e := newEncoder(1 + 8*len(es))
+	e.uvarint(uint64(len(es)))
+	for _, s := range es {
+		e.string(s)
+	}
+	return e.bytes()
+}
+
+func decodeEmojis(b []byte) ([]string, error) {
+	d := newDecoder(b)
+	n := d.uvarint()
+	if d.err == nil && (n == 0 || n > uint64(len(d.b))) {
+		d.fail()
+	}
+	var out []string
+	if d.err == nil {
+		out = make([]string, n)
+		for i := range out {
+			out[i] = d.string()
+		}
+	}
+	if err := d.finish("reactions"); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // seqRef is the value of an S row: where the message lives. Keeping the

@@ -149,16 +149,23 @@ func FuzzDecodeUint(f *testing.F) {
 func FuzzMessageRoundTrip(f *testing.F) {
 	m := sampleMessage
 	f.Add(m.Seq, m.MsgID, m.TargetSeq, m.ServerTime, m.Edited, m.Recalled, m.Sender, m.SenderDevice, m.ClientMsgID,
-		m.Kind, m.Body, "bob\x00carol", m.MentionAll, m.CoalesceKey, false, uint64(0), uint64(0))
-	f.Add(uint64(0), ^uint64(0), uint64(1), int64(-1), false, true, "", "", "", "", "", "", false, "", true, ^uint64(0), uint64(3))
-	f.Add(uint64(4), uint64(5), uint64(0), int64(1), false, false, "a", "", "", "text", "x", "", false, "", false, uint64(0), ^uint64(0))
+		m.Kind, m.Body, "bob\x00carol", m.MentionAll, m.CoalesceKey, false, uint64(0), uint64(0), "👍\x00❤️")
+	f.Add(uint64(0), ^uint64(0), uint64(1), int64(-1), false, true, "", "", "", "", "", "", false, "", true, ^uint64(0), uint64(3), "")
+	f.Add(uint64(4), uint64(5), uint64(0), int64(1), false, false, "a", "", "", "text", "x", "", false, "", false, uint64(0), ^uint64(0), "x")
 	f.Fuzz(func(t *testing.T, seq, id, target uint64, at int64, edited, recalled bool, sender, dev, cmid, kind, body,
-		mentions string, mentionAll bool, key string, superseded bool, attachment, replyTo uint64) {
+		mentions string, mentionAll bool, key string, superseded bool, attachment, replyTo uint64, reactions string) {
 		in := store.Message{ConvID: 9, Seq: seq, MsgID: id, TargetSeq: target, ServerTime: at, Edited: edited,
 			Recalled: recalled, Sender: sender, SenderDevice: dev, ClientMsgID: cmid, Kind: kind, Body: body,
 			MentionAll: mentionAll, CoalesceKey: key, Superseded: superseded, Attachment: attachment, ReplyTo: replyTo}
 		if mentions != "" {
 			in.Mentions = strings.Split(mentions, "\x00")
+		}
+		if reactions != "" {
+			for i, e := range strings.Split(reactions, "\x00") {
+				if e != "" {
+					in.Reactions = append(in.Reactions, store.Reaction{Emoji: e, Count: i + 1})
+				}
+			}
 		}
 		out, err := decodeMessage(9, encodeMessage(in))
 		in.Superseded = false

@@ -20,6 +20,7 @@ const (
 	tagOutbox    = 'O'
 	tagVersion   = 'H'
 	tagIDMark    = 'N'
+	tagReacted   = 'A'
 )
 
 // idMarkKey is N: the message id watermark (idmark.go).
@@ -158,6 +159,19 @@ func deliveredKey(user string, conv uint64) []byte {
 	k := append(tagged(tagDelivered, len(user)+10), user...)
 	k = append(k, 0)
 	return binary.BigEndian.AppendUint64(k, conv)
+}
+
+// reactedPrefix is A | conv | user 0x00: a user's reactions in conv.
+func reactedPrefix(conv uint64, user string) []byte {
+	k := tagged(tagReacted, 18+len(user))
+	k = binary.BigEndian.AppendUint64(k, conv)
+	k = append(k, user...)
+	return append(k, 0)
+}
+
+// reactedKey is A | conv | user 0x00 | seq: the user's emojis on seq.
+func reactedKey(conv uint64, user string, seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(reactedPrefix(conv, user), seq)
 }
 
 // prefixEnd returns the smallest key greater than every key with prefix p.

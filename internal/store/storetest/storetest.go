@@ -52,6 +52,7 @@ func Run(t *testing.T, h Harness) {
 		{"EditAsOf", testEditAsOf},
 		{"RecallAsOf", testRecallAsOf},
 		{"Reply", testReply},
+		{"React", testReact},
 		{"DirectConcurrent", testDirectConcurrent},
 		{"AddMembers", testAddMembers},
 		{"RemoveMembers", testRemoveMembers},
