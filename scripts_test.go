@@ -61,6 +61,7 @@ func TestTestScriptSummary(t *testing.T) {
 		"SKIPPED  the suites on NATS: PARLEY_TEST_NATS is unset",
 		"SKIPPED  the suites on CASSANDRA: PARLEY_TEST_CASSANDRA is unset",
 		"SKIPPED  the suites on S3: PARLEY_TEST_S3 is unset",
+		"SKIPPED  the suites on OPENSEARCH: PARLEY_TEST_OPENSEARCH is unset",
 		"SKIPPED  the Autobahn|Testsuite cases: PARLEY_KOSOKU is unset",
 		"SKIPPED  the browser tests: no Chromium",
 		"SKIPPED  the alert rules' checks: no promtool",

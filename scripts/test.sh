@@ -13,7 +13,7 @@ steps=()    # "name: outcome" of each step, in order
 started=$SECONDS
 coverage() {
 	local v
-	for v in PARLEY_TEST_REDIS PARLEY_TEST_NATS PARLEY_TEST_CASSANDRA PARLEY_TEST_S3; do
+	for v in PARLEY_TEST_REDIS PARLEY_TEST_NATS PARLEY_TEST_CASSANDRA PARLEY_TEST_S3 PARLEY_TEST_OPENSEARCH; do
 		if [[ -n "${!v:-}" ]]; then
 			echo "  ran      the suites on ${v#PARLEY_TEST_} ($v=${!v})"
 		else

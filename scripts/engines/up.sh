@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Starts the distributed engines cluster mode and its tests use — Redis, NATS
-# with JetStream, Cassandra, and SeaweedFS for attachments on S3 — on
-# loopback, the way CI does, and prints the variables that point the tests
-# and `parley serve` at them.
+# with JetStream, Cassandra, SeaweedFS for attachments on S3, and
+# OpenSearch for search — on loopback, the way CI does, and prints the
+# variables that point the tests and `parley serve` at them.
 #
 #   scripts/engines/up.sh          # start (idempotent) and print the exports
 #   source "${PARLEY_ENGINES_DIR:-/tmp/parley-engines}/env"
-#   scripts/engines/up.sh status   # exit 1 unless all four run
-#   scripts/engines/up.sh stop     # stop all four
+#   scripts/engines/up.sh status   # exit 1 unless all five run
+#   scripts/engines/up.sh stop     # stop all five
 set -euo pipefail
 cd "$(dirname "$0")"
 action="${1:-start}"
 rc=0
-for engine in redis nats cassandra seaweedfs; do
+for engine in redis nats cassandra seaweedfs opensearch; do
 	"./$engine.sh" "$action" || rc=$?
 done
 ((rc == 0)) || exit "$rc"
