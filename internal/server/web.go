@@ -133,6 +133,28 @@ func (s *Server) routePage(mux *http.ServeMux) {
 		pageHeaders(w, csp)
 		assets.ServeHTTP(w, r)
 	})
+	worker, err := fs.ReadFile(files, serviceWorkerFile)
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	mux.HandleFunc("GET /sw.js", func(w http.ResponseWriter, r *http.Request) {
+		serviceWorkerHeaders(w, csp)
+		_, _ = w.Write(worker)
+	})
+}
+
+// serviceWorkerFile is the page's service worker in the embedded files,
+// served at /sw.js.
+const serviceWorkerFile = "js/web/src/sw/sw.js"
+
+// serviceWorkerHeaders: the service worker is served at the root so that
+// its scope is the whole page (/), which Service-Worker-Allowed states;
+// it runs under the page's CSP (it fetches nothing) and, like the page,
+// is revalidated so a new binary's worker replaces the old one.
+func serviceWorkerHeaders(w http.ResponseWriter, csp string) {
+	pageHeaders(w, csp)
+	w.Header().Set("Content-Type", "text/javascript; charset=utf-8")
+	w.Header().Set("Service-Worker-Allowed", "/")
 }
 
 // noDirs is the page's file system without directories: the file server

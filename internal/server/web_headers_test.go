@@ -79,3 +79,36 @@ func TestDevTokenRefusesForeignHost(t *testing.T) {
 		}
 	}
 }
+
+// TestServiceWorkerServed: the page's service worker is at /sw.js — the
+// root, so that its scope covers the page — as JavaScript (a browser
+// refuses a worker of another type), with Service-Worker-Allowed: / and
+// the page's CSP; no page, no worker.
+func TestServiceWorkerServed(t *testing.T) {
+	srv := servertest.Start(t, withWeb(config.Web{Page: true}))
+	page, _ := do(t, http.MethodGet, srv.HTTPURL+"/", nil, "")
+	resp, body := do(t, http.MethodGet, srv.HTTPURL+"/sw.js", nil, "")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /sw.js: %d", resp.StatusCode)
+	}
+	for h, want := range map[string]string{
+		"Content-Type":            "text/javascript; charset=utf-8",
+		"Service-Worker-Allowed":  "/",
+		"Content-Security-Policy": page.Header.Get("Content-Security-Policy"),
+		"Cache-Control":           "no-cache",
+		"X-Content-Type-Options":  "nosniff",
+	} {
+		if got := resp.Header.Get(h); got != want {
+			t.Errorf("GET /sw.js: %s %q, want %q", h, got, want)
+		}
+	}
+	for _, handler := range []string{`addEventListener("push"`, `addEventListener("notificationclick"`} {
+		if !strings.Contains(body, handler) {
+			t.Errorf("GET /sw.js: no %s in the worker", handler)
+		}
+	}
+	off := servertest.Start(t)
+	if resp, _ := do(t, http.MethodGet, off.HTTPURL+"/sw.js", nil, ""); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /sw.js without the page: %d, want 404", resp.StatusCode)
+	}
+}

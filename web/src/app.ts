@@ -152,7 +152,13 @@ async function loadE2E(): Promise<typeof E2EE | null> {
 async function boot() {
   const frag = new URLSearchParams(location.hash.slice(1));
   let token = frag.get("token") ?? sessionStorage.getItem("parley.token") ?? "";
-  if (frag.has("token")) history.replaceState(null, "", location.pathname);
+  // #conv=<id>: a notification's click opened this tab on that conversation.
+  const conv = frag.get("conv");
+  if (conv) {
+    sessionStorage.setItem("parley.open", conv);
+    reloaded = true;
+  }
+  if (frag.has("token") || conv) history.replaceState(null, "", location.pathname);
   if (!token) token = await login();
   sessionStorage.setItem("parley.token", token);
   e2eMod = await loadE2E();
@@ -206,6 +212,7 @@ function start(token: string, owned: string | null) {
     renderComposerTools();
     void refreshList();
     void publishE2E();
+    void refreshPush();
   });
   client.on("disconnected", () => status("reconnecting", "Disconnected"));
   client.on("draining", () => status("draining", "Server restarting: moving to another connection…"));
@@ -922,6 +929,13 @@ function wire() {
     $("peer").focus();
   });
   $("retry").addEventListener("click", () => client.reconnectNow());
+  $("notify").addEventListener("click", () => void togglePush());
+  $("signout").addEventListener("click", () => void signOut());
+  // A click on a notification while this tab is open: the service worker names the conversation.
+  navigator.serviceWorker?.addEventListener("message", (ev) => {
+    const d = ev.data as { type?: string; conv?: string } | null;
+    if (d?.type === "open" && d.conv && convs.has(d.conv)) void openConv(d.conv, true);
+  });
   $("messages").addEventListener("scroll", () => { if ($("messages").scrollTop < 40) void loadOlder(); });
   document.addEventListener("visibilitychange", () => { if (current) markRead(current); });
   wireAttachments();
@@ -1328,6 +1342,152 @@ function wireAttachments() {
   });
   $("viewer-close").addEventListener("click", () => $<HTMLDialogElement>("viewer").close());
   $("viewer").addEventListener("click", (ev) => { if (ev.target === $("viewer")) $<HTMLDialogElement>("viewer").close(); });
+}
+
+// Web Push (docs/push.md, "Web Push on the page"): nothing is asked on
+// load; the permission prompt and the subscription come only from a click
+// on "Enable notifications".
+
+/** How long pushManager.subscribe may take: a browser whose push service is unreachable never answers. */
+const subscribeTimeoutMs = 20_000;
+
+function pushSupported(): boolean {
+  return "serviceWorker" in navigator && "PushManager" in window && "Notification" in window;
+}
+
+function notifyNote(text: string) {
+  $("notify-note").textContent = text;
+}
+
+/** This origin's subscription, if the worker is registered and subscribed (never prompts). */
+async function currentSubscription(): Promise<PushSubscription | null> {
+  if (!pushSupported()) return null;
+  const reg = await navigator.serviceWorker.getRegistration("/");
+  return (await reg?.pushManager.getSubscription()) ?? null;
+}
+
+/** Registers sub for this device (push_register): also on each connect, as the subscription or the tab's device may have changed. */
+async function registerSubscription(sub: PushSubscription) {
+  const j = sub.toJSON();
+  if (!j.endpoint || !j.keys?.p256dh || !j.keys?.auth) throw new Error("the subscription has no endpoint or keys");
+  await client.pushRegister({ provider: "webpush", endpoint: j.endpoint, p256dh: j.keys.p256dh, auth: j.keys.auth });
+}
+
+/** On connect: shows the control when the server sends Web Push, and refreshes a subscription granted earlier. */
+async function refreshPush() {
+  const key = client.webPushKey;
+  $("notify-panel").hidden = !key;
+  if (!key) return;
+  try {
+    const sub = Notification.permission === "granted" ? await currentSubscription() : null;
+    if (sub && sameKey(sub, key)) {
+      await registerSubscription(sub);
+      pushOn(true);
+      return;
+    }
+  } catch (e) {
+    console.warn("push: refreshing the subscription failed:", e);
+  }
+  pushOn(false);
+}
+
+function pushOn(on: boolean) {
+  $("notify").textContent = on ? "Turn off notifications" : "Enable notifications";
+  $("notify").dataset.on = on ? "1" : "";
+  if (on) notifyNote("Notifications are on: this browser shows new messages while Parley is closed.");
+}
+
+function togglePush(): Promise<void> {
+  return $("notify").dataset.on ? disablePush() : enablePush();
+}
+
+/**
+ * enablePush runs on the click: the permission prompt first (while the
+ * click's user activation lasts), then the service worker, the
+ * subscription with the server's VAPID key and push_register.
+ */
+async function enablePush() {
+  const key = client.webPushKey;
+  if (!key) return notifyNote("This server sends no push notifications.");
+  if (!pushSupported()) {
+    return notifyNote("This browser cannot show notifications while Parley is closed: it has no service workers or Push API here (on iOS, add Parley to the home screen first).");
+  }
+  const perm = await Notification.requestPermission();
+  if (perm === "denied") return notifyNote("Notifications are blocked for this site. Allow them in the browser's site settings, then click again.");
+  if (perm !== "granted") return notifyNote("Notifications were not allowed: the question was dismissed. Click again to be asked once more.");
+  notifyNote("Subscribing to the browser's push service…");
+  $<HTMLButtonElement>("notify").disabled = true;
+  try {
+    const reg = await navigator.serviceWorker.register("/sw.js", { scope: "/" });
+    await navigator.serviceWorker.ready;
+    const old = await reg.pushManager.getSubscription();
+    if (old && !sameKey(old, key)) await old.unsubscribe(); // the server's key changed
+    const sub = await within(reg.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: fromBase64url(key) }), subscribeTimeoutMs,
+      `no answer within ${subscribeTimeoutMs / 1000} s`);
+    await registerSubscription(sub);
+    pushOn(true);
+  } catch (e) {
+    notifyNote(`The browser's push service is not available (${e instanceof Error ? e.message : e}), so notifications stay off. Try again later, or in a browser window that is not private.`);
+  } finally {
+    $<HTMLButtonElement>("notify").disabled = false;
+  }
+}
+
+/** disablePush: push_remove of every registration of this device, then the browser's subscription goes. */
+async function disablePush() {
+  try {
+    await client.pushRemove();
+    await (await currentSubscription())?.unsubscribe();
+    pushOn(false);
+    notifyNote("Notifications are off.");
+  } catch (e) {
+    notifyNote(`Turning notifications off failed: ${e instanceof Error ? e.message : e}`);
+  }
+}
+
+/**
+ * signOut: this device's push registrations are removed (no notifications
+ * reach a signed-out browser) and its subscription dropped; then the token
+ * is forgotten and the sign-in shows.
+ */
+async function signOut() {
+  $<HTMLButtonElement>("signout").disabled = true;
+  try {
+    await within(client.pushRemove(), 5000, "no answer");
+  } catch (e) {
+    // Offline: the dropped subscription's endpoint answers 410, and the server removes it then.
+    console.warn("push: removing this device's registrations failed:", e);
+  }
+  try {
+    await (await currentSubscription())?.unsubscribe();
+  } catch (e) {
+    console.warn("push: unsubscribing failed:", e);
+  }
+  client.close();
+  sessionStorage.removeItem("parley.token");
+  sessionStorage.removeItem("parley.open");
+  location.replace("/");
+}
+
+function sameKey(sub: PushSubscription, key: string): boolean {
+  const k = sub.options.applicationServerKey;
+  return !!k && toBase64url(new Uint8Array(k)) === key;
+}
+
+function fromBase64url(s: string): Uint8Array<ArrayBuffer> {
+  const bin = atob(s.replace(/-/g, "+").replace(/_/g, "/"));
+  return Uint8Array.from(bin, (c) => c.charCodeAt(0));
+}
+
+function toBase64url(b: Uint8Array): string {
+  return btoa(String.fromCharCode(...b)).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+/** within rejects when p has not settled after ms. */
+function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<never>((_, reject) => { timer = setTimeout(() => reject(new Error(what)), ms); });
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
 }
 
 function split(s: string): string[] {
