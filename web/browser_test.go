@@ -70,29 +70,36 @@ type node struct {
 	addr string
 	dir  string
 	cfg  []func(*config.Config)
+	opts []servertest.Option
 }
 
 // startNode starts the node; cfg changes its configuration further.
 func startNode(t testing.TB, cfg ...func(*config.Config)) *node {
+	return startNodeWith(t, nil, cfg...)
+}
+
+// startNodeWith is startNode with further test server options (its deps).
+func startNodeWith(t testing.TB, opts []servertest.Option, cfg ...func(*config.Config)) *node {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close()
-	n := &node{t: t, addr: addr, dir: t.TempDir(), cfg: cfg}
+	n := &node{t: t, addr: addr, dir: t.TempDir(), cfg: cfg, opts: opts}
 	n.start()
 	return n
 }
 
 func (n *node) start() {
-	n.srv = servertest.Start(n.t, servertest.WithDataDir(n.dir), servertest.WithDevKey(), servertest.WithConfig(func(c *config.Config) {
+	opts := append([]servertest.Option{servertest.WithDataDir(n.dir), servertest.WithDevKey(), servertest.WithConfig(func(c *config.Config) {
 		c.Listen = n.addr
 		c.Web.Page = true
 		for _, f := range n.cfg {
 			f(c)
 		}
-	}))
+	})}, n.opts...)
+	n.srv = servertest.Start(n.t, opts...)
 }
 
 func (n *node) url() string { return "http://" + n.addr + "/" }
