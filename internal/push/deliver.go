@@ -45,6 +45,16 @@ func (p *Pusher) attempt(ctx context.Context, l *lane, hd hooks.Head) time.Time 
 		}
 		return time.Time{}
 	}
+	if p.late(ev) {
+		// Produced after a later message of the conversation was
+		// notified: that notification, with the same collapse id and
+		// counting this message, stands for it.
+		if err := l.Done(ctx, hd); err != nil {
+			p.log.Error("push: clearing a late event failed", "err", err)
+		}
+		p.collapsed.Add(1)
+		return time.Time{}
+	}
 	if hd.More {
 		// A later message of the conversation is queued: it stands for
 		// this one, unless the conversation has been collapsing for
@@ -132,9 +142,7 @@ func (p *Pusher) attempt(ctx context.Context, l *lane, hd hooks.Head) time.Time 
 		l.mu.Lock()
 		delete(l.answered, hd.Key)
 		l.mu.Unlock()
-		p.mu.Lock()
-		delete(p.since, ev.Conv)
-		p.mu.Unlock()
+		p.notified(ev)
 		if err := l.Done(ctx, hd); err != nil {
 			p.log.Error("push: clearing a sent event failed; it will be sent again", "err", err)
 		}

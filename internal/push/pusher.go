@@ -16,8 +16,10 @@
 // A conversation's events within Config.Burst make one notification: an
 // event with a later one of its conversation behind it is superseded
 // (removed unsent) unless the conversation has had no notification for
-// CollapseMax; the one sent carries the user's unread count of the
-// conversation and the badge (unread of every conversation). An E2E
+// CollapseMax, and so is one produced late, after a later message of its
+// conversation was notified (LateWindow); the one sent carries the user's
+// unread count of the conversation and the badge (unread of every
+// conversation). An E2E
 // conversation's notification never carries content: a background
 // (content-available / data-only) push the app wakes on to fetch and
 // decrypt.
@@ -103,7 +105,23 @@ type Pusher struct {
 	// since: conversation → when it began collapsing (an event
 	// superseded, none sent since).
 	since map[uint64]time.Time
+	// sent: conversation → the last seq notified and when, for
+	// LateWindow: an event of an earlier seq queued after it (its
+	// fan-out ran late) is superseded by it.
+	sent    map[uint64]sentSeq
+	pruneAt int // len(sent) at which entries past LateWindow go
 }
+
+type sentSeq struct {
+	seq uint64
+	at  time.Time
+}
+
+// LateWindow is how long the pusher remembers a conversation's last
+// notification, so that an earlier message's event produced after it
+// (the outbox's fan-out after a crash, a fan-out retried) is dropped
+// rather than taking the device back to an older message.
+const LateWindow = time.Minute
 
 var _ fanout.Consumer = (*Pusher)(nil)
 
@@ -127,7 +145,8 @@ func New(cfg Config, o Options) (*Pusher, error) {
 			MaxIdleConnsPerHost: cfg.Concurrency, IdleConnTimeout: 90 * time.Second}}
 	}
 	p := &Pusher{cfg: cfg, q: o.Queue, st: o.Store, log: o.Logger, now: o.Now, provs: map[string]provider{},
-		stats: map[string]*counters{}, slots: hooks.NewSlots(cfg.Concurrency), since: map[uint64]time.Time{}}
+		stats: map[string]*counters{}, slots: hooks.NewSlots(cfg.Concurrency), since: map[uint64]time.Time{},
+		sent: map[uint64]sentSeq{}, pruneAt: minPrune}
 	if cfg.APNs.KeyFile != "" {
 		a, err := newAPNs(cfg.APNs, c, o.Now)
 		if err != nil {
@@ -211,6 +230,40 @@ func previewText(m store.Message) string {
 		t = t[:cut] + "…"
 	}
 	return t
+}
+
+const minPrune = 1024
+
+// late reports whether a later message of ev's conversation was notified
+// within LateWindow.
+func (p *Pusher) late(ev event) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s, ok := p.sent[ev.Conv]
+	return ok && ev.Seq < s.seq && time.Since(s.at) < LateWindow
+}
+
+// notified records ev's conversation notified up to ev's seq, and forgets
+// the conversations notified longer than LateWindow ago once the map has
+// doubled since it last did.
+func (p *Pusher) notified(ev event) {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.since, ev.Conv)
+	if s := p.sent[ev.Conv]; s.seq > ev.Seq {
+		ev.Seq = s.seq
+	}
+	p.sent[ev.Conv] = sentSeq{seq: ev.Seq, at: now}
+	if len(p.sent) < p.pruneAt {
+		return
+	}
+	for c, s := range p.sent {
+		if now.Sub(s.at) >= LateWindow {
+			delete(p.sent, c)
+		}
+	}
+	p.pruneAt = max(minPrune, 2*len(p.sent))
 }
 
 // Close closes the queue (after Run has returned).

@@ -312,3 +312,42 @@ func TestPusherFloodCollapsed(t *testing.T) {
 		t.Logf("200 messages: %d notifications, %d collapsed", len(reqs), r.p.Collapsed())
 	})
 }
+
+// TestPusherLateEventSuperseded: an event that reaches the queue after a
+// later message of its conversation was notified (its fan-out ran late,
+// as the outbox's after a crash) is superseded, not sent: the device
+// never goes back to an older message, and the one shown already counts
+// it.
+func TestPusherLateEventSuperseded(t *testing.T) {
+	eachEngine(t, func(t *testing.T, queue func(*testing.T) hooks.Queue) {
+		r := newRig(t, queue, func(c *Config) { c.Burst = 20 * time.Millisecond })
+		r.register(store.PushReg{UserID: "bob", DeviceID: "phone", Provider: "apns", Token: "b0b0", Topic: "im.parley.app"})
+		c := r.conv(6, store.Direct, false, "alice", "bob")
+		var msgs []store.Message
+		for i := range 2 {
+			res, err := r.st.Append(context.Background(), store.Append{Rows: true, Msg: store.Message{ConvID: c.ID, MsgID: r.ids.Add(1), Sender: "alice",
+				ClientMsgID: fmt.Sprint("late", i), Kind: protocol.KindText, Body: fmt.Sprint("m", i), ServerTime: time.Now().UnixMilli()}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgs = append(msgs, res.Msg)
+		}
+		fanned := func(m store.Message) {
+			if err := r.p.Fanned(context.Background(), fanout.Fanned{Msg: m, Conv: c, Recipients: []string{"alice", "bob"}, AllRecipients: true, Reached: []string{"alice"}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		fanned(msgs[1])
+		r.wait(1)
+		fanned(msgs[0]) // late
+		waitFor(t, func() bool { b, _ := r.p.Backlog(); return b == 0 }, "the queue empties")
+		time.Sleep(300 * time.Millisecond)
+		reqs := r.prov.requests()
+		if len(reqs) != 1 || reqs[0].Payload["seq"] != float64(msgs[1].Seq) || reqs[0].Payload["count"] != 2.0 {
+			t.Fatalf("requests %+v, want one for seq %d counting 2", reqs, msgs[1].Seq)
+		}
+		if r.p.Collapsed() != 1 {
+			t.Fatalf("collapsed %d, want 1 (the late event)", r.p.Collapsed())
+		}
+	})
+}
