@@ -396,6 +396,118 @@ async function search(q) {
         $("search-hits").replaceChildren(li);
     }
 }
+/** The query and cursor of the shown server search results. */
+let msearch = null;
+/**
+ * Searches the plain conversations on the server (end-to-end encrypted
+ * ones are searched on the device, above). more: the next page of the
+ * same query.
+ */
+async function serverSearch(text, more = false) {
+    const status = $("msearch-status");
+    const hits = $("msearch-hits");
+    if (!more)
+        msearch = { text };
+    const q = msearch;
+    let r;
+    try {
+        r = await client.search({ text: q.text, limit: 20, ...(more && q.cursor ? { cursor: q.cursor } : {}) });
+    }
+    catch (e) {
+        status.hidden = false;
+        status.textContent = e.code === "search_unavailable"
+            ? "Search is not available on this server."
+            : `Search failed: ${e instanceof Error ? e.message : e}`;
+        if (!more)
+            hits.replaceChildren();
+        return;
+    }
+    if (msearch !== q)
+        return; // a newer search started meanwhile
+    q.cursor = r.cursor;
+    const items = r.hits.map((h) => {
+        const li = document.createElement("li");
+        const c = convs.get(h.conv_id);
+        const where = document.createElement("span");
+        where.className = "where";
+        where.textContent = `${c ? (c.kind === "group" ? "# " : "") + c.name : h.conv_id} · ${h.sender} · ${new Date(h.server_time).toLocaleString()}`;
+        const snip = document.createElement("span");
+        snip.className = "snippet";
+        let at = 0;
+        for (const [start, end] of h.highlights) {
+            if (start < at || end <= start)
+                continue;
+            snip.append(h.snippet.slice(at, start));
+            const mark = document.createElement("mark");
+            mark.textContent = h.snippet.slice(start, end);
+            snip.append(mark);
+            at = end;
+        }
+        snip.append(h.snippet.slice(at));
+        const b = document.createElement("button");
+        b.type = "button";
+        b.append(where, snip);
+        b.addEventListener("click", () => void openAt(h.conv_id, h.seq).catch(alertError));
+        li.append(b);
+        return li;
+    });
+    if (more) {
+        hits.querySelector("li.more")?.remove();
+        hits.append(...items);
+    }
+    else
+        hits.replaceChildren(...items);
+    if (r.cursor) {
+        const li = document.createElement("li");
+        li.className = "more";
+        li.append(button("More results", "Show more search results", () => void serverSearch(q.text, true)));
+        hits.append(li);
+    }
+    status.hidden = items.length > 0 || more;
+    status.textContent = items.length || more ? "" : `No message matches “${q.text}”.`;
+}
+/** How far back (in seqs) a search result is loaded to be shown in place. */
+const maxJump = 2000;
+/** Opens a conversation scrolled to message seq, loading it if needed. */
+async function openAt(convId, seq) {
+    if (!convs.has(convId))
+        await refreshList();
+    await openConv(convId, false);
+    const c = convs.get(convId);
+    if (!c)
+        return;
+    if (!c.msgs.has(seq)) {
+        const shownFrom = c.oldest || c.lastSeq + 1;
+        if (shownFrom - seq > maxJump) {
+            const status = $("msearch-status");
+            status.hidden = false;
+            status.textContent = `That message is ${shownFrom - seq} messages back: scroll up in the conversation to reach it.`;
+            return;
+        }
+        // Load the page around it, then the gap up to what is shown.
+        const page = await client.history(convId, { beforeSeq: seq + 1, limit: 30 });
+        for (const m of await revealAll(c, page.messages))
+            addMessage(c, m);
+        let from = seq;
+        const shown = [...c.msgs.keys()].filter((s) => s > seq).sort((a, b) => a - b)[0];
+        while (shown && from < shown - 1) {
+            const next = await client.history(convId, { afterSeq: from, limit: 100 });
+            if (!next.messages.length)
+                break;
+            for (const m of await revealAll(c, next.messages))
+                addMessage(c, m);
+            from = next.messages[next.messages.length - 1].seq;
+        }
+        c.hasOlder = page.hasMore;
+        renderMessages(false);
+    }
+    const li = $("messages").querySelector(`li[data-seq="${seq}"]`);
+    if (!li)
+        return;
+    $("messages").querySelectorAll("li.found").forEach((e) => e.classList.remove("found"));
+    li.classList.add("found");
+    li.scrollIntoView({ block: "center" });
+}
 function fromSummary(s) {
     const old = convs.get(s.conv_id);
     const c = old ?? {
@@ -990,6 +1102,10 @@ function wireE2E() {
         catch (e) {
             e2eStatus(`Linking failed: ${e instanceof Error ? e.message : e}`);
         }
+    });
+    $("msearch-form").addEventListener("submit", (ev) => {
+        ev.preventDefault();
+        void serverSearch($("msearch-input").value.trim());
     });
     $("search-form").addEventListener("submit", (ev) => {
         ev.preventDefault();
