@@ -493,3 +493,39 @@ func TestWebPushNotifications(t *testing.T) {
 	}
 	later.shot("signed out")
 }
+
+// TestWebPushServiceSilent: in a normal (not private) profile Chromium's
+// subscribe waits for its push service, which is out of reach here and
+// never answers; the page gives up after its 20 s and says so, and
+// notifications stay off.
+func TestWebPushServiceSilent(t *testing.T) {
+	n := startNode(t, func(c *config.Config) {
+		c.Push.WebPush = push.WebPushConfig{VAPIDKeyFile: writeVAPIDKey(t), Subject: "mailto:ops@parley.example"}
+	})
+	b := newBrowser(t)
+	ctx, _ := chromedp.NewContext(b.ctx) // a tab of the browser's own profile
+	alice := b.attach(ctx, "alice")
+	alice.login(n, "alice")
+	alice.until("notification control", `!document.getElementById("notify-panel").hidden`)
+	alice.setNotifications(n, cdpbrowser.PermissionSettingGranted)
+	alice.run(chromedp.Click(chromedp.ID("notify")))
+	alice.until("subscribing", `document.getElementById("notify-note").textContent.startsWith("Subscribing")`)
+	deadline := time.Now().Add(90 * time.Second) // the page's 20 s, on a loaded machine
+	for {
+		var note string
+		alice.eval(`document.getElementById("notify-note").textContent`, &note)
+		if strings.Contains(note, "push service is not available (no answer within 20 s)") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("note %q, want the push service's silence explained", note)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var on string
+	alice.eval(`document.getElementById("notify").textContent + "/" + document.getElementById("notify").disabled`, &on)
+	if on != "Enable notifications/false" {
+		t.Fatalf("control %q after the failure, want Enable notifications, enabled", on)
+	}
+	alice.shot("push service silent")
+}
