@@ -19,6 +19,13 @@
 #   PARLEY_CASSANDRA_COMMITLOG_SYNC=batch       batch | group (both fsync before ack) | periodic
 #   PARLEY_CASSANDRA_GROUP_WINDOW=5ms           commit window of group mode
 #   PARLEY_CASSANDRA_START_TIMEOUT=240          seconds to wait for readiness
+#   PARLEY_CASSANDRA_HEAP=2g                    JVM heap (-Xms and -Xmx)
+# A node of a ring (scripts/engines/cassandra-ring.sh sets these):
+#   PARLEY_CASSANDRA_DIR=$PARLEY_ENGINES_DIR/cassandra   the node's directory
+#   PARLEY_CASSANDRA_ADDRESS=127.0.0.1          listen and native address
+#   PARLEY_CASSANDRA_SEEDS=ADDRESS:STORAGE_PORT the ring's seeds
+#   PARLEY_CASSANDRA_INITIAL_TOKEN=0            the node's token (one each)
+#   PARLEY_CASSANDRA_ANNOUNCE=1                 0: write no env line
 # A fresh node: stop, then rm -rf "$PARLEY_ENGINES_DIR/cassandra".
 set -euo pipefail
 
@@ -26,9 +33,13 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 version=5.0.8
 engines=${PARLEY_ENGINES_DIR:-/tmp/parley-engines}
-dir=$engines/cassandra
+dir=${PARLEY_CASSANDRA_DIR:-$engines/cassandra}
+address=${PARLEY_CASSANDRA_ADDRESS:-127.0.0.1}
 port=${PARLEY_CASSANDRA_PORT:-9042}
 storage_port=${PARLEY_CASSANDRA_STORAGE_PORT:-7000}
+seeds=${PARLEY_CASSANDRA_SEEDS:-$address:$storage_port}
+initial_token=${PARLEY_CASSANDRA_INITIAL_TOKEN:-0}
+heap=${PARLEY_CASSANDRA_HEAP:-2g}
 cache=${PARLEY_CASSANDRA_CACHE:-$HOME/.cache/parley/cassandra}
 lib=$cache/$version/lib
 sync_mode=${PARLEY_CASSANDRA_COMMITLOG_SYNC:-batch}
@@ -36,7 +47,7 @@ start_timeout=${PARLEY_CASSANDRA_START_TIMEOUT:-240}
 java_home=/usr/lib/jvm/java-17-openjdk-amd64
 pidfile=$dir/cassandra.pid
 ready=$dir/bin/cassandra-ready
-addr=127.0.0.1:$port
+addr=$address:$port
 export_line="export PARLEY_TEST_CASSANDRA=$addr"
 
 log() { echo "cassandra.sh: $*" >&2; }
@@ -135,7 +146,7 @@ running() {
 }
 
 port_busy() {
-	(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+	(exec 3<>"/dev/tcp/$address/$1") 2>/dev/null
 }
 
 render_config() {
@@ -147,13 +158,19 @@ render_config() {
 	*) die "PARLEY_CASSANDRA_COMMITLOG_SYNC=$sync_mode: want group, batch or periodic" ;;
 	esac
 	sed -e "s|@STORAGE_PORT@|$storage_port|g" \
+		-e "s|@ADDRESS@|$address|g" \
+		-e "s|@SEEDS@|$seeds|g" \
+		-e "s|@INITIAL_TOKEN@|$initial_token|g" \
 		-e "s|@NATIVE_PORT@|$port|g" \
 		-e "s|@COMMITLOG_SYNC@|$sync_mode|g" \
 		-e "s|@COMMITLOG_SYNC_OPTS@|$sync_opts|g" \
 		"$here/cassandra/cassandra.yaml" >"$dir/cassandra.yaml"
 }
 
-announce() { set_env "$engines/env" PARLEY_TEST_CASSANDRA "$addr"; }
+announce() {
+	[[ ${PARLEY_CASSANDRA_ANNOUNCE:-1} == 0 ]] && return
+	set_env "$engines/env" PARLEY_TEST_CASSANDRA "$addr"
+}
 
 start() {
 	mkdir -p "$dir/logs"
@@ -176,7 +193,7 @@ start() {
 	jamm=$(ls "$lib"/jamm-*.jar)
 	(
 		cd "$dir"
-		exec setsid "$java_home/bin/java" -Xms${PARLEY_CASSANDRA_HEAP:-2g} -Xmx${PARLEY_CASSANDRA_HEAP:-2g} -XX:+ExitOnOutOfMemoryError \
+		exec setsid "$java_home/bin/java" -Xms"$heap" -Xmx"$heap" -XX:+ExitOnOutOfMemoryError \
 			"${jvm17_flags[@]}" \
 			-javaagent:"$jamm" \
 			-Dcassandra.config="file://$dir/cassandra.yaml" \

@@ -1,6 +1,7 @@
 // Command cassandra-ready waits until a Cassandra node answers CQL and
-// reports its bootstrap COMPLETED, so scripts/engines/cassandra.sh needs no
-// cqlsh (Python) to know when the node can take the test suites.
+// reports its bootstrap COMPLETED (and, with -peers N, knows N other nodes
+// of its ring), so scripts/engines/cassandra.sh and cassandra-ring.sh need
+// no cqlsh (Python) to know when a node can take the test suites.
 //
 // It exits 0 once the node is ready and 1 when -timeout passes first.
 package main
@@ -21,18 +22,19 @@ import (
 func main() {
 	addr := flag.String("addr", "127.0.0.1:9042", "native transport address host:port")
 	timeout := flag.Duration("timeout", 2*time.Minute, "give up after this long")
+	peers := flag.Int("peers", 0, "also wait until the node's system.peers_v2 lists this many nodes")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	if err := wait(ctx, *addr); err != nil {
+	if err := wait(ctx, *addr, *peers); err != nil {
 		fmt.Fprintf(os.Stderr, "cassandra-ready: %s: %v\n", *addr, err)
 		os.Exit(1)
 	}
 }
 
-// wait polls until bootstrapped = COMPLETED or ctx ends, and returns the
-// last failure then.
-func wait(ctx context.Context, addr string) error {
+// wait polls until bootstrapped = COMPLETED with at least peers peers, or
+// ctx ends, and returns the last failure then.
+func wait(ctx context.Context, addr string, peers int) error {
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
 		return err
@@ -43,14 +45,16 @@ func wait(ctx context.Context, addr string) error {
 	}
 	last := errors.New("not polled yet")
 	for {
-		state, err := bootstrapped(ctx, host, port)
+		state, n, err := bootstrapped(ctx, host, port)
 		switch {
 		case err != nil:
 			last = err
-		case state == "COMPLETED":
-			return nil
-		default:
+		case state != "COMPLETED":
 			last = fmt.Errorf("bootstrapped = %q", state)
+		case n < peers:
+			last = fmt.Errorf("%d peers, want %d", n, peers)
+		default:
+			return nil
 		}
 		select {
 		case <-ctx.Done():
@@ -60,7 +64,9 @@ func wait(ctx context.Context, addr string) error {
 	}
 }
 
-func bootstrapped(ctx context.Context, host string, port int) (string, error) {
+// bootstrapped returns the node's bootstrap state and how many peers it
+// knows.
+func bootstrapped(ctx context.Context, host string, port int) (state string, peers int, err error) {
 	cluster := gocql.NewCluster(host)
 	cluster.Port = port
 	cluster.Timeout = 3 * time.Second
@@ -70,10 +76,12 @@ func bootstrapped(ctx context.Context, host string, port int) (string, error) {
 	cluster.DisableInitialHostLookup = true
 	s, err := cluster.CreateSession()
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer s.Close()
-	var state string
-	err = s.Query(`SELECT bootstrapped FROM system.local WHERE key = 'local'`).ScanContext(ctx, &state)
-	return state, err
+	if err := s.Query(`SELECT bootstrapped FROM system.local WHERE key = 'local'`).ScanContext(ctx, &state); err != nil {
+		return "", 0, err
+	}
+	err = s.Query(`SELECT count(*) FROM system.peers_v2`).ScanContext(ctx, &peers)
+	return state, peers, err
 }
