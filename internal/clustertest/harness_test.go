@@ -53,7 +53,8 @@ type Cluster struct {
 	env      []string // more environment of every process
 	mu       sync.Mutex
 	procs    map[string]*Proc
-	cass     string // Cassandra contact point
+	cass     string // Cassandra contact points, comma-separated
+	ownCass  bool   // cass is the test's own, thrown away after it
 	redis    string
 	nats     string
 	keyspace string // also the NATS and Redis namespace
@@ -77,6 +78,7 @@ func (p *Proc) URL() string { return "ws://" + p.Addr }
 type Options struct {
 	Gateways, Chats int
 	Redis, NATS     string   // override the shared engines (restart tests)
+	Cassandra       string   // contact points overriding the shared node (a test's own ring)
 	Extra           []string // more flags for every process
 	Env             []string // more environment of every process (KEY=value)
 }
@@ -91,10 +93,13 @@ func Start(t *testing.T, o Options) *Cluster {
 	if o.NATS != "" {
 		nats = o.NATS
 	}
+	if o.Cassandra != "" {
+		cass = o.Cassandra
+	}
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	ks := "t" + strings.ToLower(hex.EncodeToString(key[:6]))
-	c := &Cluster{t: t, dir: t.TempDir(), key: key, env: o.Env, procs: make(map[string]*Proc), cass: cass, redis: redis, nats: nats, keyspace: ks}
+	c := &Cluster{t: t, dir: t.TempDir(), key: key, env: o.Env, procs: make(map[string]*Proc), cass: cass, ownCass: o.Cassandra != "", redis: redis, nats: nats, keyspace: ks}
 	c.common = append([]string{
 		"--cluster.redis", redis, "--cluster.nats", nats, "--cluster.cassandra-hosts", cass,
 		"--cluster.keyspace", ks, "--cluster.namespace", ks, "--auth.hs256-key", hex.EncodeToString(key), "--log.level", "warn",
@@ -210,14 +215,16 @@ func (c *Cluster) stopAll() {
 			c.t.Logf("--- log of %s ---\n%s", p.Name, tail(c.Log(p), 3000))
 		}
 	}
-	c.dropKeyspace()
+	if !c.ownCass {
+		c.dropKeyspace()
+	}
 	testbin.DropStreams(c.t, c.nats, c.keyspace)
 }
 
 // dropKeyspace removes the test's keyspace: every table costs the single
 // test node heap, and keyspaces left behind by many runs exhaust it.
 func (c *Cluster) dropKeyspace() {
-	cl := gocql.NewCluster(c.cass)
+	cl := gocql.NewCluster(strings.Split(c.cass, ",")...)
 	cl.Timeout = 30 * time.Second
 	cl.ConnectTimeout = 5 * time.Second
 	s, err := cl.CreateSession()
