@@ -16,6 +16,19 @@
 #   source /tmp/parley-engines/env; export PARLEY_TEST_REDIS PARLEY_TEST_NATS PARLEY_TEST_CASSANDRA
 #   scripts/bench/cluster-compare.sh ./parley-bench /tmp/old /tmp/main /tmp/new
 #
+# A BINARY written ha:BINARY runs on the HA topology (cluster.sh's
+# ENGINES=ha: Redis behind Sentinel, NATS R3, Cassandra RF 3 on a 3-node
+# ring), the others on the single-node engines; the engines' CPU is then
+# the sum over their nodes (the Sentinels included in Redis's), and the
+# Redis commands are the primary's. The CQL counts are skipped on the ring
+# (cassstat reads one node's views). Start the HA engines first (in
+# another directory than the shared engines' if HA_ENGINES_DIR names it):
+#
+#   for e in redis-ha nats-cluster cassandra-ring; do scripts/engines/$e.sh start; done
+#   source /tmp/parley-engines/env; export PARLEY_TEST_REDIS_SENTINELS PARLEY_TEST_REDIS_MASTER \
+#     PARLEY_TEST_NATS_CLUSTER PARLEY_TEST_CASSANDRA_RING
+#   scripts/bench/cluster-compare.sh ./parley-bench /tmp/main ha:/tmp/main
+#
 # ONLY=send or ONLY=fanout runs one kind; CHUNK (default 250) is the
 # members per add_members frame of the fan-out's setup. Reports go to stdout; each
 # cluster's logs stay under ${BENCH_DIR:-/tmp/parley-bench}/<name>.
@@ -37,15 +50,38 @@ cassstat=$root/cassstat
 (cd "$here/../.." && go build -o "$cassstat" ./tools/cassstat)
 cass=${PARLEY_TEST_CASSANDRA%%,*}
 
-jvm=$(pgrep -f CassandraDaemon | head -1 || true)
-nats=$(pgrep -f natsserver | head -1 || true)
-redis=$(pgrep -f "redis-server $PARLEY_TEST_REDIS" | head -1 || true)
-ticks() { [[ -n $1 && -r /proc/$1/stat ]] && awk '{print $14 + $15}' "/proc/$1/stat" || echo 0; }
+# The HA engines' directory (their pid files): HA_ENGINES_DIR, else the
+# engines' own.
+engines=${HA_ENGINES_DIR:-${PARLEY_ENGINES_DIR:-/tmp/parley-engines}}
+# pidof_port PORT: the pid of the process listening on PORT (any
+# address), empty if none.
+pidof_port() { ss -Hltnp "sport = :$1" 2>/dev/null | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -1; }
+single_jvm=$(pidof_port "${PARLEY_TEST_CASSANDRA##*:}")
+single_nats=$(pidof_port "${PARLEY_TEST_NATS##*:}")
+single_redis=$(pidof_port "${PARLEY_TEST_REDIS##*:}")
+# The HA engines' pids, space-separated: each node's pid file.
+pidfiles() { local f; for f in "$@"; do [[ -f $f ]] && cat "$f"; done | tr '\n' ' '; }
+ha_jvm=$(pidfiles "$engines"/cassandra-ring/n*/cassandra.pid)
+ha_nats=$(pidfiles "$engines"/nats-cluster/n*/nats.pid)
+ha_redis=$(pidfiles "$engines"/redis-ha/r*/redis.pid "$engines"/redis-ha/s*/sentinel.pid)
+# ticks PID...: the CPU ticks the processes used so far, summed.
+ticks() {
+	local p t=0
+	for p in "$@"; do
+		[[ -r /proc/$p/stat ]] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+	done
+	echo "$t"
+}
 
 # redis_calls: the Redis server's commands so far, one "COMMAND CALLS"
-# line each.
+# line each (on the HA topology the primary's, as the Sentinels name it).
 redis_calls() {
-	redis-cli -h "${PARLEY_TEST_REDIS%%:*}" -p "${PARLEY_TEST_REDIS##*:}" info commandstats 2>/dev/null |
+	local addr=$PARLEY_TEST_REDIS
+	if [[ $topology == ha ]]; then
+		addr=$(redis-cli -h "${PARLEY_TEST_REDIS_SENTINELS%%:*}" -p "$(echo "${PARLEY_TEST_REDIS_SENTINELS%%,*}" | cut -d: -f2)" \
+			sentinel get-master-addr-by-name "${PARLEY_TEST_REDIS_MASTER:-parley}" 2>/dev/null | paste -sd:)
+	fi
+	redis-cli -h "${addr%%:*}" -p "${addr##*:}" info commandstats 2>/dev/null |
 		awk -F'[:=,]' '/^cmdstat_/ {sub(/^cmdstat_/, "", $1); print $1, $3}'
 }
 
@@ -79,22 +115,29 @@ measure() {
 	shift 3
 	local -A pid before
 	while read -r proc p _; do pid[$proc]=$p; done <"$root/$name/procs"
-	pid[cassandra]=$jvm pid[nats]=$nats pid[redis]=$redis
+	if [[ $topology == ha ]]; then
+		pid[cassandra]=$ha_jvm pid[nats]=$ha_nats pid[redis]=$ha_redis
+	else
+		pid[cassandra]=$single_jvm pid[nats]=$single_nats pid[redis]=$single_redis
+	fi
 	local busy0 busy1 calls0 calls1 window="" scope="the whole run"
 	snap0() {
-		for k in "${!pid[@]}"; do before[$k]=$(ticks "${pid[$k]}"); done
+		# shellcheck disable=SC2086 # a list of pids
+		for k in "${!pid[@]}"; do before[$k]=$(ticks ${pid[$k]}); done
 		busy0=$(awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat)
 		calls0=$(redis_calls)
-		"$cassstat" -hosts "$cass" -keyspace "$name" >"$root/$name/cql0" 2>/dev/null || true
+		[[ $topology == ha ]] || "$cassstat" -hosts "$cass" -keyspace "$name" >"$root/$name/cql0" 2>/dev/null || true
 	}
 	snap1() {
 		busy1=$(awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat)
 		calls1=$(redis_calls)
 		local k
-		for k in "${!pid[@]}"; do before[$k]=$(($(ticks "${pid[$k]}") - ${before[$k]})); done
-		"$cassstat" -hosts "$cass" -keyspace "$name" -since "$root/$name/cql0" -per "$n" >"$root/$name/cql1" 2>/dev/null || true
+		# shellcheck disable=SC2086 # a list of pids
+		for k in "${!pid[@]}"; do before[$k]=$(($(ticks ${pid[$k]}) - ${before[$k]})); done
+		rm -f "$root/$name/cql1"
+		[[ $topology == ha ]] || "$cassstat" -hosts "$cass" -keyspace "$name" -since "$root/$name/cql0" -per "$n" >"$root/$name/cql1" 2>/dev/null || true
 	}
-	echo "### $label ($(basename "$bin"), load $(cut -d' ' -f1 /proc/loadavg))"
+	echo "### $label ($(basename "$bin"), $topology engines, load $(cut -d' ' -f1 /proc/loadavg))"
 	if [[ " $* " == *" fanout "* ]]; then
 		window=$root/$name/window scope="the sending window"
 		rm -f "$window"
@@ -130,11 +173,14 @@ measure() {
 
 i=0
 for round in $(seq "$rounds"); do
-	for bin in "$@"; do
+	for arg in "$@"; do
 		i=$((i + 1))
 		name=cmp${run}_$i
 		port=$((7800 + 40 * (i % 5)))
-		echo "## round $round, $bin ($name)"
+		bin=${arg#ha:} topology=single
+		[[ $arg == ha:* ]] && topology=ha
+		echo "## round $round, $bin on the $topology engines ($name)"
+		[[ $topology == ha ]] && export ENGINES=ha || unset ENGINES
 		"$here/cluster.sh" up "$bin" "$name" "$port" >/dev/null
 		trap '"$here/cluster.sh" down "$name"' EXIT
 		sleep 4 # the chat processes share the partitions

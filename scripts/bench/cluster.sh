@@ -18,6 +18,13 @@
 # `parley-bench` does for a node it starts; a build that refuses one of
 # those flags is started without them. down drops the keyspace's data
 # only by leaving it: rerun with a fresh NAME for a fresh keyspace.
+#
+# ENGINES=ha puts the cluster on the HA topology instead: Redis behind
+# Sentinel (PARLEY_TEST_REDIS_SENTINELS, PARLEY_TEST_REDIS_MASTER from
+# scripts/engines/redis-ha.sh), a 3-node NATS (PARLEY_TEST_NATS_CLUSTER,
+# nats-cluster.sh) with the lease bucket and streams at R3, and a 3-node
+# Cassandra ring (PARLEY_TEST_CASSANDRA_RING, cassandra-ring.sh) with the
+# keyspace at RF 3.
 set -euo pipefail
 : "${PARLEY_TEST_REDIS:?source /tmp/parley-engines/env first}"
 root=${BENCH_DIR:-/tmp/parley-bench}
@@ -49,7 +56,16 @@ mkdir -p "$dir"
 : >"$dir/pids"
 key=$(openssl rand -hex 32)
 common=(--cluster.redis "$PARLEY_TEST_REDIS" --cluster.nats "$PARLEY_TEST_NATS"
-	--cluster.cassandra-hosts "$PARLEY_TEST_CASSANDRA" --cluster.keyspace "$name"
+	--cluster.cassandra-hosts "$PARLEY_TEST_CASSANDRA")
+if [[ ${ENGINES:-} == ha ]]; then
+	: "${PARLEY_TEST_REDIS_SENTINELS:?start scripts/engines/redis-ha.sh and source its env}"
+	: "${PARLEY_TEST_NATS_CLUSTER:?start scripts/engines/nats-cluster.sh and source its env}"
+	: "${PARLEY_TEST_CASSANDRA_RING:?start scripts/engines/cassandra-ring.sh and source its env}"
+	common=(--cluster.redis "${PARLEY_TEST_REDIS_MASTER:-parley}" --cluster.redis-sentinels "$PARLEY_TEST_REDIS_SENTINELS"
+		--cluster.nats "$PARLEY_TEST_NATS_CLUSTER" --cluster.jetstream-replicas 3
+		--cluster.cassandra-hosts "$PARLEY_TEST_CASSANDRA_RING" --cluster.replication-factor 3)
+fi
+common+=(--cluster.keyspace "$name"
 	--cluster.namespace "$name" --auth.hs256-key "$key" --log.level warn
 	--attach.max-file-bytes 0)
 unthrottled=(--gateway.max-connections 20000 --gateway.handshake-rate 100000 --gateway.handshake-burst 100000
