@@ -81,6 +81,9 @@ type Options struct {
 	Cassandra       string   // contact points overriding the shared node (a test's own ring)
 	Extra           []string // more flags for every process
 	Env             []string // more environment of every process (KEY=value)
+	// MigrateTimeout bounds `parley migrate` (default 2 minutes; a ring
+	// agrees on each schema change across its nodes, which takes longer).
+	MigrateTimeout time.Duration
 }
 
 // Start migrates a fresh keyspace and starts the processes.
@@ -114,11 +117,15 @@ func Start(t *testing.T, o Options) *Cluster {
 		// upload configure one in Extra.
 		"--attach.max-file-bytes", "0",
 	}, o.Extra...)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	if o.MigrateTimeout == 0 {
+		o.MigrateTimeout = 2 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.MigrateTimeout)
 	defer cancel()
+	migrated := time.Now()
 	out, err := exec.CommandContext(ctx, binary, append([]string{"migrate"}, c.common...)...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("migrate: %v\n%s", err, out)
+		t.Fatalf("migrate (%v): %v\n%s", time.Since(migrated).Round(time.Second), err, out)
 	}
 	t.Cleanup(c.stopAll)
 	for i := 1; i <= o.Chats; i++ {
