@@ -538,6 +538,8 @@ func (c Config) Validate() error {
 	p.Merge("fanout", c.Fanout.Validate())
 	p.Merge("webhooks", c.Webhooks.Validate())
 	p.Merge("search", c.Search.Validate())
+	p.Check(c.Search.OpenSearchURL == "" || c.Cluster.Enabled(), "search.opensearch_url",
+		"is for cluster mode; an embedded node searches its Bleve index in data_dir/search")
 	p.Merge("push", c.Push.Validate())
 	p.Merge("presence", c.Presence.Validate())
 	p.Merge("kt", c.KT.Validate())

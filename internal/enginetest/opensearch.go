@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/parley-im/parley/internal/search"
 	"github.com/parley-im/parley/internal/search/opensearch"
 )
 
@@ -24,7 +25,7 @@ func OpenSearch(t testing.TB) opensearch.Config {
 		}
 		t.Skip("PARLEY_TEST_OPENSEARCH is unset; run scripts/engines/up.sh start")
 	}
-	urls, err := opensearch.ParseURLs(raw)
+	urls, err := search.SplitURLs(raw)
 	if err != nil {
 		t.Fatalf("PARLEY_TEST_OPENSEARCH: %v", err)
 	}

@@ -18,12 +18,21 @@ import (
 )
 
 // Store is what the indexer reads: messages and conversations, and every
-// conversation's id (the catch-up at start and a reindex of everything).
+// conversation's id (the catch-up and a reindex of everything), which a
+// Store lists as a store.ConvLister or a ConvScanner.
 type Store interface {
 	Conversation(ctx context.Context, id uint64) (store.Conversation, error)
 	Messages(ctx context.Context, convID, from, to uint64, limit int) ([]store.Message, error)
-	store.ConvLister
 }
+
+// ConvScanner is a store that lists every conversation id once, in no
+// particular order (a cluster store's table scan).
+type ConvScanner interface {
+	ScanConvIDs(ctx context.Context, fn func(ids []uint64) error) error
+}
+
+// ErrNoConvList: the store lists no conversations.
+var ErrNoConvList = errors.New("search: the store lists no conversations")
 
 // TextOf is the searchable text of a stored message and whether it has
 // one: a text message's body, a file message's name and caption (its
@@ -93,6 +102,7 @@ type Indexer struct {
 	round sync.Mutex
 
 	caughtUp atomic.Bool
+	rescan   atomic.Bool // another catch-up is asked for (Rescan)
 	indexed  atomic.Int64
 }
 
@@ -148,9 +158,21 @@ func (ix *Indexer) CaughtUp() bool { return ix.caughtUp.Load() }
 // Indexed is the number of messages taken into the index so far.
 func (ix *Indexer) Indexed() int64 { return ix.indexed.Load() }
 
+// Rescan asks Run for another catch-up, coalesced with any asked for
+// before it ran: a cluster process that takes over partitions indexes what
+// their last owner noted and had not indexed when it stopped.
+func (ix *Indexer) Rescan() {
+	ix.rescan.Store(true)
+	select {
+	case ix.wake <- struct{}{}:
+	default:
+	}
+}
+
 // Run indexes until ctx ends: first the catch-up, then each noted
-// conversation.
+// conversation (and a catch-up again after Rescan).
 func (ix *Indexer) Run(ctx context.Context) {
+	ix.rescan.Store(false) // the first catch-up covers what was asked before
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		if err := ix.catchUp(ctx); err != nil {
@@ -167,6 +189,18 @@ func (ix *Indexer) Run(ctx context.Context) {
 	ix.caughtUp.Store(true)
 	backoff = 100 * time.Millisecond
 	for ctx.Err() == nil {
+		if ix.rescan.Swap(false) {
+			if err := ix.catchUp(ctx); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				ix.rescan.Store(true)
+				ix.failed("catch-up", err)
+				sleep(ctx, backoff)
+				backoff = min(2*backoff, 5*time.Second)
+				continue
+			}
+		}
 		ix.mu.Lock()
 		todo := ix.dirty
 		ix.dirty = map[uint64]uint64{}
@@ -228,15 +262,7 @@ func (ix *Indexer) catchUp(ctx context.Context) error {
 
 // eachConv calls fn for every plain conversation.
 func (ix *Indexer) eachConv(ctx context.Context, fn func(store.Conversation) error) error {
-	after := uint64(0)
-	for {
-		ids, err := ix.st.ConvIDs(ctx, after, 1000)
-		if err != nil {
-			return err
-		}
-		if len(ids) == 0 {
-			return nil
-		}
+	page := func(ids []uint64) error {
 		for _, id := range ids {
 			c, err := ix.st.Conversation(ctx, id)
 			if errors.Is(err, store.ErrNotFound) {
@@ -251,8 +277,34 @@ func (ix *Indexer) eachConv(ctx context.Context, fn func(store.Conversation) err
 				}
 			}
 		}
-		after = ids[len(ids)-1]
+		return nil
 	}
+	// A store behind the seam's checks is a ConvLister whatever its
+	// engine: one that cannot list in id order says ErrUnsupported.
+	if l, ok := ix.st.(store.ConvLister); ok {
+		err := func() error {
+			for after := uint64(0); ; {
+				ids, err := l.ConvIDs(ctx, after, 1000)
+				if err != nil {
+					return err
+				}
+				if len(ids) == 0 {
+					return nil
+				}
+				if err := page(ids); err != nil {
+					return err
+				}
+				after = ids[len(ids)-1]
+			}
+		}()
+		if !errors.Is(err, errors.ErrUnsupported) {
+			return err
+		}
+	}
+	if sc, ok := ix.st.(ConvScanner); ok {
+		return sc.ScanConvIDs(ctx, page)
+	}
+	return ErrNoConvList
 }
 
 // indexRound indexes the conversations of todo up to their noted seqs

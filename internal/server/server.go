@@ -66,6 +66,7 @@ import (
 	rredis "github.com/parley-im/parley/internal/registry/redis"
 	"github.com/parley-im/parley/internal/search"
 	sbleve "github.com/parley-im/parley/internal/search/bleve"
+	sopensearch "github.com/parley-im/parley/internal/search/opensearch"
 	"github.com/parley-im/parley/internal/snowflake"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/internal/store/cassandra"
@@ -609,20 +610,42 @@ func (s *Server) consumers(chatStore store.Store) ([]fanout.Consumer, error) {
 	return append(cs, h), nil
 }
 
-// openSearch opens the search index and its indexer on an embedded node
-// with search on (nil otherwise: a cluster node has no search engine).
-// The indexer's loop starts with the node's other loops.
+// openSearch opens the search index and its indexer with search on: Bleve
+// in data_dir/search on an embedded node, OpenSearch at
+// search.opensearch_url in cluster mode (nil without it: the node answers
+// search with search_unavailable). The indexer's loop starts with the
+// node's other loops.
 func (s *Server) openSearch() (*search.Indexer, error) {
-	if !s.cfg.Search.Enabled || s.owner != nil {
+	if !s.cfg.Search.Enabled {
 		return nil, nil
 	}
 	st, ok := s.store.(search.Store)
 	if !ok {
 		return nil, nil
 	}
-	x, err := sbleve.Open(filepath.Join(s.cfg.DataDir, "search"))
-	if err != nil {
-		return nil, fmt.Errorf("server: search index: %w", err)
+	var x search.Index
+	if s.owner == nil {
+		bx, err := sbleve.Open(filepath.Join(s.cfg.DataDir, "search"))
+		if err != nil {
+			return nil, fmt.Errorf("server: search index: %w", err)
+		}
+		x = bx
+	} else {
+		if s.cfg.Search.OpenSearchURL == "" {
+			return nil, nil
+		}
+		urls, err := search.SplitURLs(s.cfg.Search.OpenSearchURL)
+		if err != nil {
+			return nil, fmt.Errorf("server: search.opensearch_url: %w", err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ox, err := sopensearch.Open(ctx, sopensearch.Config{URLs: urls, Prefix: s.cfg.Cluster.Namespace + "-search",
+			Shards: s.cfg.Search.OpenSearchShards, Replicas: s.cfg.Search.OpenSearchReplicas})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("server: search index: %w", err)
+		}
+		x = ox
 	}
 	s.onClose(x.Close)
 	lag := prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -641,6 +664,15 @@ func (s *Server) openSearch() (*search.Indexer, error) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "parley_search_indexed_total", Help: "Messages written into the search index.",
 		}, func() float64 { return float64(ix.Indexed()) }))
+	if s.owner != nil {
+		// A partition taken over may hold conversations its last owner
+		// noted and never indexed (it died): a catch-up finds them.
+		s.owner.Watch(func(_ int, held bool) {
+			if held {
+				ix.Rescan()
+			}
+		})
+	}
 	s.search, s.searchIndex = ix, x
 	return ix, nil
 }

@@ -527,6 +527,25 @@ type ConvLister interface {
 	ConvIDs(ctx context.Context, after uint64, limit int) ([]uint64, error)
 }
 
+// ScanConvIDs scans conversations where the engine can (a cluster
+// store's table scan, in no order); errors.ErrUnsupported elsewhere. The
+// gate is not held through the scan: fn reads the store, and a read lock
+// held across it would deadlock against a waiting Close (a scan that
+// races Close fails with the engine's error).
+func (c *checked) ScanConvIDs(ctx context.Context, fn func(ids []uint64) error) error {
+	if err := c.enter(ctx, "scan conversation ids"); err != nil {
+		return err
+	}
+	c.gate.RUnlock()
+	l, ok := c.e.(interface {
+		ScanConvIDs(ctx context.Context, fn func(ids []uint64) error) error
+	})
+	if !ok {
+		return fmt.Errorf("%s: scan conversation ids: %w", c.name, errors.ErrUnsupported)
+	}
+	return l.ScanConvIDs(ctx, fn)
+}
+
 // ConvIDs lists conversations where the engine can (ConvLister);
 // errors.ErrUnsupported elsewhere.
 func (c *checked) ConvIDs(ctx context.Context, after uint64, limit int) ([]uint64, error) {

@@ -82,26 +82,6 @@ var _ search.Index = (*Index)(nil)
 // http.max_content_length (100 MB).
 const maxBulkBytes = 8 << 20
 
-// ParseURLs splits a comma-separated list of node URLs.
-func ParseURLs(s string) ([]string, error) {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		p = strings.TrimSpace(p)
-		if p == "" {
-			continue
-		}
-		u, err := url.Parse(p)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("opensearch: %q is not an http(s)://host:port URL", p)
-		}
-		out = append(out, p)
-	}
-	if len(out) == 0 {
-		return nil, errors.New("opensearch: no URL")
-	}
-	return out, nil
-}
-
 // Open connects to the cluster and creates the two indexes when they do
 // not exist (several processes may race to: the loser finds them made).
 func Open(ctx context.Context, cfg Config) (*Index, error) {

@@ -170,6 +170,32 @@ func (s *Store) convRow(ctx context.Context, conv uint64) (store.Conversation, e
 		LastSeq: u64(last), Members: members, Tier: uint8(tier), E2E: e2e, EveryoneSeq: u64(all)}, nil
 }
 
+// ScanConvIDs calls fn with the id of every conversation, a page at a
+// time, in token order, not id order (the table is hashed by id): the
+// search indexer's catch-up in cluster mode (search.ConvScanner).
+func (s *Store) ScanConvIDs(ctx context.Context, fn func(ids []uint64) error) error {
+	iter := s.q(ctx, `SELECT conv_id FROM conversations`).PageSize(1000).Iter()
+	ids := make([]uint64, 0, 1000)
+	var id int64
+	for iter.Scan(&id) {
+		ids = append(ids, u64(id))
+		if len(ids) == cap(ids) {
+			if err := fn(ids); err != nil {
+				iter.Close()
+				return err
+			}
+			ids = ids[:0]
+		}
+	}
+	if err := iter.Close(); err != nil {
+		return fmt.Errorf("cassandra: scan conversation ids: %w", err)
+	}
+	if len(ids) > 0 {
+		return fn(ids)
+	}
+	return nil
+}
+
 // CreateConversation stores c with its members, all with JoinSeq 1.
 func (s *Store) CreateConversation(ctx context.Context, c store.Conversation, members []store.Member) error {
 	const op = "create conversation"
