@@ -381,6 +381,12 @@ func (d *dispatcher) onPush(f *protocol.Frame) {
 		}
 	case protocol.TypePresence:
 		d.emit(Event{Kind: EventPresence, Presence: f.States})
+	case protocol.TypeConvMute:
+		d.emit(Event{Kind: EventMute, ConvID: f.ConvID, MuteUntil: f.MuteUntil})
+	case protocol.TypeDND:
+		if f.DND != nil {
+			d.emit(Event{Kind: EventDND, DND: f.DND})
+		}
 	case protocol.TypeTyping:
 		d.emit(Event{Kind: EventTyping, ConvID: f.ConvID, Typing: &Typing{ConvID: f.ConvID, UserID: f.UserID}})
 	case protocol.TypeReceipt:

@@ -56,6 +56,13 @@ const (
 	// server is visible at once) and before each reconnect; it is dropped
 	// rather than waited for when Events is full.
 	EventReconnecting
+	// EventMute: this user muted ConvID's notifications until MuteUntil
+	// (protocol.MuteForever: until unmuted), or unmuted them (MuteUntil
+	// 0), on any of its devices.
+	EventMute
+	// EventDND: this user's do-not-disturb is now DND (set on any of its
+	// devices).
+	EventDND
 )
 
 func (k EventKind) String() string {
@@ -78,6 +85,10 @@ func (k EventKind) String() string {
 		return "typing"
 	case EventReconnecting:
 		return "reconnecting"
+	case EventMute:
+		return "mute"
+	case EventDND:
+		return "dnd"
 	}
 	return "unknown"
 }
@@ -95,6 +106,9 @@ type Event struct {
 	KeysLow  *KeysLow
 	Presence []protocol.PresenceState
 	Typing   *Typing
+	// MuteUntil and DND: EventMute's and EventDND's.
+	MuteUntil int64
+	DND       *protocol.DND
 	// URL and Delay: EventReconnecting's next attempt.
 	URL   string
 	Delay time.Duration

@@ -62,6 +62,8 @@ func init() {
 		{name: "/role", args: "USER member|admin|owner", help: "set USER's role (owner only; owner hands the group over)", min: 2, max: 2, needConv: true, run: (*chatSession).chatRole},
 		{name: "/mute", args: "USER", help: "mute USER in the current group", min: 1, max: 1, needConv: true, run: (*chatSession).chatMute},
 		{name: "/unmute", args: "USER", help: "unmute USER in the current group", min: 1, max: 1, needConv: true, run: (*chatSession).chatUnmute},
+		{name: "/notify", args: "off [DURATION]|on", help: "stop your notifications of the current conversation (for DURATION, e.g. 8h; else until /notify on), or resume them", min: 1, max: 2, needConv: true, run: (*chatSession).chatNotify},
+		{name: "/dnd", args: "[DURATION|off]", help: "do-not-disturb: no notifications for DURATION (e.g. 1h30m), off, or (no argument) show it", max: 1, run: (*chatSession).chatDND},
 		{name: "/leave", help: "leave the current group (the owner hands it over first)", needConv: true, run: (*chatSession).chatLeave},
 		{name: "/watch", args: "[USER...]", help: "show when USERs go on or off line (no USER: stop watching)", max: -1, run: (*chatSession).chatWatch},
 		{name: "/typing", help: "tell the current conversation you are typing", needConv: true, run: (*chatSession).chatTyping},
@@ -809,6 +811,9 @@ func (s *chatSession) chatList(ctx context.Context, _ []string) error {
 		if cv.LeaveSeq != 0 {
 			extra += "  (left)"
 		}
+		if cv.MuteUntil != 0 {
+			extra += "  (notifications off)"
+		}
 		s.printf("%s [%d] %d  %s  unread %d  last %d%s", mark, n+1, cv.ConvID, convTitle(cv), cv.Unread, cv.LastSeq, extra)
 	}
 	return nil
@@ -1077,6 +1082,79 @@ func (s *chatSession) mute(ctx context.Context, cmd, user string, muted bool) er
 		return fmt.Errorf("%s: %w", cmd, err)
 	}
 	return nil
+}
+
+func (s *chatSession) chatNotify(ctx context.Context, args []string) error {
+	switch {
+	case args[0] == "on" && len(args) == 1:
+		if _, err := s.c.UnmuteConv(ctx, s.current); err != nil {
+			return fmt.Errorf("notify: %w", err)
+		}
+		s.printf("* conv %d: notifications on", s.current)
+		return nil
+	case args[0] != "off":
+		return fmt.Errorf("notify: off [DURATION] or on")
+	}
+	var until time.Time
+	if len(args) == 2 {
+		d, err := time.ParseDuration(args[1])
+		if err != nil || d <= 0 {
+			return fmt.Errorf("notify: %q is not a duration (8h, 30m)", args[1])
+		}
+		until = time.Now().Add(d)
+	}
+	info, err := s.c.MuteConv(ctx, s.current, until)
+	if err != nil {
+		return fmt.Errorf("notify: %w", err)
+	}
+	s.printf("* conv %d: notifications off %s", info.ConvID, untilText(info.MuteUntil))
+	return nil
+}
+
+// untilText says until when a mute or do-not-disturb holds.
+func untilText(ms int64) string {
+	if ms >= protocol.MuteForever {
+		return "until you turn them on"
+	}
+	return "until " + time.UnixMilli(ms).Format("2006-01-02 15:04")
+}
+
+func (s *chatSession) chatDND(ctx context.Context, args []string) error {
+	var (
+		d   protocol.DND
+		err error
+	)
+	switch {
+	case len(args) == 0:
+		d, err = s.c.DND(ctx)
+	case args[0] == "off":
+		d, err = s.c.SetDND(ctx, protocol.DND{})
+	default:
+		dur, perr := time.ParseDuration(args[0])
+		if perr != nil || dur <= 0 {
+			return fmt.Errorf("dnd: %q is not a duration (1h, 30m) or off", args[0])
+		}
+		d, err = s.c.SetDND(ctx, protocol.DND{Until: time.Now().Add(dur).UnixMilli()})
+	}
+	if err != nil {
+		return fmt.Errorf("dnd: %w", err)
+	}
+	switch {
+	case d.Until != 0:
+		s.printf("* do-not-disturb on %s", untilText(d.Until))
+	case d.Daily != nil:
+		s.printf("* do-not-disturb every day %02d:%02d-%02d:%02d (UTC%+03d:%02d)", d.Daily.Start/60, d.Daily.Start%60, d.Daily.End/60, d.Daily.End%60, d.Daily.UTCOffset/60, abs(d.Daily.UTCOffset%60))
+	default:
+		s.printf("* do-not-disturb off")
+	}
+	return nil
+}
+
+func abs(n int) int {
+	if n < 0 {
+		return -n
+	}
+	return n
 }
 
 func (s *chatSession) chatLeave(ctx context.Context, _ []string) error {

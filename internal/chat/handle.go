@@ -92,6 +92,10 @@ func (s *Service) handle(ctx context.Context, c Caller, f *protocol.Frame, reply
 		return s.readBy(ctx, c, f.ConvID, f.Seq)
 	case protocol.TypePushRegister, protocol.TypePushRemove:
 		return s.push(ctx, c, f)
+	case protocol.TypeConvMute, protocol.TypeConvUnmute:
+		return s.convMute(ctx, c, f)
+	case protocol.TypeDNDSet, protocol.TypeDNDGet:
+		return s.dnd(ctx, c, f)
 	case protocol.TypeKTKeys, protocol.TypeKTConsistency, protocol.TypeKTLeaves:
 		return s.ktRequest(ctx, f)
 	case protocol.TypeUploadCreate, protocol.TypeUploadStatus, protocol.TypeUploadPart, protocol.TypeUploadComplete, protocol.TypeAttachmentURL:
@@ -203,11 +207,18 @@ func (s *Service) createGroup(ctx context.Context, c Caller, name string, users 
 }
 
 func (s *Service) convFrame(ctx context.Context, conv store.Conversation, user string) (*protocol.Frame, *protocol.Error) {
+	// The mute first: a point read, before a list that may take the rest
+	// of a large change's time.
+	until, err := s.store.ConvMute(ctx, user, conv.ID)
+	if err != nil {
+		return nil, s.storeErr("conv mute", err)
+	}
 	members, err := s.store.Members(ctx, conv.ID)
 	if err != nil {
 		return nil, s.storeErr("members", err)
 	}
-	info := &protocol.ConvInfo{ConvID: conv.ID, Kind: conv.Kind.String(), Name: conv.Name, LastSeq: conv.LastSeq, MemberCount: len(members), E2E: conv.E2E}
+	info := &protocol.ConvInfo{ConvID: conv.ID, Kind: conv.Kind.String(), Name: conv.Name, LastSeq: conv.LastSeq, MemberCount: len(members), E2E: conv.E2E,
+		MuteUntil: s.muteUntil(until)}
 	if conv.Kind == store.Group {
 		info.Tier = fanout.TierName(s.fan.TierFor(conv.Tier, len(members)))
 	}

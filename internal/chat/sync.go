@@ -165,6 +165,10 @@ func (s *Service) conversations(ctx context.Context, c Caller) ([]protocol.ConvS
 // summaries are the conversation list entries of rows, c's own.
 func (s *Service) summaries(ctx context.Context, c Caller, rows []store.ConvRow) ([]protocol.ConvSummary, *protocol.Error) {
 	out := make([]protocol.ConvSummary, 0, len(rows))
+	mutes, err := s.store.ConvMutes(ctx, c.User)
+	if err != nil {
+		return nil, s.storeErr("conversations", err)
+	}
 	for _, r := range rows {
 		cv, err := s.store.Conversation(ctx, r.ConvID)
 		if err != nil {
@@ -179,7 +183,7 @@ func (s *Service) summaries(ctx context.Context, c Caller, rows []store.ConvRow)
 		sum := protocol.ConvSummary{
 			ConvID: r.ConvID, Kind: cv.Kind.String(), Name: cv.Name, LastSeq: r.LastSeq,
 			ReadSeq: read, JoinSeq: r.JoinSeq, Unread: r.LastSeq - min(max(read, floor), r.LastSeq),
-			Mentioned: mentioned(r, cv, read), LeaveSeq: r.LeaveSeq, E2E: cv.E2E,
+			Mentioned: mentioned(r, cv, read), LeaveSeq: r.LeaveSeq, E2E: cv.E2E, MuteUntil: s.muteUntil(mutes[r.ConvID]),
 		}
 		if r.LastSeq > floor {
 			last, err := s.store.Latest(ctx, r.ConvID, r.LastSeq+1, floor+1, 1)

@@ -68,7 +68,11 @@ func apnsPayload(n note) []byte {
 		aps["alert"] = map[string]string{"title": title, "body": body}
 		aps["sound"] = "default"
 	}
-	b, _ := json.Marshal(map[string]any{"aps": aps, "conv_id": strconv.FormatUint(n.conv, 10), "seq": n.seq, "count": n.count})
+	body := map[string]any{"aps": aps, "conv_id": strconv.FormatUint(n.conv, 10), "seq": n.seq, "count": n.count}
+	if n.coalesced > 0 {
+		body["coalesced"] = n.coalesced
+	}
+	b, _ := json.Marshal(body)
 	return b
 }
 

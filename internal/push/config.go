@@ -28,6 +28,11 @@ type Config struct {
 	MaxBackoff  time.Duration `yaml:"max_backoff" help:"longest wait between two attempts of a notification"`
 	Concurrency int           `yaml:"concurrency" help:"conversations whose notifications are sent at once"`
 	Timeout     time.Duration `yaml:"timeout" help:"time for one provider request"`
+	// DeviceRate notifications per DeviceInterval at most go to one
+	// device (registration); the excess is held and coalesced into the
+	// device's next notification.
+	DeviceRate     int           `yaml:"device_rate" help:"notifications one device gets per device_interval at most; the excess is held and sent as one (its coalesced count) once the device has room"`
+	DeviceInterval time.Duration `yaml:"device_interval" help:"the interval of device_rate"`
 
 	APNs    APNsConfig    `yaml:"apns"`
 	FCM     FCMConfig     `yaml:"fcm"`
@@ -68,6 +73,7 @@ func DefaultConfig() Config {
 	return Config{
 		Preview: PreviewNone, Burst: 250 * time.Millisecond, CollapseMax: 5 * time.Second,
 		MaxAttempts: 10, MinBackoff: time.Second, MaxBackoff: 5 * time.Minute, Concurrency: 64, Timeout: 10 * time.Second,
+		DeviceRate: 20, DeviceInterval: time.Minute,
 		APNs: APNsConfig{URL: DefaultAPNsURL, SandboxURL: DefaultAPNsSandboxURL},
 		FCM:  FCMConfig{URL: DefaultFCMURL},
 	}
@@ -89,6 +95,8 @@ func (c Config) Validate() error {
 	p.Check(c.MaxBackoff >= c.MinBackoff, "max_backoff", "must be at least min_backoff (%v), got %v", c.MinBackoff, c.MaxBackoff)
 	p.Check(c.Concurrency >= 1 && c.Concurrency <= 4096, "concurrency", "must be within 1-4096, got %d", c.Concurrency)
 	p.Check(c.Timeout > 0, "timeout", "must be positive, got %v", c.Timeout)
+	p.Check(c.DeviceRate >= 1 && c.DeviceRate <= 10000, "device_rate", "must be within 1-10000, got %d", c.DeviceRate)
+	p.Check(c.DeviceInterval >= time.Second && c.DeviceInterval <= 24*time.Hour, "device_interval", "must be within 1s-24h, got %v", c.DeviceInterval)
 	if c.APNs.KeyFile != "" {
 		p.Check(c.APNs.KeyID != "" && c.APNs.TeamID != "", "apns", "key_id and team_id are required with key_file")
 		p.Check(c.APNs.URL != "" && c.APNs.SandboxURL != "", "apns.url", "url and sandbox_url are required")

@@ -14,6 +14,9 @@ import (
 // Run sends until ctx ends: one loop per lane the queue hands out (the
 // webhooks' dispatcher, hooks.Dispatcher).
 func (p *Pusher) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { p.runHeld(ctx) })
 	d := &hooks.Dispatcher{Slots: p.slots, Settle: p.cfg.Burst,
 		// Read a lane once a quarter of the slots is free, not for each.
 		Batch:   p.cfg.Concurrency / 4,
@@ -91,6 +94,20 @@ func (p *Pusher) attempt(ctx context.Context, l *lane, hd hooks.Head) time.Time 
 			pending, lastErr = true, err
 			continue
 		}
+		if len(regs) == 0 {
+			continue
+		}
+		if reason, err := p.quiet(ctx, user, ev); err != nil {
+			pending, lastErr = true, err
+			continue
+		} else if reason != quietNone {
+			// Counted once per event and user, whatever its retries.
+			if k := "quiet " + user; !answered[k] {
+				answered[k] = true
+				p.quieted.add(reason)
+			}
+			continue
+		}
 		var counted bool
 		var count, badge int
 		for _, r := range regs {
@@ -107,6 +124,13 @@ func (p *Pusher) attempt(ctx context.Context, l *lane, hd hooks.Head) time.Time 
 				counted = true
 			}
 			n := note{reg: r, conv: ev.Conv, seq: ev.Seq, msgID: ev.MsgID, e2e: ev.E2E, group: ev.Group, sender: ev.Sender, text: ev.Text, count: count, badge: badge}
+			ok, coalesced := p.limit.take(key, p.now())
+			if !ok {
+				p.limit.hold(key, user, n, p.now())
+				answered[key] = true
+				continue
+			}
+			n.coalesced = coalesced
 			if p.Lag != nil && ev.At > 0 {
 				p.Lag(time.Since(time.UnixMilli(ev.At)))
 			}

@@ -93,6 +93,9 @@ func (f *fcm) token(renew bool) (string, error) {
 func fcmMessage(n note) []byte {
 	data := map[string]string{"conv_id": strconv.FormatUint(n.conv, 10), "seq": strconv.FormatUint(n.seq, 10),
 		"count": strconv.Itoa(n.count), "badge": strconv.Itoa(n.badge)}
+	if n.coalesced > 0 {
+		data["coalesced"] = strconv.Itoa(n.coalesced)
+	}
 	msg := map[string]any{"token": n.reg.Token, "data": data}
 	android := map[string]any{"collapse_key": n.collapseID(), "priority": "HIGH", "ttl": "86400s"}
 	if n.e2e {

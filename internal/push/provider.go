@@ -24,6 +24,9 @@ type note struct {
 	text   string // preview full; "" otherwise
 	count  int    // the user's unread messages of the conversation (at least 1)
 	badge  int    // the user's unread messages of every conversation
+	// coalesced counts the notifications to this device the rate limit
+	// held back that this one stands for.
+	coalesced int
 }
 
 // collapseID names the conversation's notification: a later one replaces

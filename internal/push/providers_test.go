@@ -171,7 +171,7 @@ func (p *providers) apns(w http.ResponseWriter, r *http.Request, token string, b
 		return
 	}
 	p.record("apns", token, r, payload)
-	w.Header().Set("apns-id", "8D1F1E3A-0000-4000-8000-"+fmt.Sprintf("%012d", len(p.reqs)))
+	w.Header().Set("apns-id", "8D1F1E3A-0000-4000-8000-"+fmt.Sprintf("%012d", len(p.requests())))
 	w.WriteHeader(http.StatusOK)
 }
 

@@ -23,6 +23,12 @@
 // conversation's notification never carries content: a background
 // (content-available / data-only) push the app wakes on to fetch and
 // decrypt.
+//
+// Who of the offline users is notified, and how often, is policy.go's: no
+// notification for a member who muted the conversation (a mention by
+// name still notifies) or a user in do-not-disturb, and at most
+// Config.DeviceRate per device per DeviceInterval, the excess held in
+// memory and coalesced into the device's next notification.
 package push
 
 import (
@@ -32,6 +38,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +59,8 @@ type Store interface {
 	PushDrop(ctx context.Context, provider, token string, before int64) error
 	UserConversations(ctx context.Context, user string) ([]store.ConvRow, error)
 	Read(ctx context.Context, user, device string, convID uint64) (uint64, error)
+	ConvMute(ctx context.Context, user string, convID uint64) (int64, error)
+	DND(ctx context.Context, user string) (store.DND, error)
 }
 
 // Options of New.
@@ -73,8 +82,11 @@ type event struct {
 	Group  bool     `json:"group,omitempty"`
 	E2E    bool     `json:"e2e,omitempty"`
 	Users  []string `json:"users"`
-	Text   string   `json:"text,omitempty"` // preview full (plain conversations only)
-	At     int64    `json:"at"`             // the message's server time, unix ms
+	// Mentioned are the users of Users the message mentions by name (a
+	// mention is notified in a conversation they muted).
+	Mentioned []string `json:"mentioned,omitempty"`
+	Text      string   `json:"text,omitempty"` // preview full (plain conversations only)
+	At        int64    `json:"at"`             // the message's server time, unix ms
 }
 
 // Stats of one provider.
@@ -97,6 +109,8 @@ type Pusher struct {
 	slots *hooks.Slots
 
 	collapsed atomic.Int64
+	quieted   suppressed
+	limit     *limiter // the per-device rate limit (policy.go)
 	// Lag observes the delay from a message's server time to its
 	// provider request (nil: none).
 	Lag func(time.Duration)
@@ -146,7 +160,8 @@ func New(cfg Config, o Options) (*Pusher, error) {
 	}
 	p := &Pusher{cfg: cfg, q: o.Queue, st: o.Store, log: o.Logger, now: o.Now, provs: map[string]provider{},
 		stats: map[string]*counters{}, slots: hooks.NewSlots(cfg.Concurrency), since: map[uint64]time.Time{},
-		sent: map[uint64]sentSeq{}, pruneAt: minPrune}
+		sent: map[uint64]sentSeq{}, pruneAt: minPrune,
+		limit: newLimiter(cfg.DeviceRate, cfg.DeviceInterval)}
 	if cfg.APNs.KeyFile != "" {
 		a, err := newAPNs(cfg.APNs, c, o.Now)
 		if err != nil {
@@ -191,6 +206,11 @@ func (p *Pusher) Fanned(ctx context.Context, f fanout.Fanned) error {
 		return nil
 	}
 	ev := event{Conv: m.ConvID, Seq: m.Seq, MsgID: m.MsgID, Group: f.Conv.Kind == store.Group, E2E: f.Conv.E2E, Users: users, At: m.ServerTime}
+	for _, u := range m.Mentions {
+		if slices.Contains(users, u) {
+			ev.Mentioned = append(ev.Mentioned, u)
+		}
+	}
 	if !f.Conv.E2E && p.cfg.Preview != PreviewNone {
 		ev.Sender = m.Sender
 		if p.cfg.Preview == PreviewFull {

@@ -37,6 +37,9 @@ func newWebPush(cfg WebPushConfig, client *http.Client, now func() time.Time) (*
 // browser): no title or text of an E2E conversation.
 func webPushPayload(n note) []byte {
 	p := map[string]any{"conv_id": strconv.FormatUint(n.conv, 10), "seq": n.seq, "count": n.count, "badge": n.badge}
+	if n.coalesced > 0 {
+		p["coalesced"] = n.coalesced
+	}
 	if n.e2e {
 		p["e2e"] = true
 	} else {

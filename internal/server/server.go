@@ -733,6 +733,12 @@ func (s *Server) registerPushMetrics(p *push.Pusher) {
 			func() float64 { _, d := p.Backlog(); return float64(d) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "parley_push_collapsed_total", Help: "Notification events superseded by a later message of their conversation."},
 			func() float64 { return float64(p.Collapsed()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "parley_push_suppressed_total", Help: "Users' notifications not sent: the user muted the conversation (reason muted) or was in do-not-disturb (dnd).", ConstLabels: prometheus.Labels{"reason": "muted"}},
+			func() float64 { m, _ := p.Suppressed(); return float64(m) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "parley_push_suppressed_total", Help: "Users' notifications not sent: the user muted the conversation (reason muted) or was in do-not-disturb (dnd).", ConstLabels: prometheus.Labels{"reason": "dnd"}},
+			func() float64 { _, d := p.Suppressed(); return float64(d) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "parley_push_rate_limited_total", Help: "Notifications a device's rate limit (push.device_rate) held, to be coalesced into its next one."},
+			func() float64 { return float64(p.RateLimited()) }),
 	)
 }
 

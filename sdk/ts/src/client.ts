@@ -2,6 +2,7 @@ import { Backoff } from "./backoff.js";
 import type {
   ConvInfo, ConvSnapshot, ConvSummary, Hello, Message, PresenceState, SAck, SConv, SConvList, SError, SHistory,
   Position, PushRegistration, ReadBy, SPresence, SPush, SReadBy, SReceipt, SSearch, SSnapshot, SearchQuery, SearchResult, ServerFrame, SyncConv,
+  DND, SDnd, SConvMute,
 } from "./frames.js";
 import { ConvOrder } from "./order.js";
 import { ParleyError, parleyError } from "./errors.js";
@@ -64,6 +65,9 @@ export interface ClientOptions {
   random?: () => number;
 }
 
+/** The mute_until of a conversation muted until it is unmuted (9999-12-31T23:59:59.999Z). */
+export const MUTE_FOREVER = 253402300799999;
+
 export interface Receipt { conv_id: string; user_id: string; device_id?: string; seq: number; state: "delivered" | "read" }
 
 /** The events a Client emits and their payloads. */
@@ -75,6 +79,10 @@ export interface ClientEvents {
   receipt: Receipt;
   typing: { convId: string; userId: string };
   presence: PresenceState[];
+  /** This user muted (muteUntil; MUTE_FOREVER: until unmuted) or unmuted (undefined) a conversation's notifications, on any device. */
+  mute: { convId: string; muteUntil?: number };
+  /** This user's do-not-disturb changed, on any device. */
+  dnd: DND;
   /** A connection is up and its sync applied. */
   connected: { hello: Hello; transport: "websocket" | "http" };
   /**
@@ -463,7 +471,7 @@ export class Client {
         }, this.backoff.after(f.retry_after_ms ?? 0));
         return;
       }
-      case "msg": case "receipt": case "typing": case "presence":
+      case "msg": case "receipt": case "typing": case "presence": case "conv_mute": case "dnd":
         if (!this.ready) this.heldPushes.push(f);
         else this.onPush(f);
         return;
@@ -479,6 +487,14 @@ export class Client {
       }
       case "typing":
         this.emit("typing", { convId: f.conv_id, userId: f.user_id });
+        return;
+      case "conv_mute": {
+        const m = f as SConvMute;
+        this.emit("mute", { convId: m.conv_id, muteUntil: m.mute_until });
+        return;
+      }
+      case "dnd":
+        this.emit("dnd", (f as SDnd).dnd);
         return;
       case "presence":
         this.emit("presence", f.states);
@@ -817,6 +833,21 @@ export class Client {
   leave(convId: string): Promise<ConvInfo> { return this.conv({ type: "leave", conv_id: convId }, false); }
   setRole(convId: string, userId: string, role: "member" | "admin"): Promise<ConvInfo> { return this.conv({ type: "set_role", conv_id: convId, user_id: userId, role }, true); }
   mute(convId: string, userId: string, muted: boolean): Promise<ConvInfo> { return this.conv({ type: "mute", conv_id: convId, user_id: userId, muted }, true); }
+  /**
+   * Mutes this user's notifications of a conversation until untilMs (Unix
+   * ms; omitted: until unmuteConv). Messages still arrive and count as
+   * unread; only push notifications stop. The answer's mute_until, and
+   * every device's conv_list, show it.
+   */
+  muteConv(convId: string, untilMs?: number): Promise<ConvInfo> { return this.conv({ type: "conv_mute", conv_id: convId, ...(untilMs ? { mute_until: untilMs } : {}) }, true); }
+  unmuteConv(convId: string): Promise<ConvInfo> { return this.conv({ type: "conv_unmute", conv_id: convId }, true); }
+  /** Sets this user's do-not-disturb ({} or omitted: off): no notification is sent while it holds. */
+  async setDnd(dnd: DND = {}): Promise<DND> {
+    const f: Record<string, unknown> = { type: "dnd_set" };
+    if (dnd.until || dnd.daily) f.dnd = dnd;
+    return ((await this.request(f, true)) as SDnd).dnd;
+  }
+  async dnd(): Promise<DND> { return ((await this.request({ type: "dnd_get" }, true)) as SDnd).dnd; }
 
   private attachConn(): AttachConn {
     return { request: (f, retry, attempts) => this.request(f, retry, attempts), fetch: this.fetchFn(), httpBase: this.httpBase(), xhr: !this.o.fetch };

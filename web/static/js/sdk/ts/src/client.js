@@ -34,6 +34,8 @@ export class StoragePositions {
         }
     }
 }
+/** The mute_until of a conversation muted until it is unmuted (9999-12-31T23:59:59.999Z). */
+export const MUTE_FOREVER = 253402300799999;
 export function newClientMsgId() {
     const c = globalThis.crypto;
     if (c?.randomUUID)
@@ -397,6 +399,8 @@ export class Client {
             case "receipt":
             case "typing":
             case "presence":
+            case "conv_mute":
+            case "dnd":
                 if (!this.ready)
                     this.heldPushes.push(f);
                 else
@@ -413,6 +417,14 @@ export class Client {
             }
             case "typing":
                 this.emit("typing", { convId: f.conv_id, userId: f.user_id });
+                return;
+            case "conv_mute": {
+                const m = f;
+                this.emit("mute", { convId: m.conv_id, muteUntil: m.mute_until });
+                return;
+            }
+            case "dnd":
+                this.emit("dnd", f.dnd);
                 return;
             case "presence":
                 this.emit("presence", f.states);
@@ -766,6 +778,22 @@ export class Client {
     leave(convId) { return this.conv({ type: "leave", conv_id: convId }, false); }
     setRole(convId, userId, role) { return this.conv({ type: "set_role", conv_id: convId, user_id: userId, role }, true); }
     mute(convId, userId, muted) { return this.conv({ type: "mute", conv_id: convId, user_id: userId, muted }, true); }
+    /**
+     * Mutes this user's notifications of a conversation until untilMs (Unix
+     * ms; omitted: until unmuteConv). Messages still arrive and count as
+     * unread; only push notifications stop. The answer's mute_until, and
+     * every device's conv_list, show it.
+     */
+    muteConv(convId, untilMs) { return this.conv({ type: "conv_mute", conv_id: convId, ...(untilMs ? { mute_until: untilMs } : {}) }, true); }
+    unmuteConv(convId) { return this.conv({ type: "conv_unmute", conv_id: convId }, true); }
+    /** Sets this user's do-not-disturb ({} or omitted: off): no notification is sent while it holds. */
+    async setDnd(dnd = {}) {
+        const f = { type: "dnd_set" };
+        if (dnd.until || dnd.daily)
+            f.dnd = dnd;
+        return (await this.request(f, true)).dnd;
+    }
+    async dnd() { return (await this.request({ type: "dnd_get" }, true)).dnd; }
     attachConn() {
         return { request: (f, retry, attempts) => this.request(f, retry, attempts), fetch: this.fetchFn(), httpBase: this.httpBase(), xhr: !this.o.fetch };
     }
