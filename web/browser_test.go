@@ -104,6 +104,27 @@ func (n *node) start() {
 
 func (n *node) url() string { return "http://" + n.addr + "/" }
 
+// rpcAs returns a function that sends one frame as user (device "script")
+// over POST /v1/rpc and returns the answer.
+func (n *node) rpcAs(user string) func(frame string) map[string]any {
+	tok := n.srv.Token(user)
+	return func(frame string) map[string]any {
+		n.t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, n.srv.HTTPURL+"/v1/rpc?device=script", strings.NewReader(frame))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			n.t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
+			n.t.Fatalf("rpc %s: %d %v", frame, resp.StatusCode, err)
+		}
+		return out
+	}
+}
+
 // browser is one Chromium process; each user gets its own browser context
 // (separate storage, like separate people), each tab its own target.
 type browser struct {
@@ -614,21 +635,7 @@ func TestWebHistoryScroll(t *testing.T) {
 	bob := b.user("bob")
 	bob.login(n, "bob")
 	// alice writes 45 messages through the HTTP fallback.
-	tok := n.srv.Token("alice")
-	rpc := func(frame string) map[string]any {
-		req, _ := http.NewRequest(http.MethodPost, n.srv.HTTPURL+"/v1/rpc?device=script", strings.NewReader(frame))
-		req.Header.Set("Authorization", "Bearer "+tok)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]any
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
-			t.Fatalf("rpc %s: %d %v", frame, resp.StatusCode, err)
-		}
-		return out
-	}
+	rpc := n.rpcAs("alice")
 	conv := rpc(`{"type":"open_direct","peer":"bob"}`)["conv"].(map[string]any)["conv_id"].(string)
 	var want []string
 	for i := 1; i <= 45; i++ {

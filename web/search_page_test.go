@@ -1,9 +1,7 @@
 package web_test
 
 import (
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 
@@ -20,21 +18,7 @@ func TestWebServerSearch(t *testing.T) {
 	b := newBrowser(t)
 	bob := b.user("bob")
 	bob.login(n, "bob")
-	tok := n.srv.Token("alice")
-	rpc := func(frame string) map[string]any {
-		req, _ := http.NewRequest(http.MethodPost, n.srv.HTTPURL+"/v1/rpc?device=script", strings.NewReader(frame))
-		req.Header.Set("Authorization", "Bearer "+tok)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]any
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
-			t.Fatalf("rpc %s: %d %v", frame, resp.StatusCode, err)
-		}
-		return out
-	}
+	rpc := n.rpcAs("alice")
 	conv := rpc(`{"type":"open_direct","peer":"bob"}`)["conv"].(map[string]any)["conv_id"].(string)
 	send := func(i int, body string) {
 		if r := rpc(fmt.Sprintf(`{"type":"send","conv_id":%q,"client_msg_id":"c%d","body":%q}`, conv, i, body)); r["type"] != "ack" {
