@@ -62,8 +62,10 @@ func TestHelpListsEverySetting(t *testing.T) {
 				if listed != len(uses) {
 					t.Errorf("%s %s: %d settings listed, want %d (a name in its list is no setting?)", cmd, h, listed, len(uses))
 				}
-				if n := strings.Count(out.String(), "\n"); n > 60 {
-					t.Errorf("%s %s: %d lines of help, want at most 60:\n%s", cmd, h, n, out)
+				// A command's own settings only: serve's whole list is
+				// over 300 lines; migrate, which reads the most, about 70.
+				if n := strings.Count(out.String(), "\n"); n > 80 {
+					t.Errorf("%s %s: %d lines of help, want at most 80:\n%s", cmd, h, n, out)
 				}
 				if !strings.Contains(out.String(), "parley serve -h") {
 					t.Errorf("%s %s: does not say where the other settings are listed:\n%s", cmd, h, out)
