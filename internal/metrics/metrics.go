@@ -72,13 +72,7 @@ const (
 const frameUnknown = "unknown"
 
 // clientFrames are the frame types a client may send.
-var clientFrames = []string{
-	protocol.TypePing, protocol.TypeSend, protocol.TypeEdit, protocol.TypeRecall,
-	protocol.TypeDelivered, protocol.TypeRead, protocol.TypeSync, protocol.TypeHistory,
-	protocol.TypeConvList, protocol.TypeOpenDirect, protocol.TypeCreateGroup,
-	protocol.TypeAddMembers, protocol.TypeRemove, protocol.TypeLeave, protocol.TypeSetRole,
-	protocol.TypeMute, protocol.TypePresenceSub, protocol.TypeTyping,
-}
+var clientFrames = protocol.ClientTypes
 
 // latencyBuckets span 0.5ms to 5s: an in-process ACK lands in the first few,
 // a struggling disk or a cross-node hop in the upper ones.

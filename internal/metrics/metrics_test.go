@@ -12,6 +12,7 @@ import (
 
 	"github.com/parley-im/parley/internal/buildinfo"
 	"github.com/parley-im/parley/internal/ledger"
+	"github.com/parley-im/parley/protocol"
 )
 
 func counterValue(t *testing.T, c prometheus.Counter) float64 {
@@ -82,6 +83,21 @@ func TestFrameInUnknownTypesShareOneSeries(t *testing.T) {
 	}
 	if n := counterValue(t, m.FramesIn.WithLabelValues(frameUnknown)); n != 4 {
 		t.Errorf("frames_in{type=unknown} = %v, want 4", n)
+	}
+}
+
+// TestFrameInCountsEveryClientType: each frame a client may send has its
+// own series (conv_mute, search and upload_part are not "unknown").
+func TestFrameInCountsEveryClientType(t *testing.T) {
+	m := New(prometheus.NewRegistry())
+	for _, typ := range protocol.ClientTypes {
+		m.FrameIn(typ)
+		if n := counterValue(t, m.FramesIn.WithLabelValues(typ)); n != 1 {
+			t.Errorf("frames_in{type=%q} = %v, want 1", typ, n)
+		}
+	}
+	if n := counterValue(t, m.FramesIn.WithLabelValues(frameUnknown)); n != 0 {
+		t.Errorf("frames_in{type=unknown} = %v, want 0", n)
 	}
 }
 
