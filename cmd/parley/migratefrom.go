@@ -38,6 +38,7 @@ type checkpoint struct {
 	Keys        bool   `json:"keys"`
 	KT          bool   `json:"kt"`
 	Push        bool   `json:"push"`
+	Notify      bool   `json:"notify"`
 	Messages    uint64 `json:"messages"` // copied so far (the progress bar)
 	// The durable queues (migratequeues.go).
 	Webhooks  queueProgress `json:"webhook_queue"`
@@ -202,6 +203,12 @@ func (m *migration) run(ctx context.Context) error {
 		m.bar.what = "(push registrations)"
 		if err := m.step(func() error { m.cp.Push = true; return m.push(ctx) }); err != nil {
 			return fmt.Errorf("push registrations: %w", err)
+		}
+	}
+	if !m.cp.Notify {
+		m.bar.what = "(mutes and do-not-disturb)"
+		if err := m.step(func() error { m.cp.Notify = true; return m.notify(ctx) }); err != nil {
+			return fmt.Errorf("mutes and do-not-disturb: %w", err)
 		}
 	}
 	if err := m.copyQueues(ctx); err != nil {
@@ -573,6 +580,22 @@ func (m *migration) push(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// notify copies every user's conversation mutes and do-not-disturb
+// (rewriting one already copied is harmless).
+func (m *migration) notify(ctx context.Context) error {
+	return m.exp.ExportNotify(ctx, func(user string, mutes map[uint64]int64, d store.DND) error {
+		for conv, until := range mutes {
+			if err := m.dst.SetConvMute(ctx, user, conv, until); err != nil {
+				return err
+			}
+		}
+		if d.Zero() {
+			return nil
+		}
+		return m.dst.SetDND(ctx, user, d)
+	})
 }
 
 // openMigrationBlobs opens the source's blobs directory and, when the

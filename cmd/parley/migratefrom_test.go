@@ -96,7 +96,8 @@ func (c *cancelAfter) Write(p []byte) (int, error) {
 // TestMigrateFromEmbedded fills an embedded node through the server with
 // every kind of data — direct, E2E direct and group conversations, edits,
 // a recall, joins and a leave, read positions, an E2E key directory (and
-// so the KT log), an attachment, a push registration — stops it, copies it with `parley
+// so the KT log), an attachment, a push registration, a mute and a
+// do-not-disturb — stops it, copies it with `parley
 // migrate --from` into a fresh Cassandra keyspace and its attachment bytes
 // into S3, killed halfway through a conversation and run again, then
 // starts a cluster-mode node on the copy: the same SDK clients see the
@@ -224,6 +225,14 @@ func TestMigrateFromEmbedded(t *testing.T) {
 	_, err = alice.OpenDirectE2E(ctx, "carol")
 	must(err)
 
+	// bob mutes the group for good (conv_list's mute_until, compared
+	// below) and sleeps nightly (do-not-disturb).
+	_, err = bob.MuteConv(ctx, g.ConvID, time.Time{})
+	must(err)
+	dnd := protocol.DND{Daily: &protocol.DNDWindow{Start: 23 * 60, End: 7 * 60, UTCOffset: 60}}
+	_, err = bob.SetDND(ctx, dnd)
+	must(err)
+
 	before := map[string]view{}
 	for _, u := range users {
 		before[u] = viewOf(t, ctx, cs[u])
@@ -298,10 +307,10 @@ func TestMigrateFromEmbedded(t *testing.T) {
 	cstore, err := cassandra.Open(ctx, cassandra.Config{Hosts: strings.Split(hosts, ","), Keyspace: ks})
 	must(err)
 	regs, err := cstore.PushRegs(ctx, "bob")
-	cstore.Close()
 	if err != nil || !reflect.DeepEqual(regs, []store.PushReg{reg}) {
 		t.Errorf("push registrations after the migration %+v, %v; want %+v", regs, err, reg)
 	}
+	cstore.Close()
 
 	blobs, err := s3.Open(ctx, s3cfg)
 	must(err)
@@ -333,6 +342,9 @@ func TestMigrateFromEmbedded(t *testing.T) {
 			t.Errorf("%s sees after the migration\n%s\nbefore it\n%s", u, aj, bj)
 		}
 		if u == "bob" {
+			if got, err := c.DND(ctx); err != nil || !reflect.DeepEqual(got, dnd) {
+				t.Errorf("bob's do-not-disturb after the migration %+v, %v; want %+v", got, err, dnd)
+			}
 			var got bytes.Buffer
 			if _, _, err := c.Download(ctx, g.ConvID, fileAck.Seq, &got, client.DownloadOptions{}); err != nil || !bytes.Equal(got.Bytes(), file) {
 				t.Errorf("download after the migration: %d bytes, %v", got.Len(), err)

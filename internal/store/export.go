@@ -27,6 +27,10 @@ type Exporter interface {
 	// ExportKTKeys returns the key transparency log's stored keys (nil:
 	// none yet) without storing any.
 	ExportKTKeys(ctx context.Context) ([]byte, error)
+	// ExportNotify calls fn, by user id, for every user with notification
+	// preferences: the conversations muted (conversation → mute-until,
+	// none: nil) and the do-not-disturb (zero: none).
+	ExportNotify(ctx context.Context, fn func(user string, mutes map[uint64]int64, dnd DND) error) error
 }
 
 // Position is one stored position: a read position of (User, Device,

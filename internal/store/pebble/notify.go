@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	cpebble "github.com/cockroachdb/pebble/v2"
 
@@ -117,9 +118,83 @@ func (s *Store) DND(ctx context.Context, user string) (store.DND, error) {
 	if !found {
 		return store.DND{}, nil
 	}
-	var v dndValue
-	if err := json.Unmarshal(raw, &v); err != nil {
+	d, err := decodeDND(raw)
+	if err != nil {
 		return store.DND{}, fmt.Errorf("pebble: dnd: %w", err)
 	}
+	return d, nil
+}
+
+func decodeDND(raw []byte) (store.DND, error) {
+	var v dndValue
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return store.DND{}, err
+	}
 	return store.DND{Until: v.Until, Daily: v.Daily, Start: v.Start, End: v.End, Offset: v.Offset}, nil
+}
+
+// ExportNotify reads every mute (T rows) and do-not-disturb (Z rows), then
+// calls fn by user id.
+func (s *Store) ExportNotify(ctx context.Context, fn func(user string, mutes map[uint64]int64, dnd store.DND) error) error {
+	mutes := map[string]map[uint64]int64{}
+	dnds := map[string]store.DND{}
+	scan := func(tag byte, row func(k, v []byte) error) error {
+		p := []byte{tag}
+		it, err := s.db.NewIter(&cpebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
+		if err != nil {
+			return err
+		}
+		for ok := it.First(); ok; ok = it.Next() {
+			v, err := it.ValueAndErr()
+			if err == nil {
+				err = row(it.Key()[1:], v)
+			}
+			if err != nil {
+				_ = it.Close()
+				return err
+			}
+		}
+		return it.Close()
+	}
+	err := scan(tagConvMute, func(k, v []byte) error {
+		// user 0 conv
+		if len(k) < 10 || k[len(k)-9] != 0 || len(v) != 8 {
+			return fmt.Errorf("a malformed mute row %x", k)
+		}
+		user := string(k[:len(k)-9])
+		if mutes[user] == nil {
+			mutes[user] = map[uint64]int64{}
+		}
+		mutes[user][binary.BigEndian.Uint64(k[len(k)-8:])] = int64(binary.BigEndian.Uint64(v))
+		return nil
+	})
+	if err == nil {
+		err = scan(tagDND, func(k, v []byte) error {
+			d, err := decodeDND(v)
+			if err != nil {
+				return fmt.Errorf("the do-not-disturb of %q: %w", k, err)
+			}
+			dnds[string(k)] = d
+			return nil
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("pebble: export notification preferences: %w", err)
+	}
+	users := make([]string, 0, len(mutes)+len(dnds))
+	for u := range mutes {
+		users = append(users, u)
+	}
+	for u := range dnds {
+		if mutes[u] == nil {
+			users = append(users, u)
+		}
+	}
+	slices.Sort(users)
+	for _, u := range users {
+		if err := fn(u, mutes[u], dnds[u]); err != nil {
+			return err
+		}
+	}
+	return nil
 }

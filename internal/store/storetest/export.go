@@ -12,7 +12,8 @@ import (
 // testExport checks store.Exporter, where the engine has it, against what
 // the Store methods read: every conversation, every membership (former
 // ones too), every position, every device with its one-time prekeys,
-// every attachment record, the KT keys.
+// every attachment record, the KT keys, every user's mutes and
+// do-not-disturb.
 func testExport(t *testing.T, e *env) {
 	exp, ok := store.ExporterOf(e.s)
 	if !ok {
@@ -211,6 +212,44 @@ func testExport(t *testing.T, e *env) {
 	wantRegs, err2 := e.s.PushRegs(ctx, "alice")
 	if err != nil || err2 != nil || len(gotRegs) != 2 || !reflect.DeepEqual(gotRegs, wantRegs) {
 		t.Errorf("exported push registrations %+v, PushRegs %+v (%v, %v), registered %+v", gotRegs, wantRegs, err, err2, regs)
+	}
+
+	// Notification preferences: mutes and do-not-disturb, by user.
+	if err := e.s.SetConvMute(ctx, "bob", 7, store.MuteForever); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.SetConvMute(ctx, "bob", 1<<40|3, baseTime); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.SetConvMute(ctx, "carol", 9, baseTime+1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.SetConvMute(ctx, "carol", 9, 0); err != nil { // unmuted: gone
+		t.Fatal(err)
+	}
+	dnd := store.DND{Daily: true, Start: 22 * 60, End: 7 * 60, Offset: -300}
+	if err := e.s.SetDND(ctx, "dave", dnd); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.SetDND(ctx, "bob", store.DND{Until: baseTime + 5}); err != nil {
+		t.Fatal(err)
+	}
+	type prefs struct {
+		user  string
+		mutes map[uint64]int64
+		dnd   store.DND
+	}
+	var gotPrefs []prefs
+	err = exp.ExportNotify(ctx, func(user string, mutes map[uint64]int64, d store.DND) error {
+		gotPrefs = append(gotPrefs, prefs{user, mutes, d})
+		return nil
+	})
+	wantPrefs := []prefs{
+		{"bob", map[uint64]int64{7: store.MuteForever, 1<<40 | 3: baseTime}, store.DND{Until: baseTime + 5}},
+		{"dave", nil, dnd},
+	}
+	if err != nil || !reflect.DeepEqual(gotPrefs, wantPrefs) {
+		t.Errorf("ExportNotify = %+v, %v; want %+v", gotPrefs, err, wantPrefs)
 	}
 
 	keys, err := e.s.KTKeys(ctx, []byte("kt-keys"))
