@@ -13,6 +13,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -118,33 +119,7 @@ var (
 // whose type names no branch is validated against the whole union, which
 // fails with every branch's complaint.
 func validateFrame(union string, data []byte) error {
-	branchOnce.Do(func() {
-		var doc struct {
-			Defs map[string]struct {
-				OneOf []struct {
-					Ref string `json:"$ref"`
-				} `json:"oneOf"`
-				Properties struct {
-					Type struct {
-						Const string `json:"const"`
-					} `json:"type"`
-				} `json:"properties"`
-			} `json:"$defs"`
-		}
-		branches = map[string]map[string]string{}
-		if json.Unmarshal(FramesJSON, &doc) != nil {
-			return
-		}
-		for _, u := range []string{"ServerFrame", "ClientFrame"} {
-			branches[u] = map[string]string{}
-			for _, r := range doc.Defs[u].OneOf {
-				name := strings.TrimPrefix(r.Ref, "#/$defs/")
-				if t := doc.Defs[name].Properties.Type.Const; t != "" {
-					branches[u][t] = name
-				}
-			}
-		}
-	})
+	branchOnce.Do(loadBranches)
 	var head struct {
 		Type string `json:"type"`
 	}
@@ -154,6 +129,41 @@ func validateFrame(union string, data []byte) error {
 		}
 	}
 	return validate(framesURL+"#/$defs/"+union, data)
+}
+
+// loadBranches reads each union's branches (frame type → $defs name).
+func loadBranches() {
+	var doc struct {
+		Defs map[string]struct {
+			OneOf []struct {
+				Ref string `json:"$ref"`
+			} `json:"oneOf"`
+			Properties struct {
+				Type struct {
+					Const string `json:"const"`
+				} `json:"type"`
+			} `json:"properties"`
+		} `json:"$defs"`
+	}
+	branches = map[string]map[string]string{}
+	if json.Unmarshal(FramesJSON, &doc) != nil {
+		return
+	}
+	for _, u := range []string{"ServerFrame", "ClientFrame"} {
+		branches[u] = map[string]string{}
+		for _, r := range doc.Defs[u].OneOf {
+			name := strings.TrimPrefix(r.Ref, "#/$defs/")
+			if t := doc.Defs[name].Properties.Type.Const; t != "" {
+				branches[u][t] = name
+			}
+		}
+	}
+}
+
+// ClientTypes lists the frame types of the ClientFrame union, sorted.
+func ClientTypes() []string {
+	branchOnce.Do(loadBranches)
+	return slices.Sorted(maps.Keys(branches["ClientFrame"]))
 }
 
 // Def validates data against frames.json's $defs/name.

@@ -138,26 +138,8 @@ func decodeDND(raw []byte) (store.DND, error) {
 func (s *Store) ExportNotify(ctx context.Context, fn func(user string, mutes map[uint64]int64, dnd store.DND) error) error {
 	mutes := map[string]map[uint64]int64{}
 	dnds := map[string]store.DND{}
-	scan := func(tag byte, row func(k, v []byte) error) error {
-		p := []byte{tag}
-		it, err := s.db.NewIter(&cpebble.IterOptions{LowerBound: p, UpperBound: prefixEnd(p)})
-		if err != nil {
-			return err
-		}
-		for ok := it.First(); ok; ok = it.Next() {
-			v, err := it.ValueAndErr()
-			if err == nil {
-				err = row(it.Key()[1:], v)
-			}
-			if err != nil {
-				_ = it.Close()
-				return err
-			}
-		}
-		return it.Close()
-	}
-	err := scan(tagConvMute, func(k, v []byte) error {
-		// user 0 conv
+	err := s.scan([]byte{tagConvMute}, func(k, v []byte) error {
+		k = k[1:] // user 0 conv
 		if len(k) < 10 || k[len(k)-9] != 0 || len(v) != 8 {
 			return fmt.Errorf("a malformed mute row %x", k)
 		}
@@ -169,7 +151,8 @@ func (s *Store) ExportNotify(ctx context.Context, fn func(user string, mutes map
 		return nil
 	})
 	if err == nil {
-		err = scan(tagDND, func(k, v []byte) error {
+		err = s.scan([]byte{tagDND}, func(k, v []byte) error {
+			k = k[1:] // user
 			d, err := decodeDND(v)
 			if err != nil {
 				return fmt.Errorf("the do-not-disturb of %q: %w", k, err)
