@@ -63,7 +63,8 @@ func TextOf(m store.Message) (string, bool) {
 // skipped.
 type IndexerObserver struct {
 	// Indexed is called per message taken into the index with its lag:
-	// from the message's server time to the batch's durable write.
+	// from the message's server time to the batch's Apply returning (the
+	// message searchable).
 	Indexed func(lag time.Duration)
 	// Failed is called per failed round (the engine or the store failed).
 	Failed func()

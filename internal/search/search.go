@@ -121,9 +121,13 @@ type Result struct {
 
 // Index is the seam. Its methods are safe for concurrent use.
 type Index interface {
-	// Apply writes b atomically and durably: after it returns nil the
-	// change survives a crash; after an error either all of b or none of it
-	// may be applied (applying it again is harmless).
+	// Apply writes b atomically: after it returns nil the change is
+	// searchable, and it survives a crash either at once or, in an engine
+	// that persists in the background, with b's documents and watermarks
+	// together, so a crash loses only whole batches from the last ones
+	// applied (the watermarks that survive say what to index again);
+	// after an error either all of b or none of it may be applied
+	// (applying it again is harmless). Close persists what was applied.
 	Apply(ctx context.Context, b Batch) error
 	// Watermark returns the conversation's watermark (0: none).
 	Watermark(ctx context.Context, convID uint64) (uint64, error)

@@ -649,7 +649,7 @@ func (s *Server) openSearch() (*search.Indexer, error) {
 	}
 	s.onClose(x.Close)
 	lag := prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name: "parley_search_index_lag_seconds", Help: "From a message's server time to its durable write into the search index.",
+		Name: "parley_search_index_lag_seconds", Help: "From a message's server time to its being searchable in the search index.",
 		Buckets: []float64{.01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 300},
 	})
 	failures := prometheus.NewCounter(prometheus.CounterOpts{

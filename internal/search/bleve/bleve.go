@@ -2,19 +2,33 @@
 // in a directory of its own (data_dir/search on a node).
 //
 // A message is a document with id "<conv>:<seq>" (16 hex digits each, so
-// ids sort as keys do) and these fields: text twice, `text` with Bleve's
-// standard analyzer (Unicode word segmentation: every CJK character is a
-// word of its own, lower-cased, English stop words dropped) and
-// `text_cjk` with its cjk analyzer (bigrams of adjacent CJK characters,
-// width-folded, lower-cased); conv, sender and kind as keywords; seq and
-// time as numbers. Neither text is stored: a hit names a message, whose
-// body the caller reads from the store. A query is the phrase on either
-// text field, AND the filters, AND a disjunction of one clause per window
-// (conv = c, or conv = c AND from ≤ seq ≤ to), so the engine itself never
-// returns what the windows exclude.
+// ids sort as keys do) and these fields: `text`, indexed with positions by
+// the text analyzer (analyzer.go: Unicode word segmentation, every CJK
+// character a term of its own, width-folded, lower-cased, English stop
+// words dropped), not stored; conv, sender and kind as keywords; and time
+// (server time, 16 hex digits, so strings sort as times) as a keyword with
+// doc values, which sorts and filters. A hit names a message, whose body
+// the caller reads from the store.
+//
+// A query is the phrase on text under a filter, inside the engine's
+// searcher, that reads each phrase match's id and time and keeps it only
+// when it lies in one of the caller's windows (and the time range), before
+// the collector sorts and counts it: the engine itself never returns
+// what the windows exclude, and a thousand windows cost one map lookup a
+// match instead of a thousand term searchers. With few windows their
+// conversations' terms join the phrase in a conjunction, so the postings
+// of other conversations are skipped.
 //
 // Watermarks are Bleve internal values ("w" + conv) set in the same batch
-// as the documents; a batch returns once scorch has persisted it.
+// as the documents. Batches are unsafe in scorch's sense: Apply returns
+// once the batch is searchable, and scorch persists it in the background,
+// each persisted snapshot holding a batch's documents with its watermarks,
+// so a crash loses only whole batches from the end, which the indexer's
+// catch-up reads again from the watermarks that survived. Close waits for
+// what was applied to be persisted. The
+// index layout's version is the internal value "layout": an index of
+// another layout is removed at Open and built again (every watermark is
+// then 0, so the indexer's catch-up reindexes the store).
 package bleve
 
 import (
@@ -23,18 +37,22 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	blevesearch "github.com/blevesearch/bleve/v2"
 	"github.com/blevesearch/bleve/v2/analysis/analyzer/keyword"
-	"github.com/blevesearch/bleve/v2/analysis/analyzer/standard"
-	"github.com/blevesearch/bleve/v2/analysis/lang/cjk"
+	"github.com/blevesearch/bleve/v2/index/scorch"
 	"github.com/blevesearch/bleve/v2/mapping"
 	bsearch "github.com/blevesearch/bleve/v2/search"
 	"github.com/blevesearch/bleve/v2/search/query"
+	"github.com/blevesearch/bleve/v2/search/searcher"
+	index "github.com/blevesearch/bleve_index_api"
 
 	"github.com/parley-im/parley/internal/search"
 )
@@ -46,9 +64,33 @@ type Index struct {
 	// Close.
 	mu     sync.RWMutex
 	closed bool
+	// unpersisted counts applied batches scorch has not yet persisted;
+	// persisted is signalled as each one is.
+	unpersisted atomic.Int64
+	persisted   chan struct{}
+	// newest is the highest time of a document ever put (0: none), where
+	// a newest-first query starts.
+	newest atomic.Int64
 }
 
+// runtime is scorch's configuration: see the package comment.
+var runtime = map[string]any{"unsafe_batch": true}
+
+// closeWait bounds how long Close waits for the applied batches to be
+// persisted (a disk that keeps failing: the catch-up covers them).
+const closeWait = 30 * time.Second
+
 var _ search.Index = (*Index)(nil)
+
+// layout is the version of the mapping below; an index of another is
+// built again.
+const layout = "2"
+
+var layoutKey = []byte("layout")
+
+// fewWindows is the most windows whose conversation terms join the
+// phrase's conjunction; above it only the filter applies them.
+const fewWindows = 16
 
 func indexMapping() mapping.IndexMapping {
 	im := blevesearch.NewIndexMapping()
@@ -57,51 +99,85 @@ func indexMapping() mapping.IndexMapping {
 	im.IndexDynamic = false
 	im.DocValuesDynamic = false
 	dm := blevesearch.NewDocumentStaticMapping()
-	text := func(analyzer string) *mapping.FieldMapping {
-		f := blevesearch.NewTextFieldMapping()
-		f.Analyzer = analyzer
-		f.Store = false
-		f.IncludeInAll = false
-		f.IncludeTermVectors = true // positions: phrases
-		f.DocValues = false
-		return f
-	}
-	kw := func() *mapping.FieldMapping {
+	text := blevesearch.NewTextFieldMapping()
+	text.Analyzer = textAnalyzer
+	text.Store = false
+	text.IncludeInAll = false
+	text.IncludeTermVectors = true // positions: phrases
+	text.DocValues = false
+	kw := func(docValues bool) *mapping.FieldMapping {
 		f := blevesearch.NewKeywordFieldMapping()
 		f.Store = false
 		f.IncludeInAll = false
 		f.IncludeTermVectors = false
-		f.DocValues = false
-		return f
-	}
-	num := func(docValues bool) *mapping.FieldMapping {
-		f := blevesearch.NewNumericFieldMapping()
-		f.Store = false
-		f.IncludeInAll = false
 		f.DocValues = docValues
 		return f
 	}
-	dm.AddFieldMappingsAt("text", text(standard.Name))
-	dm.AddFieldMappingsAt("text_cjk", text(cjk.AnalyzerName))
-	dm.AddFieldMappingsAt("conv", kw())
-	dm.AddFieldMappingsAt("sender", kw())
-	dm.AddFieldMappingsAt("kind", kw())
-	dm.AddFieldMappingsAt("seq", num(false))
-	dm.AddFieldMappingsAt("time", num(true)) // sorted on
+	dm.AddFieldMappingsAt("text", text)
+	dm.AddFieldMappingsAt("conv", kw(false))
+	dm.AddFieldMappingsAt("sender", kw(false))
+	dm.AddFieldMappingsAt("kind", kw(false))
+	// Scorch keeps doc values only of indexed fields.
+	dm.AddFieldMappingsAt("time", kw(true))
+	// No norms for the buckets: only newest-first queries, which ignore
+	// scores, read them.
+	tb := kw(false)
+	tb.SkipFreqNorm = true
+	dm.AddFieldMappingsAt("tb", tb)
 	im.DefaultMapping = dm
 	return im
 }
 
-// Open opens the index in dir, creating it when there is none.
+// Open opens the index in dir, creating it when there is none and
+// building it again when it has another layout.
 func Open(dir string) (*Index, error) {
-	idx, err := blevesearch.Open(dir)
+	idx, err := blevesearch.OpenUsing(dir, runtime)
+	if err == nil {
+		v, gerr := idx.GetInternal(layoutKey)
+		if gerr != nil {
+			idx.Close()
+			return nil, fmt.Errorf("bleve: open %s: %w", dir, gerr)
+		}
+		if string(v) != layout {
+			idx.Close()
+			if err := os.RemoveAll(dir); err != nil {
+				return nil, fmt.Errorf("bleve: remove %s (layout %q): %w", dir, v, err)
+			}
+			err = blevesearch.ErrorIndexPathDoesNotExist
+		}
+	}
 	if errors.Is(err, blevesearch.ErrorIndexPathDoesNotExist) {
-		idx, err = blevesearch.New(dir, indexMapping())
+		idx, err = blevesearch.NewUsing(dir, indexMapping(), scorch.Name, scorch.Name, runtime)
+		if err == nil {
+			if err = idx.SetInternal(layoutKey, []byte(layout)); err != nil {
+				idx.Close()
+			}
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bleve: open %s: %w", dir, err)
 	}
-	return &Index{idx: idx}, nil
+	x := &Index{idx: idx, persisted: make(chan struct{}, 1)}
+	if err := x.loadNewest(); err != nil {
+		idx.Close()
+		return nil, fmt.Errorf("bleve: open %s: %w", dir, err)
+	}
+	return x, nil
+}
+
+func (x *Index) loadNewest() error {
+	req := blevesearch.NewSearchRequestOptions(blevesearch.NewMatchAllQuery(), 1, 0, false)
+	req.SortByCustom(bsearch.SortOrder{&bsearch.SortField{Field: "time", Type: bsearch.SortFieldAsString, Desc: true}})
+	res, err := x.idx.Search(req)
+	if err != nil {
+		return err
+	}
+	if len(res.Hits) == 1 && len(res.Hits[0].Sort) == 1 {
+		if u, err := strconv.ParseUint(res.Hits[0].Sort[0], 16, 63); err == nil {
+			x.newest.Store(int64(u))
+		}
+	}
+	return nil
 }
 
 func docID(k search.Key) string { return fmt.Sprintf("%016x:%016x", k.ConvID, k.Seq) }
@@ -117,6 +193,31 @@ func parseID(id string) (search.Key, error) {
 		return search.Key{}, fmt.Errorf("bleve: document id %q", id)
 	}
 	return search.Key{ConvID: conv, Seq: seq}, nil
+}
+
+// timeValue is the time doc value: 16 hex digits, so strings sort as times.
+func timeValue(t int64) string { return fmt.Sprintf("%016x", uint64(max(t, 0))) }
+
+// bucketShifts are the sizes of the time buckets a document is in, from
+// 2^12 ms (about 4 s) to 2^44 ms (the largest holds every time from 1970
+// to the year 2527): a newest-first query reads buckets from its upper
+// bound down (newestFirst).
+var bucketShifts = []uint{12, 16, 20, 24, 28, 32, 36, 40, 44}
+
+// stepDocs is the fewest documents a newest-first step may read (a
+// variable for the tests).
+var stepDocs uint64 = 4096
+
+func bucketTerm(shift uint, t int64) string {
+	return fmt.Sprintf("%02d%x", shift, uint64(max(t, 0))>>shift)
+}
+
+func timeBuckets(t int64) []string {
+	out := make([]string, len(bucketShifts))
+	for i, sh := range bucketShifts {
+		out[i] = bucketTerm(sh, t)
+	}
+	return out
 }
 
 func markKey(conv uint64) []byte { return binary.BigEndian.AppendUint64([]byte{'w'}, conv) }
@@ -136,15 +237,16 @@ func (x *Index) Apply(ctx context.Context, b search.Batch) error {
 	for _, k := range b.Delete {
 		bb.Delete(docID(k))
 	}
+	newest := x.newest.Load()
 	for _, d := range b.Put {
+		newest = max(newest, d.Time)
 		if err := bb.Index(docID(search.Key{ConvID: d.ConvID, Seq: d.Seq}), map[string]any{
-			"text":     d.Text,
-			"text_cjk": d.Text,
-			"conv":     convTerm(d.ConvID),
-			"sender":   d.Sender,
-			"kind":     d.Kind,
-			"seq":      float64(d.Seq),
-			"time":     float64(d.Time),
+			"text":   d.Text,
+			"conv":   convTerm(d.ConvID),
+			"sender": d.Sender,
+			"kind":   d.Kind,
+			"time":   timeValue(d.Time),
+			"tb":     timeBuckets(d.Time),
 		}); err != nil {
 			return fmt.Errorf("bleve: index %d:%d: %w", d.ConvID, d.Seq, err)
 		}
@@ -158,9 +260,20 @@ func (x *Index) Apply(ctx context.Context, b search.Batch) error {
 			bb.SetInternal(markKey(conv), binary.BigEndian.AppendUint64(nil, seq))
 		}
 	}
+	x.unpersisted.Add(1)
+	done := sync.OnceFunc(func() {
+		x.unpersisted.Add(-1)
+		select {
+		case x.persisted <- struct{}{}:
+		default:
+		}
+	})
+	bb.SetPersistedCallback(func(error) { done() })
 	if err := x.idx.Batch(bb); err != nil {
+		done()
 		return fmt.Errorf("bleve: batch: %w", err)
 	}
+	x.newest.Store(newest)
 	return nil
 }
 
@@ -190,43 +303,66 @@ func term(field, v string) query.Query {
 	return q
 }
 
-func numRange(field string, lo, hi float64) query.Query {
-	t := true
-	var min, max *float64
-	if lo > math.Inf(-1) {
-		min = &lo
-	}
-	if hi < math.Inf(1) {
-		max = &hi
-	}
-	q := blevesearch.NewNumericRangeInclusiveQuery(min, max, &t, &t)
-	q.SetField(field)
-	return q
+// filter keeps the matches of q whose key (read from the document id,
+// which scorch keeps uncompressed, and left on the match for the sort)
+// and time accept takes.
+type filter struct {
+	q      query.Query
+	accept func(k search.Key, t int64) bool
 }
 
-func phrase(field, analyzer, text string) query.Query {
-	q := blevesearch.NewMatchPhraseQuery(text)
-	q.SetField(field)
-	q.Analyzer = analyzer
-	return q
+func (f *filter) Searcher(ctx context.Context, r index.IndexReader, m mapping.IndexMapping, o bsearch.SearcherOptions) (bsearch.Searcher, error) {
+	s, err := f.q.Searcher(ctx, r, m, o)
+	if err != nil {
+		return nil, err
+	}
+	dvr, err := r.DocValueReader([]string{"time"})
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	var t int64
+	visit := func(_ string, v []byte) {
+		if u, err := strconv.ParseUint(string(v), 16, 63); err == nil {
+			t = int64(u)
+		}
+	}
+	return searcher.NewFilteringSearcher(ctx, s, func(_ *bsearch.SearchContext, d *bsearch.DocumentMatch) bool {
+		id, err := r.ExternalID(d.IndexInternalID)
+		if err != nil {
+			return false
+		}
+		k, err := parseID(id)
+		if err != nil {
+			return false
+		}
+		t = -1
+		if dvr.VisitDocValues(d.IndexInternalID, visit) != nil || !f.accept(k, t) {
+			return false
+		}
+		d.ID = id
+		return true
+	}), nil
 }
 
-// windows is the disjunction of the query's windows.
-func windows(ws []search.Window) query.Query {
-	var cs []query.Query
+// windowSet answers whether (conv, seq) lies in one of the windows.
+type windowSet map[uint64][]search.Window
+
+func newWindowSet(ws []search.Window) windowSet {
+	s := make(windowSet, len(ws))
 	for _, w := range ws {
-		c := term("conv", convTerm(w.ConvID))
-		if w.From <= 1 && w.To == 0 {
-			cs = append(cs, c)
-			continue
-		}
-		hi := math.Inf(1)
-		if w.To != 0 {
-			hi = float64(w.To)
-		}
-		cs = append(cs, blevesearch.NewConjunctionQuery(c, numRange("seq", float64(w.From), hi)))
+		s[w.ConvID] = append(s[w.ConvID], w)
 	}
-	return blevesearch.NewDisjunctionQuery(cs...)
+	return s
+}
+
+func (s windowSet) has(conv, seq uint64) bool {
+	for _, w := range s[conv] {
+		if seq >= w.From && (w.To == 0 || seq <= w.To) {
+			return true
+		}
+	}
+	return false
 }
 
 func (x *Index) Search(ctx context.Context, q search.Query) (search.Result, error) {
@@ -245,12 +381,21 @@ func (x *Index) Search(ctx context.Context, q search.Query) (search.Result, erro
 			return search.Result{}, err
 		}
 		after = c.After
+		if want := 2 + int(q.Order); len(after) != want {
+			return search.Result{}, fmt.Errorf("%w: malformed", search.ErrBadCursor)
+		}
 	}
-	must := []query.Query{
-		blevesearch.NewDisjunctionQuery(
-			phrase("text", standard.Name, q.Text),
-			phrase("text_cjk", cjk.AnalyzerName, q.Text)),
-		windows(q.Windows),
+	ph := blevesearch.NewMatchPhraseQuery(q.Text)
+	ph.SetField("text")
+	ph.Analyzer = textAnalyzer
+	must := []query.Query{ph}
+	ws := newWindowSet(q.Windows)
+	if len(ws) <= fewWindows {
+		var cs []query.Query
+		for c := range ws {
+			cs = append(cs, term("conv", convTerm(c)))
+		}
+		must = append(must, blevesearch.NewDisjunctionQuery(cs...))
 	}
 	if q.Sender != "" {
 		must = append(must, term("sender", q.Sender))
@@ -258,39 +403,36 @@ func (x *Index) Search(ctx context.Context, q search.Query) (search.Result, erro
 	if q.Kind != "" {
 		must = append(must, term("kind", q.Kind))
 	}
-	if q.FromTime != 0 || q.ToTime != 0 {
-		lo, hi := math.Inf(-1), math.Inf(1)
-		if q.FromTime != 0 {
-			lo = float64(q.FromTime)
-		}
-		if q.ToTime != 0 {
-			hi = float64(q.ToTime)
-		}
-		must = append(must, numRange("time", lo, hi))
+	lo, hi := q.FromTime, q.ToTime
+	if hi == 0 {
+		hi = math.MaxInt64
 	}
-	req := blevesearch.NewSearchRequestOptions(blevesearch.NewConjunctionQuery(must...), q.Limit+1, 0, false)
+	var hits []*bsearch.DocumentMatch
 	if q.Order == search.Relevance {
-		req.SortBy([]string{"-_score", "-time", "-_id"})
+		res, err := x.search(ctx, must, ws, lo, hi, q.Limit+1, after, true)
+		if err != nil {
+			return search.Result{}, err
+		}
+		hits = res
 	} else {
-		req.SortBy([]string{"-time", "-_id"})
-	}
-	if after != nil {
-		if len(after) != len(req.Sort) {
-			return search.Result{}, fmt.Errorf("%w: malformed", search.ErrBadCursor)
+		if after != nil {
+			// The cursor's time bounds the steps; search-after orders
+			// the messages of that very millisecond.
+			u, err := strconv.ParseUint(after[0], 16, 63)
+			if err != nil {
+				return search.Result{}, fmt.Errorf("%w: malformed", search.ErrBadCursor)
+			}
+			hi = min(hi, int64(u))
 		}
-		req.SetSearchAfter(after)
-	}
-	res, err := x.idx.SearchInContext(ctx, req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return search.Result{}, ctx.Err()
+		var err error
+		if hits, err = x.newestFirst(ctx, must, ws, lo, min(hi, x.newest.Load()), q.Limit+1, after); err != nil {
+			return search.Result{}, err
 		}
-		return search.Result{}, fmt.Errorf("bleve: search: %w", err)
 	}
 	var out search.Result
-	for i, h := range res.Hits {
+	for i, h := range hits {
 		if i == q.Limit {
-			out.Next = search.EncodeCursor(search.Cursor{Order: q.Order, After: afterOf(res.Hits[i-1])})
+			out.Next = search.EncodeCursor(search.Cursor{Order: q.Order, After: afterOf(hits[i-1])})
 			break
 		}
 		k, err := parseID(h.ID)
@@ -300,6 +442,89 @@ func (x *Index) Search(ctx context.Context, q search.Query) (search.Result, erro
 		out.Hits = append(out.Hits, search.Hit{ConvID: k.ConvID, Seq: k.Seq, Score: h.Score})
 	}
 	return out, nil
+}
+
+// newestFirst reads the time buckets around the upper bound hi, newest
+// first, until size hits are found or lo is passed: each step takes the
+// largest bucket below what was read that holds at most four times the
+// documents read so far (at least stepDocs; the smallest bucket when even
+// that holds more), so a phrase that matches often is evaluated on the
+// newest messages only and one that matches rarely on at most a few times
+// the index.
+func (x *Index) newestFirst(ctx context.Context, must []query.Query, ws windowSet, lo, hi int64, size int, after []string) ([]*bsearch.DocumentMatch, error) {
+	ii, err := x.idx.Advanced()
+	if err != nil {
+		return nil, fmt.Errorf("bleve: search: %w", err)
+	}
+	r, err := ii.Reader()
+	if err != nil {
+		return nil, fmt.Errorf("bleve: search: %w", err)
+	}
+	defer r.Close()
+	count := func(term string) (uint64, error) {
+		tfr, err := r.TermFieldReader(ctx, []byte(term), "tb", false, false, false)
+		if err != nil {
+			return 0, fmt.Errorf("bleve: search: %w", err)
+		}
+		defer tfr.Close()
+		return tfr.Count(), nil
+	}
+	var hits []*bsearch.DocumentMatch
+	read := uint64(0)
+	for top := hi; top >= lo && len(hits) < size; {
+		budget := max(4*read, stepDocs)
+		level, n := 0, uint64(0)
+		for i, sh := range bucketShifts {
+			c, err := count(bucketTerm(sh, top))
+			if err != nil {
+				return nil, err
+			}
+			if i > 0 && c > budget {
+				break
+			}
+			level, n = i, c
+		}
+		sh := bucketShifts[level]
+		stepLo := max(lo, int64(uint64(top)>>sh<<sh))
+		m := append(slices.Clip(must), term("tb", bucketTerm(sh, top)))
+		res, err := x.search(ctx, m, ws, stepLo, top, size-len(hits), after, false)
+		if err != nil {
+			return nil, err
+		}
+		hits = append(hits, res...)
+		read += n
+		top = stepLo - 1
+	}
+	return hits, nil
+}
+
+// search runs one request: the conjunction must, filtered by the windows
+// and lo ≤ time ≤ hi, the first size hits after the cursor's, by time (and
+// first by score when byScore).
+func (x *Index) search(ctx context.Context, must []query.Query, ws windowSet, lo, hi int64, size int, after []string, byScore bool) ([]*bsearch.DocumentMatch, error) {
+	f := &filter{q: blevesearch.NewConjunctionQuery(must...), accept: func(k search.Key, t int64) bool {
+		return t >= lo && t <= hi && ws.has(k.ConvID, k.Seq)
+	}}
+	req := blevesearch.NewSearchRequestOptions(f, size, 0, false)
+	order := bsearch.SortOrder{
+		&bsearch.SortField{Field: "time", Type: bsearch.SortFieldAsString, Desc: true},
+		&bsearch.SortDocID{Desc: true},
+	}
+	if byScore {
+		order = append(bsearch.SortOrder{&bsearch.SortScore{Desc: true}}, order...)
+	}
+	req.SortByCustom(order)
+	if after != nil {
+		req.SetSearchAfter(after)
+	}
+	res, err := x.idx.SearchInContext(ctx, req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("bleve: search: %w", err)
+	}
+	return res.Hits, nil
 }
 
 // afterOf is the search-after value of a hit: its decoded sort values,
@@ -345,5 +570,14 @@ func (x *Index) Close() error {
 		return nil
 	}
 	x.closed = true
+	deadline := time.NewTimer(closeWait)
+	defer deadline.Stop()
+	for x.unpersisted.Load() > 0 {
+		select {
+		case <-x.persisted:
+		case <-deadline.C:
+			return x.idx.Close()
+		}
+	}
 	return x.idx.Close()
 }
