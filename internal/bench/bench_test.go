@@ -5,8 +5,10 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -126,6 +128,33 @@ func TestRunSendAttached(t *testing.T) {
 	}
 	if res.Fsyncs != -1 {
 		t.Errorf("Fsyncs = %d without counting, want -1", res.Fsyncs)
+	}
+	// The node indexes for search: every message, each with its lag.
+	if res.Indexed != n || res.IndexLag.Total() != n {
+		t.Errorf("indexed %v, lag observations %v, want %d", res.Indexed, res.IndexLag.Total(), n)
+	}
+	if p50, p99 := res.IndexLag.Quantile(0.5), res.IndexLag.Quantile(0.99); !(p50 > 0 && p99 >= p50) || math.IsInf(p99, 1) {
+		t.Errorf("index lag p50 %v p99 %v", p50, p99)
+	}
+}
+
+func TestHistogramDelta(t *testing.T) {
+	before := Metrics{`h_bucket{le="0.1"}`: 1, `h_bucket{le="1"}`: 2, `h_bucket{le="+Inf"}`: 2}
+	after := Metrics{`h_bucket{le="0.1"}`: 51, `h_bucket{le="1"}`: 101, `h_bucket{le="+Inf"}`: 102}
+	h := histogramDelta(before, after, "h")
+	if !slices.Equal(h.Bounds, []float64{0.1, 1, math.Inf(1)}) || !slices.Equal(h.Counts, []float64{50, 99, 100}) {
+		t.Fatalf("delta %+v", h)
+	}
+	for q, want := range map[float64]float64{0.5: 0.1, 0.51: 1, 0.99: 1, 1: math.Inf(1)} {
+		if got := h.Quantile(q); got != want {
+			t.Errorf("quantile %v = %v, want %v", q, got, want)
+		}
+	}
+	if got := h.Within(1); got != 0.99 {
+		t.Errorf("within 1 = %v, want 0.99", got)
+	}
+	if got := (HistogramDelta{}).Quantile(0.5); !math.IsNaN(got) {
+		t.Errorf("empty quantile = %v, want NaN", got)
 	}
 }
 

@@ -80,7 +80,8 @@ func ScrapeMetrics(ctx context.Context, client *http.Client, url string) (Metric
 
 // parseMetrics reads the Prometheus text format. Only what the benchmarks
 // need is kept: labels are dropped and same-named samples summed, so a
-// counter vector reads as its total.
+// counter vector reads as its total; a histogram's buckets are kept by
+// their upper bound as well (Metrics.Bucket).
 func parseMetrics(r io.Reader) (Metrics, error) {
 	m := Metrics{}
 	sc := bufio.NewScanner(r)
@@ -94,6 +95,7 @@ func parseMetrics(r io.Reader) (Metrics, error) {
 		if i := strings.IndexAny(line, "{ "); i >= 0 {
 			name, rest = line[:i], line[i:]
 		}
+		le := ""
 		if strings.HasPrefix(rest, "{") {
 			// Label values may hold spaces and braces only inside quotes,
 			// and '}' cannot appear unquoted, so the last '}' ends them.
@@ -101,6 +103,7 @@ func parseMetrics(r io.Reader) (Metrics, error) {
 			if j < 0 {
 				return nil, fmt.Errorf("parse metrics: unterminated labels in %q", line)
 			}
+			le = leLabel(rest[1:j])
 			rest = rest[j+1:]
 		}
 		fields := strings.Fields(rest)
@@ -112,11 +115,56 @@ func parseMetrics(r io.Reader) (Metrics, error) {
 			return nil, fmt.Errorf("parse metrics: %q: %w", line, err)
 		}
 		m[name] += v
+		if le != "" && strings.HasSuffix(name, "_bucket") {
+			m[bucketKey(strings.TrimSuffix(name, "_bucket"), le)] += v
+		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("parse metrics: %w", err)
 	}
 	return m, nil
+}
+
+// leLabel is the value of the label le in labels (`a="x",le="0.5"`), or "".
+func leLabel(labels string) string {
+	for labels != "" {
+		i := strings.IndexByte(labels, '=')
+		if i < 0 || i+1 >= len(labels) || labels[i+1] != '"' {
+			return ""
+		}
+		key := strings.TrimSpace(strings.TrimPrefix(labels[:i], ","))
+		v, rest, ok := quotedValue(labels[i+1:])
+		if !ok {
+			return ""
+		}
+		if key == "le" {
+			return v
+		}
+		labels = rest
+	}
+	return ""
+}
+
+// quotedValue splits `"v\"x",rest` into v\"x and ,rest.
+func quotedValue(s string) (v, rest string, ok bool) {
+	for i := 1; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			i++
+		case '"':
+			return s[1:i], s[i+1:], true
+		}
+	}
+	return "", "", false
+}
+
+func bucketKey(histogram, le string) string { return histogram + `_bucket{le="` + le + `"}` }
+
+// Bucket returns the count of histogram's bucket le (its upper bound as
+// the exposition writes it: "0.5", "+Inf"), summed over the other labels.
+func (m Metrics) Bucket(histogram, le string) (float64, bool) {
+	v, ok := m[bucketKey(histogram, le)]
+	return v, ok
 }
 
 // clockTicks is the unit of utime and stime in /proc/PID/stat (USER_HZ).

@@ -51,6 +51,9 @@ parley_handshakes_total{result="ok"} 18003
 parley_handshakes_total{result="rate_limited"} 2
 weird_labels{a="x } y",b="{"} 1.5e+03 1700000000000
 go_memstats_heap_inuse_bytes 4.2e+07
+lag_seconds_bucket{node="a",le="0.5"} 3
+lag_seconds_bucket{node="b",le="0.5"} 4
+lag_seconds_bucket{le="+Inf",node="a"} 9
 
 `
 	m, err := parseMetrics(strings.NewReader(in))
@@ -66,6 +69,14 @@ go_memstats_heap_inuse_bytes 4.2e+07
 		if got, ok := m.Get(name); !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", name, got, ok, want)
 		}
+	}
+	for le, want := range map[string]float64{"0.5": 7, "+Inf": 9} {
+		if got, ok := m.Bucket("lag_seconds", le); !ok || got != want {
+			t.Errorf("bucket %s = %v (present %v), want %v", le, got, ok, want)
+		}
+	}
+	if got, _ := m.Get("lag_seconds_bucket"); got != 16 {
+		t.Errorf("lag_seconds_bucket total = %v, want 16", got)
 	}
 	if _, ok := m.Get("absent"); ok {
 		t.Error("absent metric reported present")

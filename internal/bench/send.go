@@ -1,15 +1,18 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -99,6 +102,87 @@ type SendResult struct {
 	// Fsyncs is the server's fsync+fdatasync calls over the run, or -1
 	// when not counted.
 	Fsyncs int64
+	// Indexed is parley_search_indexed_total's increase once the search
+	// index caught up with Stored (or IndexWait ran out: 60 s), -1 when
+	// the node indexes nothing; IndexWait is how long after the last ACK
+	// that took. IndexLag is parley_search_index_lag_seconds' increase
+	// over the run, read at its buckets' upper bounds (so p99 "≤ 1 s").
+	Indexed   float64
+	IndexWait time.Duration
+	IndexLag  HistogramDelta
+}
+
+// HistogramDelta is the increase of a Prometheus histogram's buckets over
+// a run: upper bounds ascending (the last +Inf) and cumulative counts.
+type HistogramDelta struct {
+	Bounds []float64
+	Counts []float64
+}
+
+// histogramDelta reads histogram's buckets from before and after.
+func histogramDelta(before, after Metrics, histogram string) HistogramDelta {
+	prefix := histogram + `_bucket{le="`
+	var h HistogramDelta
+	var les []string
+	for k := range after {
+		if le, ok := strings.CutPrefix(k, prefix); ok {
+			les = append(les, strings.TrimSuffix(le, `"}`))
+		}
+	}
+	bound := func(le string) float64 {
+		v, err := strconv.ParseFloat(le, 64)
+		if err != nil {
+			return math.Inf(1)
+		}
+		return v
+	}
+	slices.SortFunc(les, func(a, b string) int { return cmp.Compare(bound(a), bound(b)) })
+	for _, le := range les {
+		a, _ := after.Bucket(histogram, le)
+		b, _ := before.Bucket(histogram, le)
+		h.Bounds = append(h.Bounds, bound(le))
+		h.Counts = append(h.Counts, a-b)
+	}
+	return h
+}
+
+// Total is the number of observations.
+func (h HistogramDelta) Total() float64 {
+	if len(h.Counts) == 0 {
+		return 0
+	}
+	return h.Counts[len(h.Counts)-1]
+}
+
+// Quantile is the upper bound of the bucket holding quantile q (NaN
+// without observations).
+func (h HistogramDelta) Quantile(q float64) float64 {
+	n := h.Total()
+	if n <= 0 {
+		return math.NaN()
+	}
+	for i, c := range h.Counts {
+		if c >= q*n {
+			return h.Bounds[i]
+		}
+	}
+	return math.Inf(1)
+}
+
+// Within is the share of observations at most bound (which should be one
+// of the bucket bounds), NaN without observations.
+func (h HistogramDelta) Within(bound float64) float64 {
+	n := h.Total()
+	if n <= 0 {
+		return math.NaN()
+	}
+	c := 0.0
+	for i, b := range h.Bounds {
+		if b <= bound {
+			c = h.Counts[i]
+		}
+	}
+	return c / n
 }
 
 // AckRate is ACKed messages per second.
@@ -128,6 +212,11 @@ func (r SendResult) WriteTable(w io.Writer) {
 			per = r.Stored / float64(r.Fsyncs)
 		}
 		fmt.Fprintf(w, "| server fsync+fdatasync calls (perf) | %d (%.2f messages per sync) |\n", r.Fsyncs, per)
+	}
+	if r.Indexed >= 0 {
+		fmt.Fprintf(w, "| messages indexed for search | %.0f (%v after the last ACK) |\n", r.Indexed, r.IndexWait.Round(time.Millisecond))
+		fmt.Fprintf(w, "| index lag p50 / p99 (histogram bucket bounds) | ≤ %g s / ≤ %g s; %.2f%% within 2 s |\n",
+			r.IndexLag.Quantile(0.5), r.IndexLag.Quantile(0.99), 100*r.IndexLag.Within(2))
 	}
 }
 
@@ -223,11 +312,45 @@ func RunSend(ctx context.Context, cfg SendConfig) (res SendResult, err error) {
 
 	res.Stored = delta(before, after, "parley_messages_stored_total")
 	res.Retransmits = delta(before, after, "parley_retransmits_total")
+	if res.Indexed, res.IndexWait, after, err = awaitIndexed(ctx, httpc, metricsURL, before, after, res.Stored); err != nil {
+		return SendResult{}, fmt.Errorf("bench send: %w", err)
+	}
+	res.IndexLag = histogramDelta(before, after, "parley_search_index_lag_seconds")
 	res.WriteTable(cfg.Out)
 	if res.Errors > 0 {
 		return res, fmt.Errorf("bench send: %d sends answered with an error", res.Errors)
 	}
 	return res, nil
+}
+
+// indexWait bounds how long the send benchmark waits for the search index
+// to catch up after the last ACK.
+const indexWait = 60 * time.Second
+
+// awaitIndexed waits until the node has indexed stored messages since
+// before (parley_search_indexed_total), or indexWait passed, and returns
+// the count, the wait and the last scrape; -1 when the node has no
+// search index.
+func awaitIndexed(ctx context.Context, httpc *http.Client, url string, before, after Metrics, stored float64) (float64, time.Duration, Metrics, error) {
+	if _, ok := after.Get("parley_search_indexed_total"); !ok {
+		return -1, 0, after, nil
+	}
+	start := time.Now()
+	for {
+		n := delta(before, after, "parley_search_indexed_total")
+		if n >= stored || time.Since(start) > indexWait {
+			return n, time.Since(start), after, nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, 0, nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		var err error
+		if after, err = ScrapeMetrics(ctx, httpc, url); err != nil {
+			return 0, 0, nil, err
+		}
+	}
 }
 
 func delta(before, after Metrics, name string) float64 {
