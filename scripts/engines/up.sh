@@ -29,10 +29,11 @@ if [[ "$action" == start ]]; then
 	# `parley token` share the development key in ./data.
 	cat <<MSG
 
-Cluster mode against these engines: one chat and one gateway process. In
-each terminal, from the repository root, first
+Cluster mode against these engines (search in OpenSearch): one chat and
+one gateway process. In each terminal, from the repository root, first
   export PARLEY_CLUSTER_REDIS=$PARLEY_TEST_REDIS PARLEY_CLUSTER_NATS=$PARLEY_TEST_NATS PARLEY_CLUSTER_CASSANDRA_HOSTS=$PARLEY_TEST_CASSANDRA
   export PARLEY_ATTACH_ENGINE=s3 PARLEY_ATTACH_S3_ENDPOINT=${s3_rest%%/*} PARLEY_ATTACH_S3_BUCKET=${s3_rest#*/} PARLEY_ATTACH_S3_ACCESS_KEY=${s3_creds%%:*} PARLEY_ATTACH_S3_SECRET_KEY=${s3_creds#*:}
+  export PARLEY_SEARCH_OPENSEARCH_URL=$PARLEY_TEST_OPENSEARCH
 then, one line per terminal, in this order:
   go run ./cmd/parley migrate
   go run ./cmd/parley serve --roles chat --listen 127.0.0.1:7481
