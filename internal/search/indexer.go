@@ -1,6 +1,7 @@
 package search
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -78,6 +79,13 @@ type IndexerOptions struct {
 	Observer IndexerObserver
 	// Batch is the most messages one Apply writes (default 2,000).
 	Batch int
+	// Owns, if set, says whether this process indexes conv: in cluster
+	// mode, the owner of its partition, so that two processes never
+	// index one conversation at once (one's older image of a message
+	// could land after the other's newer one). The catch-up notes only
+	// what it owns and a round skips what it no longer does (the next
+	// owner's catch-up takes it); Reindex covers everything.
+	Owns func(conv uint64) bool
 }
 
 // Indexer keeps an Index up to date with the store: a fanout.Consumer that
@@ -94,6 +102,7 @@ type Indexer struct {
 	log   *slog.Logger
 	obs   IndexerObserver
 	batch int
+	owns  func(uint64) bool
 
 	mu    sync.Mutex
 	dirty map[uint64]uint64 // conversation → highest seq noted
@@ -117,7 +126,10 @@ func NewIndexer(o IndexerOptions) *Indexer {
 	if o.Batch <= 0 {
 		o.Batch = 2000
 	}
-	return &Indexer{x: o.Index, st: o.Store, log: o.Logger, obs: o.Observer, batch: o.Batch,
+	if o.Owns == nil {
+		o.Owns = func(uint64) bool { return true }
+	}
+	return &Indexer{x: o.Index, st: o.Store, log: o.Logger, obs: o.Observer, batch: o.Batch, owns: o.Owns,
 		dirty: map[uint64]uint64{}, wake: make(chan struct{}, 1)}
 }
 
@@ -246,10 +258,10 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// catchUp notes every plain conversation whose last seq is above its
-// watermark.
+// catchUp notes every plain conversation it owns whose last seq is above
+// its watermark.
 func (ix *Indexer) catchUp(ctx context.Context) error {
-	return ix.eachConv(ctx, func(c store.Conversation) error {
+	return ix.eachConv(ctx, ix.owns, func(c store.Conversation) error {
 		w, err := ix.x.Watermark(ctx, c.ID)
 		if err != nil {
 			return err
@@ -261,10 +273,14 @@ func (ix *Indexer) catchUp(ctx context.Context) error {
 	})
 }
 
-// eachConv calls fn for every plain conversation.
-func (ix *Indexer) eachConv(ctx context.Context, fn func(store.Conversation) error) error {
+// eachConv calls fn for every plain conversation whose id passes keep
+// (nil: all).
+func (ix *Indexer) eachConv(ctx context.Context, keep func(uint64) bool, fn func(store.Conversation) error) error {
 	page := func(ids []uint64) error {
 		for _, id := range ids {
+			if keep != nil && !keep(id) {
+				continue
+			}
 			c, err := ix.st.Conversation(ctx, id)
 			if errors.Is(err, store.ErrNotFound) {
 				continue
@@ -315,6 +331,9 @@ func (ix *Indexer) indexRound(ctx context.Context, todo map[uint64]uint64) error
 	defer ix.round.Unlock()
 	w := ix.newWriter(ctx)
 	for _, conv := range slices.Sorted(maps.Keys(todo)) {
+		if !ix.owns(conv) {
+			continue
+		}
 		from, err := ix.x.Watermark(ctx, conv)
 		if err != nil {
 			return err
@@ -329,17 +348,21 @@ func (ix *Indexer) indexRound(ctx context.Context, todo map[uint64]uint64) error
 	return w.flush()
 }
 
-// writer accumulates one or more batches.
+// writer accumulates one or more batches. A key's last image wins: a
+// message read as text early in a round and deleted by a recall read
+// later in it is one delete, as a batch must never name a key in both
+// Put and Delete.
 type writer struct {
-	ix   *Indexer
-	ctx  context.Context
-	b    Batch
-	n    int
-	lags []int64 // server times of the messages in b
+	ix    *Indexer
+	ctx   context.Context
+	b     Batch
+	state map[Key]*Doc // the batch's documents; nil: delete
+	n     int
+	lags  []int64 // server times of the messages in b
 }
 
 func (ix *Indexer) newWriter(ctx context.Context) *writer {
-	return &writer{ix: ix, ctx: ctx, b: Batch{Marks: map[uint64]uint64{}}}
+	return &writer{ix: ix, ctx: ctx, b: Batch{Marks: map[uint64]uint64{}}, state: map[Key]*Doc{}}
 }
 
 // conversation adds conv's messages from..to (or beyond, to its last
@@ -390,7 +413,7 @@ func (w *writer) message(m store.Message) error {
 			return err
 		}
 		if len(ts) == 0 {
-			w.b.Delete = append(w.b.Delete, Key{m.ConvID, m.TargetSeq})
+			w.state[Key{m.ConvID, m.TargetSeq}] = nil
 			return nil
 		}
 		w.doc(ts[0])
@@ -403,15 +426,26 @@ func (w *writer) message(m store.Message) error {
 
 func (w *writer) doc(m store.Message) {
 	w.n++
+	k := Key{m.ConvID, m.Seq}
 	text, ok := TextOf(m)
 	if !ok {
-		w.b.Delete = append(w.b.Delete, Key{m.ConvID, m.Seq})
+		w.state[k] = nil
 		return
 	}
-	w.b.Put = append(w.b.Put, Doc{ConvID: m.ConvID, Seq: m.Seq, MsgID: m.MsgID, Sender: m.Sender, Time: m.ServerTime, Kind: m.Kind, Text: text})
+	w.state[k] = &Doc{ConvID: m.ConvID, Seq: m.Seq, MsgID: m.MsgID, Sender: m.Sender, Time: m.ServerTime, Kind: m.Kind, Text: text}
 }
 
 func (w *writer) flush() error {
+	for _, k := range slices.SortedFunc(maps.Keys(w.state), func(a, b Key) int {
+		return cmp.Or(cmp.Compare(a.ConvID, b.ConvID), cmp.Compare(a.Seq, b.Seq))
+	}) {
+		if d := w.state[k]; d != nil {
+			w.b.Put = append(w.b.Put, *d)
+		} else {
+			w.b.Delete = append(w.b.Delete, k)
+		}
+	}
+	clear(w.state)
 	if w.b.Empty() {
 		return nil
 	}
@@ -501,7 +535,7 @@ func (ix *Indexer) Reindex(ctx context.Context, conv uint64, progress func(Reind
 		return p, one(c)
 	}
 	// Count first, so that progress has a total.
-	err := ix.eachConv(ctx, func(c store.Conversation) error {
+	err := ix.eachConv(ctx, nil, func(c store.Conversation) error {
 		p.TotalConversations++
 		p.TotalMessages += int64(c.LastSeq)
 		return nil
@@ -512,7 +546,7 @@ func (ix *Indexer) Reindex(ctx context.Context, conv uint64, progress func(Reind
 	if progress != nil {
 		progress(p)
 	}
-	return p, ix.eachConv(ctx, one)
+	return p, ix.eachConv(ctx, nil, one)
 }
 
 // ErrE2E: end-to-end encrypted conversations are never indexed.

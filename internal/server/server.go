@@ -655,7 +655,12 @@ func (s *Server) openSearch() (*search.Indexer, error) {
 	failures := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "parley_search_index_failures_total", Help: "Indexing rounds that failed (the index or the store) and are retried.",
 	})
-	ix := search.NewIndexer(search.IndexerOptions{Index: x, Store: st, Logger: s.log, Batch: s.cfg.Search.Batch,
+	var owns func(uint64) bool
+	if s.owner != nil {
+		n := s.owner.Partitions()
+		owns = func(conv uint64) bool { return s.owner.Holds(lease.Partition(conv, n)) }
+	}
+	ix := search.NewIndexer(search.IndexerOptions{Index: x, Store: st, Logger: s.log, Batch: s.cfg.Search.Batch, Owns: owns,
 		Observer: search.IndexerObserver{Indexed: func(d time.Duration) { lag.Observe(d.Seconds()) }, Failed: failures.Inc}})
 	s.reg.MustRegister(lag, failures,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
