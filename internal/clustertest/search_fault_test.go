@@ -126,7 +126,8 @@ func TestClusterSearchOpenSearchOutage(t *testing.T) {
 		t.Skip("starts an OpenSearch node of its own")
 	}
 	node := startPrivateOpenSearch(t)
-	c := Start(t, Options{Gateways: 1, Chats: 2, Extra: []string{"--search.opensearch-url", node.URL}})
+	c := Start(t, Options{Gateways: 1, Chats: 2, Extra: []string{"--search.opensearch-url", node.URL},
+		MigrateTimeout: 5 * time.Minute}) // it runs long anyway: do not fail on a loaded Cassandra
 	x := searchIndex(t, c, []string{node.URL})
 	alice := dial(t, c, c.Gateways[0], "alice", "phone")
 	group := must(t, alice.call(protocol.Frame{Type: protocol.TypeCreateGroup, Name: "outage", Members: []string{"bob", "carol"}}), protocol.TypeConv).Conv.ConvID
