@@ -266,3 +266,58 @@ func TestRangeResponseEndsAtItsLength(t *testing.T) {
 		t.Fatalf("the answer after the range: %d %q", second.StatusCode, body)
 	}
 }
+
+// TestStaleEventSparesNewConnection: a streamed request's connection is
+// closed by its handler's goroutine after the answer, while the client,
+// told Connection: close, hangs up and opens a new connection for its
+// next request — which the kernel gives the descriptor just freed. The
+// event loop's event for the old connection's hang-up must not close the
+// new one: every request on a fresh connection gets its answer.
+func TestStaleEventSparesNewConnection(t *testing.T) {
+	url := streamServer(t, 1<<20, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+		if f, ok := w.(http.Flusher); ok && r.Method == http.MethodPut {
+			// The answer goes out, and the client hangs up, before this
+			// goroutine closes the connection.
+			f.Flush()
+			time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+		}
+	}))
+	const workers, rounds = 8, 150
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	done := make(chan struct{})
+	for range workers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			body := bytes.Repeat([]byte{'x'}, 64<<10)
+			for range rounds {
+				for _, m := range []string{http.MethodPut, http.MethodPost} {
+					path := "/rpc"
+					if m == http.MethodPut {
+						path = "/stream/x"
+					}
+					req, _ := http.NewRequest(m, url+path, bytes.NewReader(body))
+					req.Close = m == http.MethodPost // a fresh connection each time
+					tr := &http.Transport{DisableKeepAlives: true}
+					resp, err := (&http.Client{Transport: tr}).Do(req)
+					if err == nil {
+						_, err = io.ReadAll(resp.Body)
+						resp.Body.Close()
+					}
+					if err != nil {
+						failed.Add(1)
+						firstErr.CompareAndSwap(nil, fmt.Sprintf("%s %s: %v", m, path, err))
+					}
+				}
+			}
+		}()
+	}
+	for range workers {
+		<-done
+	}
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d of %d requests failed; the first: %v", n, 2*workers*rounds, firstErr.Load())
+	}
+}

@@ -108,6 +108,9 @@ type Conn struct {
 
 	// file descriptor.
 	fd int
+	// gen tells this connection's poller events from those of an earlier
+	// connection on the same descriptor. [parley patch H9]
+	gen uint32
 
 	connUDP *udpConn
 

@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -81,6 +82,7 @@ func (p *poller) addConn(c *Conn) error {
 		return err
 	}
 	c.p = p
+	c.gen = connGen.Add(1) // [parley patch H9]
 	if c.typ != ConnTypeUDPServer {
 		p.g.onOpen(c)
 	} else {
@@ -109,6 +111,7 @@ func (p *poller) addDialer(c *Conn) error {
 		return err
 	}
 	c.p = p
+	c.gen = connGen.Add(1) // [parley patch H9]
 	p.g.connsUnix[fd] = c
 	c.isWAdded = true
 	err := p.addReadWrite(fd)
@@ -255,6 +258,13 @@ func (p *poller) readWriteLoop() {
 
 			default: // for socket connections
 				c := p.getConn(fd)
+				if c != nil && uint32(ev.Pad) != c.gen {
+					// Reported for a connection closed (by another
+					// goroutine) after epoll_wait returned, whose
+					// descriptor a new connection already has: its
+					// hang-up must not close the new one. [parley patch H9]
+					c = nil
+				}
 				if c != nil {
 					if ev.Events&epollEventsWrite != 0 {
 						if c.onConnected == nil {
@@ -328,6 +338,23 @@ func (p *poller) stop() {
 	}
 }
 
+// connGen numbers the connections registered with any poller, so that an
+// event carries (in its data, beside the descriptor) which connection it
+// was reported for. [parley patch H9]
+var connGen atomic.Uint32
+
+// tag returns the generation of the connection registered on fd (0 for
+// none), which every registration of fd carries in EpollEvent.Pad.
+// [parley patch H9]
+//
+//go:norace
+func (p *poller) tag(fd int) int32 {
+	if c := p.g.connsUnix[fd]; c != nil {
+		return int32(c.gen)
+	}
+	return 0
+}
+
 //go:norace
 func (p *poller) addRead(fd int) error {
 	return p.setRead(syscall.EPOLL_CTL_ADD, fd)
@@ -353,6 +380,7 @@ func (p *poller) setRead(op int, fd int) error {
 			if op == syscall.EPOLL_CTL_ADD {
 				return syscall.EpollCtl(p.epfd, op, fd, &syscall.EpollEvent{
 					Fd:     int32(fd),
+					Pad:    p.tag(fd),
 					Events: events | syscall.EPOLLOUT,
 				})
 			}
@@ -360,6 +388,7 @@ func (p *poller) setRead(op int, fd int) error {
 		}
 		return syscall.EpollCtl(p.epfd, op, fd, &syscall.EpollEvent{
 			Fd:     int32(fd),
+			Pad:    p.tag(fd),
 			Events: events,
 		})
 	default:
@@ -368,7 +397,8 @@ func (p *poller) setRead(op int, fd int) error {
 			op,
 			fd,
 			&syscall.EpollEvent{
-				Fd: int32(fd),
+				Fd:  int32(fd),
+				Pad: p.tag(fd),
 				Events: syscall.EPOLLERR |
 					syscall.EPOLLHUP |
 					syscall.EPOLLRDHUP |
@@ -399,7 +429,7 @@ func (p *poller) setEvents(fd int, read, write bool) error {
 	if write {
 		events |= syscall.EPOLLOUT
 	}
-	return syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_MOD, fd, &syscall.EpollEvent{Fd: int32(fd), Events: events})
+	return syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_MOD, fd, &syscall.EpollEvent{Fd: int32(fd), Pad: p.tag(fd), Events: events})
 }
 
 //go:norace
@@ -428,6 +458,7 @@ func (p *poller) setReadWrite(op int, fd int) error {
 			if op == syscall.EPOLL_CTL_ADD {
 				return syscall.EpollCtl(p.epfd, op, fd, &syscall.EpollEvent{
 					Fd:     int32(fd),
+					Pad:    p.tag(fd),
 					Events: events,
 				})
 			}
@@ -435,13 +466,15 @@ func (p *poller) setReadWrite(op int, fd int) error {
 		}
 		return syscall.EpollCtl(p.epfd, op, fd, &syscall.EpollEvent{
 			Fd:     int32(fd),
+			Pad:    p.tag(fd),
 			Events: events,
 		})
 	default:
 		return syscall.EpollCtl(
 			p.epfd, op, fd,
 			&syscall.EpollEvent{
-				Fd: int32(fd),
+				Fd:  int32(fd),
+				Pad: p.tag(fd),
 				Events: syscall.EPOLLERR |
 					syscall.EPOLLHUP |
 					syscall.EPOLLRDHUP |
