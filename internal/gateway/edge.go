@@ -39,8 +39,11 @@ func EngineConfig(cfg Config, ln net.Listener, h http.Handler) nbhttp.Config {
 		ReleaseWebsocketPayload:      true,
 		MaxWriteBufferSize:           cfg.OutboundQueueBytes,
 		MaxWebsocketFramePayloadSize: cfg.Limits.MaxFrameBytes,
-		ReadBufferSize:               4096,
-		IOMod:                        nbhttp.IOModNonBlocking,
+		// One buffer per event loop (not per connection): a read of the
+		// socket takes up to 64 KiB (readSlack), so an upload's body
+		// arrives in 64 KiB reads, not 4 KiB ones.
+		ReadBufferSize: readSlack,
+		IOMod:          nbhttp.IOModNonBlocking,
 		// Plain GC-managed buffers: nbio's pooled allocator corrupts frames
 		// under concurrent connections in v1.6.7–1.6.8 (nbio issue #490;
 		// reproduced here by internal/e2e). Idle connections hold no

@@ -28,9 +28,35 @@ import (
 // until the body's end or lingerTime.
 
 const (
-	streamHighWater = 256 << 10
+	streamHighWater = 128 << 10
 	streamLowWater  = 64 << 10
+	// streamChunk is the size of the pooled buffers a read's bytes are
+	// copied into (the event loop's read buffer is reused at once).
+	streamChunk = 64 << 10
 )
+
+var streamChunks = sync.Pool{New: func() any { b := make([]byte, 0, streamChunk); return &b }}
+
+// chunkOf returns a copy of data, in a pooled buffer when it fits one.
+//
+//go:norace
+func chunkOf(data []byte) []byte {
+	if len(data) > streamChunk {
+		return append([]byte(nil), data...)
+	}
+	bp := streamChunks.Get().(*[]byte)
+	return append((*bp)[:0], data...)
+}
+
+// freeChunk gives a buffer of chunkOf's back to the pool.
+//
+//go:norace
+func freeChunk(b []byte) {
+	if cap(b) == streamChunk {
+		b = b[:0]
+		streamChunks.Put(&b)
+	}
+}
 
 type pauser interface {
 	PauseRead() bool
@@ -87,7 +113,7 @@ func (b *streamBody) Parse(data []byte) error {
 		return nil
 	}
 	if len(data) > 0 {
-		b.bufs = append(b.bufs, append([]byte(nil), data...))
+		b.bufs = append(b.bufs, chunkOf(data))
 		b.queued += len(data)
 	}
 	if !b.paused && b.queued >= streamHighWater {
@@ -160,12 +186,19 @@ func (b *streamBody) Read(p []byte) (int, error) {
 			t.Stop()
 		}
 	}
-	n := copy(p, b.bufs[0][b.head:])
-	b.head += n
-	if b.head == len(b.bufs[0]) {
-		b.bufs[0] = nil
-		b.bufs = b.bufs[1:]
-		b.head = 0
+	// As much as p holds of what is buffered, across the poller's reads,
+	// so that a reader with a large buffer makes few large writes.
+	n := 0
+	for n < len(p) && len(b.bufs) > 0 {
+		c := copy(p[n:], b.bufs[0][b.head:])
+		n += c
+		b.head += c
+		if b.head == len(b.bufs[0]) {
+			freeChunk(b.bufs[0])
+			b.bufs[0] = nil
+			b.bufs = b.bufs[1:]
+			b.head = 0
+		}
 	}
 	b.queued -= n
 	if b.paused && b.queued <= streamLowWater {
@@ -192,6 +225,9 @@ func (b *streamBody) closeLocked() {
 		return
 	}
 	b.closed = true
+	for _, c := range b.bufs {
+		freeChunk(c)
+	}
 	b.bufs, b.head, b.queued = nil, 0, 0
 	if b.paused {
 		b.paused = false
