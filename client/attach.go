@@ -81,7 +81,10 @@ func (c *Client) UploadPart(ctx context.Context, attachmentID uint64, part int) 
 // UploadComplete checks the size and hash of upload attachmentID once
 // every part is in (upload_complete); a hash that differs from the
 // declared one is hash_mismatch, and the upload is deleted. Repeating it
-// on a complete upload answers the same.
+// on a complete upload answers the same. On target s3 the server reads
+// the file back to hash it, off the request path: while it does,
+// upload_complete answers not_ready, which is sent again after its
+// retry_after_ms until ctx ends.
 func (c *Client) UploadComplete(ctx context.Context, attachmentID uint64) (protocol.UploadInfo, error) {
 	return c.upload(ctx, protocol.Frame{Type: protocol.TypeUploadComplete, AttachmentID: attachmentID}, idempotent)
 }

@@ -37,7 +37,7 @@ const (
 	CodeHashMismatch     Code = "hash_mismatch"     // the completed file's SHA-256 is not the declared one
 	CodePartOutOfOrder   Code = "part_out_of_order" // a part other than the next one expected
 	CodeUploadIncomplete Code = "upload_incomplete" // the upload is not complete (completion before every part, a file message naming it)
-	CodeNotReady         Code = "not_ready"         // the thumbnail is still being made; retry after retry_after_ms
+	CodeNotReady         Code = "not_ready"         // the thumbnail is still being made, or an S3 upload's read back; retry after retry_after_ms
 )
 
 // Upload states.

@@ -73,6 +73,9 @@ type Service struct {
 		receiving map[uint64]bool
 		// queued: thumbnails queued or being made (thumbs.go).
 		queued map[uint64]bool
+		// readBacks: S3 completions being finished, or finished a
+		// short while ago (upload.go).
+		readBacks map[uint64]*readBack
 	}
 }
 
@@ -103,6 +106,7 @@ func New(cfg Config, st store.Store, bs blob.Store, ids IDs, log *slog.Logger, n
 	}
 	s.mu.receiving = map[uint64]bool{}
 	s.mu.queued = map[uint64]bool{}
+	s.mu.readBacks = map[uint64]*readBack{}
 	return s, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/parley-im/parley/internal/blob"
 	"github.com/parley-im/parley/internal/store"
@@ -127,6 +128,14 @@ func (s *Service) refresh(ctx context.Context, a store.Attachment) (store.Attach
 		return a, nil
 	}
 	parts, err := s.bs.Parts(ctx, FileKey(a.ID), a.BlobUpload)
+	if errors.Is(err, blob.ErrNotFound) {
+		// The engine joined the parts already: a completion is being
+		// finished (its read back) or was cut short. Every part is in.
+		if info, serr := s.bs.Stat(ctx, FileKey(a.ID)); serr == nil && info.Size == a.Size {
+			a.Received = partCount(a)
+			return a, nil
+		}
+	}
 	if err != nil {
 		return a, s.blobErr("upload parts", err)
 	}
@@ -241,12 +250,19 @@ func (s *Service) uploadComplete(ctx context.Context, c protocol.Caller, f *prot
 		return s.uploadFrame(a, nil), nil // completed already: the same answer
 	}
 	key := FileKey(a.ID)
+	if s.pre != nil {
+		// A completion of this upload is being finished in this process
+		// (its read back outlasted an earlier request): wait for it.
+		if rb := s.readBackOf(a.ID); rb != nil {
+			return s.awaitReadBack(ctx, rb)
+		}
+	}
 	// One listing of the engine's parts serves both checks (the record's
 	// Received lags the engine when clients send parts to it directly).
 	parts, err := s.bs.Parts(ctx, key, a.BlobUpload)
 	// joined: a completion cut short after the engine joined the parts
-	// (an S3 read-back that timed out, a crash before the record was
-	// written); the object is there, the checks that follow run on it.
+	// (a crash before the record was written, a read back given up); the
+	// object is there, the checks that follow run on it.
 	joined := false
 	if errors.Is(err, blob.ErrNotFound) {
 		if info, serr := s.bs.Stat(ctx, key); serr == nil && info.Size == a.Size {
@@ -269,10 +285,10 @@ func (s *Service) uploadComplete(ctx context.Context, c protocol.Caller, f *prot
 			return nil, protocol.Errorf(protocol.CodeSizeMismatch, "the parts received do not add up to the declared size %d; the upload is deleted", a.Size)
 		}
 	}
-	var sum [sha256.Size]byte
 	if s.pre == nil {
 		// Every byte passed through this process: the hash is the one
 		// carried in the record.
+		var sum [sha256.Size]byte
 		h := sha256.New()
 		if err := h.(encoding.BinaryUnmarshaler).UnmarshalBinary(a.HashState); err != nil {
 			return nil, protocol.Errorf(protocol.CodeInternal, "hash state: %v", err)
@@ -292,21 +308,18 @@ func (s *Service) uploadComplete(ctx context.Context, c protocol.Caller, f *prot
 			return nil, s.blobErr("upload complete", err)
 		}
 	}
-	if s.pre != nil {
-		// The bytes went to the engine directly: read them back.
-		n, got, err := s.hashBlob(ctx, key)
-		if err != nil {
-			return nil, s.blobErr("upload read back", err)
-		}
-		if n != a.Size {
-			s.discard(ctx, a)
-			return nil, protocol.Errorf(protocol.CodeSizeMismatch, "the file has %d bytes, %d were declared; the upload is deleted", n, a.Size)
-		}
-		if got != a.SHA256 {
-			s.discard(ctx, a)
-			return nil, hashMismatch()
-		}
+	if s.pre == nil {
+		return s.finish(ctx, a)
 	}
+	// The bytes went to the engine directly: they are read back and
+	// hashed off the request path, so that the check does not depend on
+	// one request's timeout; this request waits for it while it can.
+	return s.awaitReadBack(ctx, s.startReadBack(a))
+}
+
+// finish marks a checked upload complete: its record, with an image's
+// size and thumbnail state, then the thumbnail queued.
+func (s *Service) finish(ctx context.Context, a store.Attachment) (*protocol.Frame, *protocol.Error) {
 	next := a
 	next.State, next.ExpiresAt = store.AttachComplete, s.now().Add(s.cfg.UnattachedTTL).UnixMilli()
 	next.BlobUpload, next.HashState = "", nil
@@ -335,6 +348,100 @@ func (s *Service) uploadComplete(ctx context.Context, c protocol.Caller, f *prot
 		s.queueThumb(next.ID)
 	}
 	return s.uploadFrame(next, nil), nil
+}
+
+// readBack is the read back of one S3 upload's joined file and the end
+// of its completion, run off the request path: done is closed once f or
+// perr (its outcome, what upload_complete answers) is set.
+type readBack struct {
+	done chan struct{}
+	f    *protocol.Frame
+	perr *protocol.Error
+}
+
+// Bounds of a read back: the longest it may take (then the completion
+// answers store_unavailable and the next upload_complete starts it
+// again), how long its outcome stays for a repeated upload_complete to
+// answer (a refusal deletes the upload, so only this process can still
+// tell why), and the retry_after_ms of the not_ready a request answers
+// when the read back outlasts it.
+const (
+	readBackTimeout = 10 * time.Minute
+	readBackKeep    = 10 * time.Minute
+	readBackRetry   = 1000 // ms: retry_after_ms of not_ready
+)
+
+func (s *Service) readBackOf(id uint64) *readBack {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.readBacks[id]
+}
+
+// startReadBack starts (or joins) the read back of a's joined file.
+func (s *Service) startReadBack(a store.Attachment) *readBack {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rb := s.mu.readBacks[a.ID]; rb != nil {
+		return rb
+	}
+	rb := &readBack{done: make(chan struct{})}
+	s.mu.readBacks[a.ID] = rb
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), readBackTimeout)
+		defer cancel()
+		rb.f, rb.perr = s.checkReadBack(ctx, a)
+		close(rb.done)
+		keep := readBackKeep
+		if rb.perr != nil && rb.perr.Code == protocol.CodeStoreUnavailable {
+			keep = 0 // the next upload_complete tries again
+		}
+		time.AfterFunc(keep, func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.mu.readBacks[a.ID] == rb {
+				delete(s.mu.readBacks, a.ID)
+			}
+		})
+	}()
+	return rb
+}
+
+// checkReadBack hashes a's joined file, deletes the upload if its size or
+// SHA-256 is not the declared one, and completes it otherwise.
+func (s *Service) checkReadBack(ctx context.Context, a store.Attachment) (*protocol.Frame, *protocol.Error) {
+	n, got, err := s.hashBlob(ctx, FileKey(a.ID))
+	if err != nil {
+		return nil, s.blobErr("upload read back", err)
+	}
+	if n != a.Size {
+		s.discard(ctx, a)
+		return nil, protocol.Errorf(protocol.CodeSizeMismatch, "the file has %d bytes, %d were declared; the upload is deleted", n, a.Size)
+	}
+	if got != a.SHA256 {
+		s.discard(ctx, a)
+		return nil, hashMismatch()
+	}
+	return s.finish(ctx, a)
+}
+
+// awaitReadBack answers rb's outcome, or not_ready when it is not in
+// before ctx's deadline (less a margin for the answer to travel back).
+func (s *Service) awaitReadBack(ctx context.Context, rb *readBack) (*protocol.Frame, *protocol.Error) {
+	var limit <-chan time.Time
+	if d, ok := ctx.Deadline(); ok {
+		left := time.Until(d)
+		t := time.NewTimer(left - min(time.Second, left/5))
+		defer t.Stop()
+		limit = t.C
+	}
+	select {
+	case <-rb.done:
+		return rb.f, rb.perr
+	case <-limit:
+	case <-ctx.Done():
+	}
+	return nil, &protocol.Error{Code: protocol.CodeNotReady, RetryAfter: readBackRetry,
+		Msg: "the file is being read back to check its SHA-256; send upload_complete again"}
 }
 
 func hashMismatch() *protocol.Error {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -148,5 +150,96 @@ func TestCompleteAfterJoin(t *testing.T) {
 				t.Fatalf("stored %d bytes, not the file", info.Size)
 			}
 		})
+	}
+}
+
+// gatedS3 is the S3 engine whose whole-object reads wait for gate once
+// held is set: a read back as slow as wanted.
+type gatedS3 struct {
+	*blobs3.Store
+	held atomic.Bool
+	gate chan struct{}
+}
+
+func (g *gatedS3) Open(ctx context.Context, key string, off, n int64) (io.ReadCloser, blob.Info, error) {
+	if g.held.Load() {
+		select {
+		case <-g.gate:
+		case <-ctx.Done():
+			return nil, blob.Info{}, ctx.Err()
+		}
+	}
+	return g.Store.Open(ctx, key, off, n)
+}
+
+// TestCompleteReadBackOutlastsRequest: on S3 a read back that outlasts
+// the request answers not_ready (with retry_after_ms) and goes on off the
+// request path; upload_status says uploading with every part received;
+// the next upload_complete answers its outcome — complete, or
+// hash_mismatch for a file whose hash lies (deleted meanwhile).
+func TestCompleteReadBackOutlastsRequest(t *testing.T) {
+	s3cfg := enginetest.S3(t)
+	var g *gatedS3
+	f := newFixtureOn(t, testConfig(), func() blob.Store {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		bs, err := blobs3.Open(ctx, s3cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g = &gatedS3{Store: bs, gate: make(chan struct{})}
+		return g
+	})
+	f.clock.Store(time.Now().UnixMilli())
+	short := func(id uint64) *protocol.Error {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		_, perr := f.svc.Handle(ctx, protocol.Caller{User: "alice", Device: "d1"}, &protocol.Frame{Type: protocol.TypeUploadComplete, AttachmentID: id})
+		return perr
+	}
+	data := payload(blob.MinPartSize + 77)
+	for _, lie := range []bool{false, true} {
+		sum := hexSum(data)
+		if lie {
+			sum = hexSum(append([]byte("not "), data...))
+		}
+		u, perr := f.create("alice", conv, int64(len(data)), sum, "application/pdf", "report.pdf")
+		if perr != nil {
+			t.Fatal(perr)
+		}
+		for n := 1; n <= u.Parts; n++ {
+			if code, _ := f.sendPart(u, data, n); code != 200 {
+				t.Fatalf("part %d: %d", n, code)
+			}
+		}
+		g.gate = make(chan struct{})
+		g.held.Store(true)
+		perr = short(u.AttachmentID)
+		if perr == nil || perr.Code != protocol.CodeNotReady || perr.RetryAfter <= 0 {
+			t.Fatalf("lie %v: upload_complete with the read back held: %v, want not_ready with retry_after_ms", lie, perr)
+		}
+		if again := short(u.AttachmentID); again == nil || again.Code != protocol.CodeNotReady {
+			t.Fatalf("lie %v: upload_complete again with the read back held: %v, want not_ready", lie, again)
+		}
+		st, perr := f.status("alice", u.AttachmentID)
+		if perr != nil || st.State != protocol.UploadUploading || st.Received != st.Parts {
+			t.Fatalf("lie %v: upload_status during the read back: %+v %v", lie, st, perr)
+		}
+		g.held.Store(false)
+		close(g.gate)
+		c, perr := f.complete("alice", u.AttachmentID)
+		if lie {
+			if perr == nil || perr.Code != protocol.CodeHashMismatch {
+				t.Fatalf("upload_complete of a lying file after its read back: %+v %v, want hash_mismatch", c, perr)
+			}
+			if _, perr := f.status("alice", u.AttachmentID); perr == nil || perr.Code != protocol.CodeNotFound {
+				t.Fatalf("upload_status of the lying file: %v, want not_found", perr)
+			}
+			continue
+		}
+		if perr != nil || c.State != protocol.UploadComplete {
+			t.Fatalf("upload_complete after the read back: %+v %v", c, perr)
+		}
 	}
 }

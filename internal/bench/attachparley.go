@@ -182,10 +182,27 @@ func (n *parleyNode) upload(ctx context.Context, seed, size int64, mediaType str
 			return 0, fmt.Errorf("PUT part %d: %s %s", p, resp.Status, b)
 		}
 	}
-	if _, err := n.rpc(ctx, "alice", protocol.Frame{Type: protocol.TypeUploadComplete, AttachmentID: up.AttachmentID}); err != nil {
+	if err := n.complete(ctx, up.AttachmentID); err != nil {
 		return 0, err
 	}
 	return up.AttachmentID, nil
+}
+
+// complete sends upload_complete until it answers the upload: not_ready
+// (an S3 read back still running) is sent again after its
+// retry_after_ms, as the SDKs do.
+func (n *parleyNode) complete(ctx context.Context, id uint64) error {
+	for {
+		f, err := n.rpc(ctx, "alice", protocol.Frame{Type: protocol.TypeUploadComplete, AttachmentID: id})
+		if err == nil || f == nil || f.Code != protocol.CodeNotReady {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(max(f.RetryAfter, 100)) * time.Millisecond):
+		}
+	}
 }
 
 // send makes a file message of the attachment and returns its seq.
