@@ -447,7 +447,7 @@ func (cn *conn) readLoop() {
 			continue
 		}
 		switch f.Type {
-		case protocol.TypeMsg, protocol.TypeReceipt, protocol.TypeKeysLow, protocol.TypePresence, protocol.TypeTyping, protocol.TypeConvMute, protocol.TypeDND:
+		case protocol.TypeMsg, protocol.TypeReactions, protocol.TypeReceipt, protocol.TypeKeysLow, protocol.TypePresence, protocol.TypeTyping, protocol.TypeConvMute, protocol.TypeDND:
 			if f.Type == protocol.TypeMsg && f.Message == nil {
 				continue
 			}

@@ -393,6 +393,23 @@ func (d *dispatcher) onPush(f *protocol.Frame) {
 		d.emit(Event{Kind: EventReceipt, ConvID: f.ConvID, Receipt: &Receipt{
 			ConvID: f.ConvID, UserID: f.UserID, DeviceID: f.DeviceID, Seq: f.Seq, State: f.State,
 		}})
+	case protocol.TypeReactions:
+		if f.FromSeq == 0 || f.Seq < f.FromSeq || f.Seq-f.FromSeq >= maxPending {
+			return
+		}
+		o := d.order(f.ConvID)
+		o.ack = f.Ack
+		if !o.known {
+			d.list()
+			return
+		}
+		var ready []protocol.Message
+		for _, m := range ReactionStubs(f) {
+			ready = append(ready, o.offer(m)...)
+		}
+		if d.deliver(f.ConvID, ready) {
+			d.maybeFetch(f.ConvID, o)
+		}
 	case protocol.TypeMsg:
 		m := *f.Message
 		o := d.order(m.ConvID)

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -409,4 +410,65 @@ func TestE2EReadBy(t *testing.T) {
 	}
 	_, err = alice.ReadBy(ctx, g.ConvID, m.Seq+9)
 	wantCode(t, "read_by beyond the last seq", err, protocol.CodeBadReference)
+}
+
+// TestE2EReactions: React and Unreact take seqs; in a small group bob's
+// stream gets each reaction event with its target's counts, in a large
+// one (coalesced reactions pushes) stubs that cover every seq in order,
+// the last carrying the counts (ReactionUpdate); history carries the
+// counts with Me; an emoji outside the server's set (hello's reactions)
+// is invalid_argument.
+func TestE2EReactions(t *testing.T) {
+	srv := servertest.Start(t, servertest.WithChat(func(c *chat.Config) { c.SmallBelow, c.LargeAbove, c.Hysteresis = 4, 6, 0.1 }))
+	alice := startE2E(t, srv.URL, srv.Token("alice"), "phone", nil)
+	bob := startE2E(t, srv.URL, srv.Token("bob"), "phone", nil)
+	ctx := ctxT(t)
+	if h, ok := alice.Hello(); !ok || len(h.Reactions) == 0 || h.MaxReactionsPerUser != 3 || h.Reactions[0] != "👍" {
+		t.Fatalf("hello = %+v, want the default reactions", h)
+	}
+	for _, tc := range []struct {
+		name    string
+		members []string
+	}{
+		{"small", []string{"bob", "carol"}},
+		{"large", []string{"bob", "c1", "c2", "c3", "c4", "c5", "c6"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, err := alice.CreateGroup(ctx, tc.name, tc.members)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := alice.Send(ctx, g.ConvID, "react to me")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var last Ack
+			for _, e := range []string{"👍", "🎉", "❤️"} {
+				if last, err = alice.React(ctx, g.ConvID, m.Seq, e); err != nil {
+					t.Fatalf("React %s: %v", e, err)
+				}
+			}
+			if last, err = alice.Unreact(ctx, g.ConvID, m.Seq, "🎉"); err != nil || last.Seq != m.Seq+4 {
+				t.Fatalf("Unreact = %+v, %v; want seq %d", last, err, m.Seq+4)
+			}
+			eventually(t, "bob has every seq", func() bool { return bob.rec.hasSeq(g.ConvID, last.Seq) })
+			want := []protocol.Reaction{{Emoji: "👍", Count: 1}, {Emoji: "❤️", Count: 1}}
+			var got []protocol.Reaction
+			for _, ev := range bob.rec.messages(g.ConvID) {
+				if target, counts, ok := ReactionUpdate(ev); ok && target == m.Seq {
+					got = counts
+				}
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("bob's counts from the stream = %+v, want %+v", got, want)
+			}
+			page, _, err := alice.History(ctx, g.ConvID, HistoryQuery{Forward: true, AfterSeq: m.Seq - 1})
+			wantMe := []protocol.Reaction{{Emoji: "👍", Count: 1, Me: true}, {Emoji: "❤️", Count: 1, Me: true}}
+			if err != nil || len(page) != 5 || !reflect.DeepEqual(page[0].Reactions, wantMe) {
+				t.Fatalf("History = %+v, %v; want %d with %+v", page, err, m.Seq, wantMe)
+			}
+			_, err = alice.React(ctx, g.ConvID, m.Seq, "🦄")
+			wantCode(t, "an emoji outside the set", err, protocol.CodeInvalidArgument)
+		})
+	}
 }

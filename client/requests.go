@@ -100,6 +100,21 @@ func (c *Client) Recall(ctx context.Context, convID, targetSeq uint64) (Ack, err
 	return c.write(ctx, protocol.Frame{Type: protocol.TypeRecall, ConvID: convID, ClientMsgID: NewClientMsgID(), TargetSeq: targetSeq})
 }
 
+// React adds emoji (one of the server's chat.reactions) to the user's
+// reactions to message targetSeq; the reaction is an event with its own
+// seq. Retried like Send. In an end-to-end encrypted conversation the
+// server refuses it (e2e_unsupported): e2eechat.Messenger.React sends it
+// inside the encryption.
+func (c *Client) React(ctx context.Context, convID, targetSeq uint64, emoji string) (Ack, error) {
+	return c.write(ctx, protocol.Frame{Type: protocol.TypeReact, ConvID: convID, ClientMsgID: NewClientMsgID(), TargetSeq: targetSeq, Emoji: emoji})
+}
+
+// Unreact takes emoji back from the user's reactions to message
+// targetSeq (an event with its own seq, like React).
+func (c *Client) Unreact(ctx context.Context, convID, targetSeq uint64, emoji string) (Ack, error) {
+	return c.write(ctx, protocol.Frame{Type: protocol.TypeReact, ConvID: convID, ClientMsgID: NewClientMsgID(), TargetSeq: targetSeq, Emoji: emoji, Remove: true})
+}
+
 func (c *Client) write(ctx context.Context, f protocol.Frame) (Ack, error) {
 	if f.ClientMsgID == "" {
 		return Ack{}, &Error{Code: protocol.CodeInvalidArgument, Msg: "client_msg_id is required"}

@@ -5,7 +5,7 @@ package protocol
 // compare the two). Metrics label received frames by these values; any other
 // type shares one "unknown" series.
 var ClientTypes = []string{
-	TypePing, TypeSend, TypeEdit, TypeRecall, TypeDelivered, TypeRead,
+	TypePing, TypeSend, TypeEdit, TypeRecall, TypeReact, TypeDelivered, TypeRead,
 	TypeSync, TypeHistory, TypeConvList, TypeOpenDirect, TypeCreateGroup,
 	TypeAddMembers, TypeRemove, TypeLeave, TypeSetRole, TypeMute,
 	TypePresenceSub, TypeTyping, TypeReadBy, TypeConvInfo,

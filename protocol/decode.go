@@ -184,6 +184,8 @@ func validate(f *Frame, lim Limits) *Error {
 		// author's sealed recall); the service refuses it elsewhere.
 		f.Kind = KindRecall
 		return maxBody(f, lim)
+	case TypeReact:
+		return validateReact(f, lim)
 	case TypeDelivered:
 		if len(f.Positions) == 0 {
 			return needPosition(f)
@@ -358,6 +360,32 @@ func needMembers(f *Frame, lim Limits) *Error {
 func noReply(f *Frame) *Error {
 	if f.ReplyTo != 0 {
 		return Errorf(CodeInvalidArgument, "reply_to is for send: an edit keeps the message's reference")
+	}
+	return nil
+}
+
+// MaxEmojiBytes bounds a reaction's emoji: one emoji with its modifiers
+// and joiners (the server's allowed set decides which).
+const MaxEmojiBytes = 64
+
+// validateReact checks a react frame: a target, an emoji, nothing of a
+// send; it sets Kind (react or unreact), as the event is stored.
+func validateReact(f *Frame, lim Limits) *Error {
+	if e := noReply(f); e != nil {
+		return e
+	}
+	if e := needTarget(f, lim); e != nil {
+		return e
+	}
+	if f.Emoji == "" || len(f.Emoji) > MaxEmojiBytes || !utf8.ValidString(f.Emoji) {
+		return Errorf(CodeInvalidArgument, "emoji must be 1-%d bytes of UTF-8", MaxEmojiBytes)
+	}
+	if f.Body != "" || len(f.Mentions) > 0 || f.MentionAll || f.CoalesceKey != "" {
+		return Errorf(CodeInvalidArgument, "a reaction carries its emoji, no body, mentions or coalesce_key")
+	}
+	f.Kind = KindReact
+	if f.Remove {
+		f.Kind = KindUnreact
 	}
 	return nil
 }

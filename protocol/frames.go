@@ -23,6 +23,9 @@ const (
 	// TypeReadBy asks how many members have read a message (and, in a
 	// small enough group, who); the answer is a frame of the same type.
 	TypeReadBy = "read_by"
+	// TypeReact adds (or, with remove, takes back) the sender's reaction
+	// to a message: an event that takes a seq (reactions.go).
+	TypeReact = "react"
 )
 
 // Frame types sent by the server. TypeHistory and TypeConvList answer the
@@ -39,6 +42,9 @@ const (
 	TypeConv     = "conv"
 	TypeGoAway   = "goaway"
 	TypePresence = "presence"
+	// TypeReactions is a push of a medium or large group's reaction
+	// events from_seq..seq, coalesced into the targets' counts.
+	TypeReactions = "reactions"
 )
 
 // Message kinds. Edit and recall are events that take their own seq and name
@@ -53,6 +59,10 @@ const (
 	// coalesce_key carries its body on reads, and intermediate pushes to a
 	// lagging device may be dropped.
 	KindState = "state"
+	// KindReact and KindUnreact are reaction events (TypeReact): body is
+	// the emoji, target_seq the message.
+	KindReact   = "react"
+	KindUnreact = "unreact"
 )
 
 // Roles of group members.
@@ -125,6 +135,14 @@ type Frame struct {
 	// ReplyTo (send) is the seq of an earlier message of the same
 	// conversation this one answers.
 	ReplyTo uint64 `json:"reply_to,omitempty"`
+
+	// react: the emoji added to (remove: taken from) target_seq's
+	// reactions; reactions (push): the targets' counts after the events
+	// from_seq..seq.
+	Emoji   string    `json:"emoji,omitempty"`
+	Remove  bool      `json:"remove,omitempty"`
+	FromSeq uint64    `json:"from_seq,omitempty"`
+	Reacted []Reacted `json:"reacted,omitzero"`
 
 	// presence_sub (users), presence (states)
 	Users  []string        `json:"users,omitempty"`
@@ -315,6 +333,25 @@ type Message struct {
 	// message it answers has since been recalled.
 	ReplyTo       uint64 `json:"reply_to,omitempty"`
 	ReplyRecalled bool   `json:"reply_recalled,omitempty"`
+	// Reactions are a message's reaction counts (reads: with Me, the
+	// reader's own); on a reaction event (push: its target's counts
+	// after it; reads: only on the page's last event of each target, the
+	// target's counts now).
+	Reactions []Reaction `json:"reactions,omitempty"`
+}
+
+// Reaction is one emoji's count on a message; Me (reads) says the reader
+// is one of them.
+type Reaction struct {
+	Emoji string `json:"emoji"`
+	Count int    `json:"count"`
+	Me    bool   `json:"me,omitempty"`
+}
+
+// Reacted is one message's reaction counts in a reactions push.
+type Reacted struct {
+	Seq       uint64     `json:"seq"`
+	Reactions []Reaction `json:"reactions"`
 }
 
 // PresenceState is one user's presence.
@@ -438,4 +475,9 @@ type Hello struct {
 	// applicationServerKey of a browser's Web Push subscription (absent:
 	// the server sends no Web Push; docs/push.md).
 	WebPushKey string `json:"webpush_key,omitempty"`
+	// Reactions are the emoji a react may add (chat.reactions), and
+	// MaxReactionsPerUser how many of them one user may put on one
+	// message (absent from a server before reactions).
+	Reactions           []string `json:"reactions,omitempty"`
+	MaxReactionsPerUser int      `json:"max_reactions_per_user,omitempty"`
 }

@@ -18,7 +18,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/parley-im/parley/internal/attach"
 	"github.com/parley-im/parley/internal/fanout"
@@ -96,6 +98,10 @@ type Config struct {
 	// retrying after a failure (an engine outage) do not count. 0: never
 	// shed.
 	MaxFanoutLag time.Duration `yaml:"max_fanout_lag" help:"shed sends with overloaded while this process's fan-out is this far behind its ACKs (0: never)"`
+	// Reactions is the set of emoji a react frame may add, separated by
+	// spaces; ReactionsPerUser bounds one user's emojis on one message.
+	Reactions        string `yaml:"reactions" help:"the emoji a reaction may be, separated by spaces"`
+	ReactionsPerUser int    `yaml:"reactions_per_user" help:"reactions one user may add to one message"`
 }
 
 // DefaultConfig returns the defaults: a sync sends whole ranges up to 200
@@ -133,6 +139,9 @@ func DefaultConfig() Config {
 		// Measured overload (160 pairs on 2 cores) had delivery 0.6 s
 		// behind the ACK at the median: 5 s is far past any healthy lag.
 		MaxFanoutLag: 5 * time.Second,
+		// The reactions every peer offers first.
+		Reactions:        DefaultReactions,
+		ReactionsPerUser: 3,
 	}
 }
 
@@ -158,6 +167,12 @@ func (c Config) Validate() error {
 	p.Check(c.ReadByMaxMembers >= 1, "read_by_max_members", "must be positive, got %d", c.ReadByMaxMembers)
 	p.Check(c.ReadByNames >= 0 && c.ReadByNames <= c.ReadByMaxMembers, "read_by_names", "must be in 0..read_by_max_members (%d), got %d", c.ReadByMaxMembers, c.ReadByNames)
 	p.Check(c.MaxFanoutLag >= 0, "max_fanout_lag", "must not be negative (0: never shed), got %v", c.MaxFanoutLag)
+	set := strings.Fields(c.Reactions)
+	p.Check(len(set) >= 1 && len(set) <= maxReactionSet, "reactions", "must name 1-%d emoji, got %d", maxReactionSet, len(set))
+	for _, e := range set {
+		p.Check(len(e) <= protocol.MaxEmojiBytes && utf8.ValidString(e), "reactions", "%q is over %d bytes or not UTF-8", e, protocol.MaxEmojiBytes)
+	}
+	p.Check(c.ReactionsPerUser >= 1 && c.ReactionsPerUser <= store.MaxReactionsPerUser, "reactions_per_user", "must be within 1-%d, got %d", store.MaxReactionsPerUser, c.ReactionsPerUser)
 	return p.Err("chat")
 }
 

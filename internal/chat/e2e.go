@@ -29,6 +29,9 @@ func checkE2E(cv store.Conversation, f *protocol.Frame) *protocol.Error {
 		}
 		return nil
 	}
+	if f.Type == protocol.TypeReact {
+		return protocol.Errorf(protocol.CodeE2EUnsupported, "in an end-to-end encrypted conversation a reaction is a message inside the encryption (the server would learn it otherwise)")
+	}
 	if len(f.Mentions) > 0 || f.MentionAll {
 		return protocol.Errorf(protocol.CodeE2EUnsupported, "mentions are not available in end-to-end encrypted conversations (the server would learn who a message names)")
 	}

@@ -36,7 +36,7 @@ func (s *Service) handle(ctx context.Context, c Caller, f *protocol.Frame, reply
 	switch f.Type {
 	case protocol.TypePing:
 		return &protocol.Frame{Type: protocol.TypePong, ServerTime: s.now().UnixMilli()}, nil
-	case protocol.TypeSend, protocol.TypeEdit, protocol.TypeRecall:
+	case protocol.TypeSend, protocol.TypeEdit, protocol.TypeRecall, protocol.TypeReact:
 		return nil, s.send(ctx, c, f, reply)
 	case protocol.TypeDelivered:
 		if len(f.Positions) == 0 {
@@ -165,6 +165,9 @@ func (s *Service) history(ctx context.Context, c Caller, f *protocol.Frame) (*pr
 	wire := fanout.WireAll(msgs)
 	if err == nil {
 		err = s.markReplies(ctx, f.ConvID, wire)
+	}
+	if err == nil {
+		err = s.markReactions(ctx, f.ConvID, c.User, wire)
 	}
 	if err != nil {
 		return nil, s.storeErr("history", err)

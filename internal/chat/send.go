@@ -36,7 +36,25 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	// recalled is the attachment of a recalled file message, read from
 	// the target when the store applies the recall.
 	var recalled uint64
-	if f.TargetSeq != 0 {
+	// target is a reaction's target as the store saw it, for its counts
+	// after the event.
+	var target *store.Message
+	switch {
+	case f.Type == protocol.TypeReact:
+		check, perr := s.prepareReact(ctx, c, cv, f)
+		if perr != nil {
+			return perr
+		}
+		// The event's body is its emoji.
+		a.React, a.Msg.Body = &store.React{Emoji: f.Emoji, Remove: f.Remove}, f.Emoji
+		a.Check = func(t store.Message) (store.Message, error) {
+			t, err := check(t)
+			if err == nil {
+				target = &t
+			}
+			return t, err
+		}
+	case f.TargetSeq != 0:
 		a.Check = s.checkTarget(c, f, &recalled)
 	}
 	if f.Kind == protocol.KindFile {
@@ -51,6 +69,9 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	}
 	res, err := s.store.Append(ctx, a)
 	if err != nil {
+		if a.React != nil {
+			return s.reactErr(err)
+		}
 		return s.storeErr("append", err)
 	}
 	if s.obs.Stored != nil && !res.Duplicate {
@@ -75,7 +96,16 @@ func (s *Service) send(ctx context.Context, c Caller, f *protocol.Frame, reply f
 	// process dies first. A duplicate is fanned out again: the first
 	// fan-out's pushes may have been lost with the connection that made
 	// the client retry. Rows are idempotent and devices drop repeated seqs.
-	s.fan.Enqueue(fanout.Job{Msg: stored, RowsWritten: res.RowsWritten, Conv: &cv, Members: s.directRecipients(ctx, cv)})
+	j := fanout.Job{Msg: stored, RowsWritten: res.RowsWritten, Conv: &cv, Members: s.directRecipients(ctx, cv)}
+	if target != nil && !res.Duplicate {
+		// The counts after the event, as the store applied it (a
+		// duplicate's are read by the fan-out).
+		after, _, err := store.ApplyReact(*target, reactorBefore(*a.React), *a.React)
+		if err == nil {
+			j.Reactions = &after.Reactions
+		}
+	}
+	s.fan.Enqueue(j)
 	if s.attach != nil && recalled != 0 && !res.Duplicate {
 		// The file goes with its message: nobody can download it any
 		// more (the message is recalled), and its bytes are deleted now

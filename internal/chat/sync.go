@@ -146,6 +146,9 @@ func (s *Service) snapshotOne(ctx context.Context, r store.ConvRow, from, read u
 	if err == nil {
 		err = s.markReplies(ctx, r.ConvID, snap.Messages)
 	}
+	if err == nil {
+		err = s.markReactions(ctx, r.ConvID, r.UserID, snap.Messages)
+	}
 	if err != nil {
 		return nil, s.storeErr("sync", err)
 	}
@@ -196,6 +199,9 @@ func (s *Service) summaries(ctx context.Context, c Caller, rows []store.ConvRow)
 			if len(last) == 1 {
 				wm := fanout.WireAll(last)
 				if err := s.markReplies(ctx, r.ConvID, wm); err != nil {
+					return nil, s.storeErr("conversations", err)
+				}
+				if err := s.markReactions(ctx, r.ConvID, c.User, wm); err != nil {
 					return nil, s.storeErr("conversations", err)
 				}
 				sum.LastMessage = &wm[0]

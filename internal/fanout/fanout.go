@@ -141,6 +141,12 @@ type Fanout struct {
 	log       *slog.Logger
 	consumers []Consumer
 	out       *outbox
+	// reactEvery is Config.ReactionInterval; reacts are the held
+	// reaction runs by conversation (reactions.go), guarded by reactMu
+	// (taken before a run's own lock, never while waiting for it).
+	reactEvery time.Duration
+	reactMu    sync.Mutex
+	reacts     map[uint64]*reactRun
 }
 
 // New returns a fan-out; Run starts its workers. Zero fields of cfg take
@@ -158,6 +164,7 @@ func New(cfg Config, d Deps) (*Fanout, error) {
 	f := &Fanout{st: d.Store, reg: d.Registry, bus: d.Bus, ledger: d.Ledger, online: d.Online, tiers: d.Tiers,
 		obs: d.Observer, log: d.Logger, consumers: d.Consumers}
 	f.out = newOutbox(cfg, d.Store, f.FanOut, d.Logger)
+	f.reactEvery, f.reacts = f.out.cfg.ReactionInterval, map[uint64]*reactRun{}
 	return f, nil
 }
 
@@ -167,7 +174,12 @@ func New(cfg Config, d Deps) (*Fanout, error) {
 // scan has queued what a previous process left, so a message sent right
 // after a restart is not fanned out before the older ones of its
 // conversation (consumers rely on the per-conversation order).
-func (f *Fanout) Run(ctx context.Context) { f.out.run(ctx) }
+func (f *Fanout) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { f.reactLoop(ctx) })
+	f.out.run(ctx)
+	wg.Wait()
+}
 
 // Enqueue hands a stored (acknowledged) message to the workers. It never
 // blocks: with the queue full, the message waits in the store's outbox for
@@ -212,6 +224,15 @@ func (f *Fanout) FanOut(ctx context.Context, j Job) error {
 		return err
 	}
 	tier := f.Tier(ctx, cv)
+	if IsReaction(j.Msg.Kind) && coalesces(cv, tier) {
+		f.holdReaction(j, cv, tier)
+		return f.consume(ctx, Fanned{Msg: j.Msg, Conv: cv})
+	}
+	// What is held goes first: the pushes cover the seqs in order.
+	f.flushReactions(ctx, cv.ID)
+	if IsReaction(j.Msg.Kind) {
+		j.Msg = f.withCounts(ctx, j)
+	}
 	recipients, err := f.recipients(ctx, cv, tier, j)
 	if err != nil {
 		return fmt.Errorf("recipients: %w", err)

@@ -39,6 +39,9 @@ type Job struct {
 	// them (the chat service's Left, after the event's fan-out, is then
 	// a repeat). Nil for messages read back from the outbox.
 	Leavers []string
+	// Reactions are a reaction event's target's counts after it, as the
+	// request's append applied it; nil: the fan-out reads them.
+	Reactions *[]store.Reaction
 }
 
 // handler fans out one message (Fanout.FanOut). An error means the work
@@ -57,6 +60,9 @@ type Config struct {
 	ScanLimit  int           `yaml:"scan_limit" help:"outbox entries read per scan"`
 	MinBackoff time.Duration `yaml:"min_backoff" help:"first retry delay of a conversation whose fan-out failed"`
 	MaxBackoff time.Duration `yaml:"max_backoff" help:"longest retry delay of a conversation whose fan-out failed"`
+	// ReactionInterval is the window over which a medium or large group's
+	// reaction events are coalesced into one reactions push (reactions.go).
+	ReactionInterval time.Duration `yaml:"reaction_interval" help:"a medium or large group's reactions are pushed coalesced, at most once per this interval"`
 }
 
 // DefaultConfig returns the defaults.
@@ -64,6 +70,8 @@ func DefaultConfig() Config {
 	return Config{
 		Workers: 16, MaxQueued: 100_000, Batch: 64, Scan: 2 * time.Second, ScanLimit: 10_000,
 		MinBackoff: 100 * time.Millisecond, MaxBackoff: 10 * time.Second,
+		// Two pushes a second per online member, however many reactions.
+		ReactionInterval: 500 * time.Millisecond,
 	}
 }
 
@@ -76,6 +84,7 @@ func (c Config) Validate() error {
 	p.Check(c.Scan > 0, "scan", "must be positive, got %v", c.Scan)
 	p.Check(c.ScanLimit > 0, "scan_limit", "must be positive, got %d", c.ScanLimit)
 	p.Check(c.MinBackoff > 0, "min_backoff", "must be positive, got %v", c.MinBackoff)
+	p.Check(c.ReactionInterval >= 10*time.Millisecond && c.ReactionInterval <= 10*time.Second, "reaction_interval", "must be within 10ms-10s, got %v", c.ReactionInterval)
 	p.Check(c.MaxBackoff >= c.MinBackoff, "max_backoff", "must be at least min_backoff (%v), got %v", c.MinBackoff, c.MaxBackoff)
 	return p.Err("fanout")
 }
@@ -99,6 +108,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MinBackoff <= 0 {
 		c.MinBackoff = d.MinBackoff
+	}
+	if c.ReactionInterval <= 0 {
+		c.ReactionInterval = d.ReactionInterval
 	}
 	if c.MaxBackoff < c.MinBackoff {
 		c.MaxBackoff = max(d.MaxBackoff, c.MinBackoff)

@@ -160,7 +160,14 @@ func (f *Fanout) pushGroup(ctx context.Context, lists map[string]*NodeList, m st
 	if err != nil {
 		return 0, fmt.Errorf("encode push: %w", err)
 	}
-	d := delivery{conv: m.ConvID, seq: m.Seq, key: m.CoalesceKey, untracked: ack == protocol.AckNone, rc: rc}
+	return f.pushGroupData(ctx, lists, data, delivery{conv: m.ConvID, seq: m.Seq, key: m.CoalesceKey, untracked: ack == protocol.AckNone, rc: rc})
+}
+
+// pushGroupData hands an encoded push to every node of lists (pushGroup).
+func (f *Fanout) pushGroupData(ctx context.Context, lists map[string]*NodeList, data []byte, d delivery) (int, error) {
+	if len(lists) == 0 {
+		return 0, nil
+	}
 	var (
 		mu   sync.Mutex
 		wg   sync.WaitGroup

@@ -14,7 +14,7 @@ func Wire(m store.Message) protocol.Message {
 		ClientMsgID: m.ClientMsgID, Kind: m.Kind, Body: m.Body, TargetSeq: m.TargetSeq,
 		ServerTime: m.ServerTime, Edited: m.Edited, Recalled: m.Recalled,
 		Mentions: m.Mentions, MentionAll: m.MentionAll, CoalesceKey: ClientKey(m.CoalesceKey), Superseded: m.Superseded,
-		AttachmentID: m.Attachment, ReplyTo: m.ReplyTo,
+		AttachmentID: m.Attachment, ReplyTo: m.ReplyTo, Reactions: WireReactions(m.Reactions),
 	}
 }
 
@@ -47,4 +47,16 @@ func ClientKey(stored string) string {
 		return key
 	}
 	return stored
+}
+
+// WireReactions is counts as the protocol carries them (Me unset).
+func WireReactions(counts []store.Reaction) []protocol.Reaction {
+	if len(counts) == 0 {
+		return nil
+	}
+	out := make([]protocol.Reaction, len(counts))
+	for i, c := range counts {
+		out[i] = protocol.Reaction{Emoji: c.Emoji, Count: c.Count}
+	}
+	return out
 }

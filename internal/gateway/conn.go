@@ -236,6 +236,7 @@ func (g *Gateway) open(s *session) {
 		ServerTime: now.UnixMilli(), HeartbeatMS: g.cfg.HeartbeatInterval.Milliseconds(),
 		IdleTimeoutMS: g.cfg.IdleTimeout.Milliseconds(), Limits: g.cfg.Limits,
 		MaxFileBytes: g.cfg.MaxFileBytes, PartBytes: g.cfg.PartBytes, WebPushKey: g.cfg.WebPushKey,
+		Reactions: g.cfg.Reactions, MaxReactionsPerUser: g.cfg.ReactionsPerUser,
 	}})
 	s.greeted.Store(true)
 }

@@ -25,7 +25,7 @@ import (
 // isSend reports whether f stores a message (and so spends the user's send
 // budget).
 func isSend(typ string) bool {
-	return typ == protocol.TypeSend || typ == protocol.TypeEdit || typ == protocol.TypeRecall
+	return typ == protocol.TypeSend || typ == protocol.TypeEdit || typ == protocol.TypeRecall || typ == protocol.TypeReact
 }
 
 // limited reports whether f is counted against the connection's request

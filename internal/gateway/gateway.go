@@ -80,6 +80,10 @@ type Config struct {
 	// WebPushKey is the VAPID public key hello announces (cmd/parley:
 	// from push.webpush.vapid_key_file; empty: no Web Push).
 	WebPushKey string `yaml:"-"`
+	// Reactions and ReactionsPerUser are the reactions hello announces
+	// (cmd/parley: chat.reactions, chat.reactions_per_user).
+	Reactions        []string `yaml:"-"`
+	ReactionsPerUser int      `yaml:"-"`
 
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval" help:"client ping interval announced in hello"`
 	IdleTimeout       time.Duration `yaml:"idle_timeout" help:"close a connection silent for this long"`

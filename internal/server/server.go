@@ -961,12 +961,14 @@ func nonce() string {
 
 // gatewayConfig is the gateway's configuration; on a node with the chat
 // role, hello announces attachments only if the node serves them. Hello
-// announces the VAPID public key of push.webpush.vapid_key_file.
+// announces the VAPID public key of push.webpush.vapid_key_file, and the
+// reactions of chat.reactions.
 func (s *Server) gatewayConfig() (gateway.Config, error) {
 	g := s.cfg.GatewayConfig()
 	if s.chatRole && s.attach == nil {
 		g.MaxFileBytes, g.PartBytes = 0, 0
 	}
+	g.Reactions, g.ReactionsPerUser = strings.Fields(s.cfg.Chat.Reactions), s.cfg.Chat.ReactionsPerUser
 	if f := s.cfg.Push.WebPush.VAPIDKeyFile; f != "" {
 		k, err := push.VAPIDPublicKey(f)
 		if err != nil {

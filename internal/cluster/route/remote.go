@@ -36,7 +36,7 @@ func subjectPart(ns string, p int) string { return ns + ".chat.p." + strconv.Ito
 // process probes it), and one process holds the conversation's delivered
 // positions and the read positions its sends remember (chat.ownRead).
 var ownerWrites = map[string]bool{
-	protocol.TypeSend: true, protocol.TypeEdit: true, protocol.TypeRecall: true,
+	protocol.TypeSend: true, protocol.TypeEdit: true, protocol.TypeRecall: true, protocol.TypeReact: true,
 	protocol.TypeAddMembers: true, protocol.TypeRemove: true, protocol.TypeLeave: true,
 	protocol.TypeSetRole: true, protocol.TypeMute: true, protocol.TypeDelivered: true,
 	protocol.TypeRead: true,
