@@ -23,11 +23,12 @@ import (
 	"github.com/parley-im/parley/internal/bench"
 )
 
-const benchUsage = `usage: parley-bench <idle|send|fanout|history|attach> [flags]
+const benchUsage = `usage: parley-bench <idle|send|fanout|reactions|history|attach> [flags]
 
   idle     server RSS per idle authenticated connection (starts its own server)
   send     durable 1:1 send→ACK throughput and send→deliver latency
   fanout   group write amplification per fan-out tier and delivery to a large group
+  reactions a reaction storm on one message of a large group, and plain messages beside it
   history  "latest 50" history reads through a running cluster's gateways
   attach   attachment throughput on each blob engine: the raw engine (dd, minio-go) and the blob seam
 
@@ -62,6 +63,8 @@ func runBench(ctx context.Context, args []string) error {
 		return runBenchSend(ctx, args[1:])
 	case "fanout":
 		return runBenchFanout(ctx, args[1:])
+	case "reactions":
+		return runBenchReactions(ctx, args[1:])
 	case "history":
 		return runBenchHistory(ctx, args[1:])
 	case "attach":
@@ -390,4 +393,27 @@ func ackByString(byPush bool) string {
 		return "push"
 	}
 	return "timer"
+}
+
+func runBenchReactions(ctx context.Context, args []string) error {
+	cfg := bench.DefaultReactionsConfig()
+	fs := flag.NewFlagSet("parley-bench reactions", flag.ContinueOnError)
+	fs.IntVar(&cfg.Members, "members", cfg.Members, "members of the group")
+	fs.IntVar(&cfg.Online, "online", cfg.Online, "of them online, each counting the pushes it receives")
+	fs.IntVar(&cfg.Reactors, "reactors", cfg.Reactors, "members reacting (each toggles one emoji on the message)")
+	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "reactions per second, all reactors together")
+	fs.Float64Var(&cfg.MessageRate, "message-rate", cfg.MessageRate, "plain messages per second of the comparison phase")
+	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of each phase")
+	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "bound on the whole run")
+	server := serverBinaryFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var err error
+	if cfg.ServerBinary, err = server(); err != nil {
+		return fmt.Errorf("reactions: %w", err)
+	}
+	cfg.Logger = benchLogger()
+	_, err = bench.RunReactions(ctx, cfg)
+	return err
 }

@@ -52,6 +52,8 @@ func init() {
 		{name: "/readby", args: "SEQ", help: "who of the members has read message SEQ (read by N of M)", min: 1, max: 1, needConv: true, run: (*chatSession).chatReadBy},
 		{name: "/read", help: "mark the current conversation read up to the last message seen", needConv: true, run: (*chatSession).chatRead},
 		{name: "/reply", args: "SEQ TEXT", help: "send TEXT as a reply to message SEQ", min: 2, max: -1, needConv: true, run: (*chatSession).chatReply},
+		{name: "/react", args: "SEQ EMOJI", help: "react to message SEQ with EMOJI (one of the server's set; /react lists it)", max: 2, needConv: true, run: (*chatSession).chatReact},
+		{name: "/unreact", args: "SEQ EMOJI", help: "take your EMOJI reaction to message SEQ back", min: 2, max: 2, needConv: true, run: (*chatSession).chatUnreact},
 		{name: "/edit", args: "SEQ TEXT", help: "replace the text of your message SEQ", min: 2, max: -1, needConv: true, run: (*chatSession).chatEdit},
 		{name: "/recall", args: "SEQ", help: "recall (unsend) your message SEQ", min: 1, max: 1, needConv: true, run: (*chatSession).chatRecall},
 		{name: "/file", args: "PATH", help: "send the file at PATH (encrypted first in an E2E conversation); run again after an interruption, it resumes", min: 1, max: -1, needConv: true, long: true, run: (*chatSession).chatFile},
@@ -379,6 +381,15 @@ func chatFormat(m *protocol.Message, me string) string {
 		return fmt.Sprintf("%s %s edited #%d: %s", head, m.Sender, m.TargetSeq, m.Body)
 	case protocol.KindRecall:
 		return fmt.Sprintf("%s %s recalled #%d", head, m.Sender, m.TargetSeq)
+	case protocol.KindReact, protocol.KindUnreact:
+		if m.Body == "" {
+			return fmt.Sprintf("%s * reactions on #%d: %s", head, m.TargetSeq, reactionText(m.Reactions, "none"))
+		}
+		verb := "reacted"
+		if m.Kind == protocol.KindUnreact {
+			verb = "took back"
+		}
+		return fmt.Sprintf("%s %s %s %s on #%d (%s)", head, m.Sender, verb, m.Body, m.TargetSeq, reactionText(m.Reactions, "none left"))
 	case protocol.KindSystem:
 		return head + " * " + systemText(m)
 	case protocol.KindState:
@@ -411,10 +422,29 @@ func chatFormat(m *protocol.Message, me string) string {
 		body = reply + body
 	}
 	line := fmt.Sprintf("%s %s: %s", head, m.Sender, body)
+	if len(m.Reactions) > 0 {
+		line += "  [" + reactionText(m.Reactions, "") + "]"
+	}
 	if me != "" && m.Sender != me && (m.MentionAll || slices.Contains(m.Mentions, me)) {
 		line += "   <- @" + me
 	}
 	return line
+}
+
+// reactionText renders counts ("👍 2 ❤️ 1*", * marking the reader's own),
+// none when there are none.
+func reactionText(rs []protocol.Reaction, none string) string {
+	if len(rs) == 0 {
+		return none
+	}
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = r.Emoji + " " + strconv.Itoa(r.Count)
+		if r.Me {
+			parts[i] += "*"
+		}
+	}
+	return strings.Join(parts, " ")
 }
 
 // systemText turns a system event into a sentence ("alice added carol").
@@ -456,6 +486,9 @@ func systemText(m *protocol.Message) string {
 
 // printOnce prints a message unless it was printed already.
 func (s *chatSession) printOnce(m *protocol.Message) {
+	if (m.Kind == protocol.KindReact || m.Kind == protocol.KindUnreact) && m.Superseded {
+		return // a later stub of the same target carries the counts
+	}
 	me := s.user() // the sync's messages come before EventConnected
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -856,7 +889,7 @@ func (s *chatSession) chatHistory(ctx context.Context, args []string) error {
 	}
 	for i := range msgs {
 		m, _ := s.openE2E(&msgs[i])
-		if m == nil || (m.Kind == protocol.KindEdit || m.Kind == protocol.KindRecall) && inPage[m.TargetSeq] {
+		if m == nil || (m.Kind == protocol.KindEdit || m.Kind == protocol.KindRecall || m.Kind == protocol.KindReact || m.Kind == protocol.KindUnreact) && inPage[m.TargetSeq] {
 			continue
 		}
 		s.printf("%s", chatFormat(m, me))
@@ -951,6 +984,39 @@ func (s *chatSession) chatReply(ctx context.Context, args []string) error {
 		return fmt.Errorf("reply: %w", err)
 	}
 	s.printOnce(&protocol.Message{ConvID: conv, Seq: ack.Seq, Sender: s.user(), Kind: protocol.KindText, Body: body, ReplyTo: seq})
+	return nil
+}
+
+func (s *chatSession) chatReact(ctx context.Context, args []string) error {
+	if len(args) < 2 {
+		if h, ok := s.c.Hello(); ok && len(h.Reactions) > 0 {
+			s.printf("* reactions: %s (at most %d on one message)", strings.Join(h.Reactions, " "), h.MaxReactionsPerUser)
+			return nil
+		}
+		return errors.New("react: SEQ EMOJI")
+	}
+	return s.react(ctx, args, false)
+}
+
+func (s *chatSession) chatUnreact(ctx context.Context, args []string) error {
+	return s.react(ctx, args, true)
+}
+
+// react adds (or takes back) a reaction; the event comes back as a push.
+func (s *chatSession) react(ctx context.Context, args []string, remove bool) error {
+	what := map[bool]string{false: "react", true: "unreact"}[remove]
+	seq, err := parseSeq(what, args[0])
+	if err != nil {
+		return err
+	}
+	if remove {
+		_, err = s.c.Unreact(ctx, s.current, seq, args[1])
+	} else {
+		_, err = s.c.React(ctx, s.current, seq, args[1])
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
 	return nil
 }
 

@@ -251,6 +251,11 @@ func TestChatCLIGroupActions(t *testing.T) {
 	cli.do("/reply 999 to nothing", "bad_reference")
 	cli.do("/readby "+seq, "* #"+seq+" read by 0 of ")
 	cli.do("/readby 999", "bad_reference")
+	cli.do("/react", "* reactions: 👍 ❤️")
+	cli.do("/react "+seq+" 👍", "alice reacted 👍 on #"+seq+" (👍 1)")
+	cli.do("/react "+seq+" 🦄", "invalid_argument")
+	cli.do("/unreact "+seq+" 😂", "conflict")
+	cli.do("/history 20", "alice: hello  everyone (edited)  [👍 1*]")
 	cli.do("@bob please look", "alice: @bob please look")
 
 	// bob sees the mention, the system events and the edit.

@@ -2,7 +2,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import WebSocket from "ws";
 import { Server, seqs, increasing } from "./server.mjs";
-import { Backoff, MemoryPositions, ParleyError } from "../dist/index.js";
+import { Backoff, MemoryPositions, ParleyError, reactionStubs, reactionUpdate } from "../dist/index.js";
 
 let srv;
 before(async () => { srv = await Server.start(); });
@@ -126,6 +126,30 @@ test("replies: reply_to is pushed, survives an edit, shows reply_recalled; a bad
   assert.equal(reply.reply_to, q.seq);
   assert.equal(reply.body, "yes, at one");
   assert.equal(reply.reply_recalled, true);
+  closeAll(a, b);
+});
+
+test("reactions: react and unreact take seqs, the peer gets the counts, history has them with me; coalesced pushes as stubs", async () => {
+  const a = await srv.client("react-a"), b = await srv.client("react-b");
+  await Promise.all([a.log.waitConnected(), b.log.waitConnected()]);
+  assert.ok(a.connection.hello.reactions.includes("👍"));
+  const { conv_id } = await a.openDirect("react-b");
+  const m = await a.send(conv_id, "react to me");
+  await b.react(conv_id, m.seq, "👍");
+  await a.react(conv_id, m.seq, "👍");
+  await a.react(conv_id, m.seq, "🎉");
+  const last = await a.unreact(conv_id, m.seq, "🎉");
+  await b.log.waitMessages(conv_id, 5);
+  const ups = b.log.messages(conv_id).map(reactionUpdate).filter((u) => u);
+  assert.deepEqual(ups[ups.length - 1], { target: m.seq, reactions: [{ emoji: "👍", count: 2 }] });
+  assert.equal(b.log.messages(conv_id)[4].seq, last.seq);
+  const h = await b.history(conv_id, { afterSeq: 0 });
+  assert.deepEqual(h.messages[0].reactions, [{ emoji: "👍", count: 2, me: true }]);
+  assert.ok(h.messages.slice(1, 4).every((x) => x.superseded && !x.body));
+  await assert.rejects(b.react(conv_id, m.seq, "🦄"), (e) => e.code === "invalid_argument");
+  await assert.rejects(b.react(conv_id, m.seq, "👍"), (e) => e.code === "conflict");
+  const stubs = reactionStubs({ type: "reactions", conv_id, from_seq: 7, seq: 10, reacted: [{ seq: 2, reactions: [] }, { seq: 3, reactions: [{ emoji: "👍", count: 1 }] }] });
+  assert.deepEqual(stubs.map((x) => [x.seq, x.superseded, x.target_seq ?? 0]), [[7, true, 0], [8, true, 0], [9, false, 2], [10, false, 3]]);
   closeAll(a, b);
 });
 

@@ -396,6 +396,7 @@ export class Client {
                 return;
             }
             case "msg":
+            case "reactions":
             case "receipt":
             case "typing":
             case "presence":
@@ -429,6 +430,27 @@ export class Client {
             case "presence":
                 this.emit("presence", f.states);
                 return;
+            case "reactions": {
+                // A medium or large group's coalesced reaction events: offered
+                // as the stubs a history page would hold, so they fill the
+                // conversation's position like any push.
+                const r = f;
+                const o = this.order(r.conv_id);
+                if (r.ack)
+                    this.ackPolicy.set(r.conv_id, r.ack);
+                else
+                    this.ackPolicy.delete(r.conv_id);
+                if (!o.known) {
+                    void this.list();
+                    return;
+                }
+                const ready = [];
+                for (const m of reactionStubs(r))
+                    ready.push(...o.offer(m));
+                this.deliver(r.conv_id, ready);
+                this.maybeFetch(r.conv_id, o);
+                return;
+            }
             case "msg": {
                 const m = f.message;
                 const o = this.order(m.conv_id);
@@ -691,6 +713,18 @@ export class Client {
     edit(convId, targetSeq, body, clientMsgId = newClientMsgId()) {
         return this.stored({ type: "edit", conv_id: convId, client_msg_id: clientMsgId, target_seq: targetSeq, body });
     }
+    /**
+     * Adds emoji (one of hello's reactions) to your reactions to message
+     * targetSeq: an event with its own seq. An end-to-end encrypted
+     * conversation refuses it (e2e_unsupported).
+     */
+    react(convId, targetSeq, emoji, clientMsgId = newClientMsgId()) {
+        return this.stored({ type: "react", conv_id: convId, client_msg_id: clientMsgId, target_seq: targetSeq, emoji });
+    }
+    /** Takes emoji back from your reactions to message targetSeq. */
+    unreact(convId, targetSeq, emoji, clientMsgId = newClientMsgId()) {
+        return this.stored({ type: "react", conv_id: convId, client_msg_id: clientMsgId, target_seq: targetSeq, emoji, remove: true });
+    }
     /** Recalls one of your text messages. */
     recall(convId, targetSeq, clientMsgId = newClientMsgId()) {
         return this.stored({ type: "recall", conv_id: convId, client_msg_id: clientMsgId, target_seq: targetSeq });
@@ -832,3 +866,39 @@ export class Client {
     }
 }
 function sleep(ms) { return new Promise((r) => setTimeout(r, ms)); }
+/**
+ * The target and counts a reaction event sets (null: not a reaction
+ * event, or a superseded stub that sets nothing). A reaction pushed on its
+ * own carries its emoji in body and its target's counts after it; read
+ * back or coalesced, it is a stub whose last one per target carries the
+ * counts (with me on reads).
+ */
+export function reactionUpdate(m) {
+    if ((m.kind !== "react" && m.kind !== "unreact") || m.superseded)
+        return null;
+    return { target: m.target_seq ?? 0, reactions: m.reactions ?? [] };
+}
+/**
+ * The seqs a reactions push covers (from_seq..seq) as history's stubs:
+ * one reaction event each, the last reacted.length carrying each target's
+ * counts, the others superseded.
+ */
+export function reactionStubs(f) {
+    const out = [];
+    if (f.seq < f.from_seq)
+        return out;
+    const n = f.seq - f.from_seq + 1;
+    const carried = Math.min(f.reacted.length, n);
+    for (let s = f.from_seq; s <= f.seq; s++) {
+        const m = { conv_id: f.conv_id, seq: s, msg_id: "0", sender: "", kind: "react", server_time: 0, superseded: true };
+        const k = f.seq - s;
+        if (k < carried) {
+            const r = f.reacted[carried - 1 - k];
+            m.superseded = false;
+            m.target_seq = r.seq;
+            m.reactions = r.reactions;
+        }
+        out.push(m);
+    }
+    return out;
+}
