@@ -103,8 +103,7 @@ func (c *Client) Recall(ctx context.Context, convID, targetSeq uint64) (Ack, err
 // React adds emoji (one of the server's chat.reactions) to the user's
 // reactions to message targetSeq; the reaction is an event with its own
 // seq. Retried like Send. In an end-to-end encrypted conversation the
-// server refuses it (e2e_unsupported): e2eechat.Messenger.React sends it
-// inside the encryption.
+// server refuses it (e2e_unsupported): it must not learn who reacted how.
 func (c *Client) React(ctx context.Context, convID, targetSeq uint64, emoji string) (Ack, error) {
 	return c.write(ctx, protocol.Frame{Type: protocol.TypeReact, ConvID: convID, ClientMsgID: NewClientMsgID(), TargetSeq: targetSeq, Emoji: emoji})
 }

@@ -74,7 +74,8 @@ type ReactionsPhase struct {
 	Acked  int
 	Errors int
 	// Window is the sending window; Pushes the frames of the group the
-	// online connections received in it.
+	// online connections received from its start to the end of the
+	// settling after it (pushes that lag the sends count too).
 	Window time.Duration
 	Pushes int64
 	Online int
@@ -87,7 +88,7 @@ type ReactionsPhase struct {
 }
 
 // PushesPerMemberSecond is the pushes each online member received per
-// second of the window.
+// second of the sending window.
 func (p ReactionsPhase) PushesPerMemberSecond() float64 {
 	return float64(p.Pushes) / float64(p.Online) / p.Window.Seconds()
 }
@@ -215,7 +216,6 @@ func RunReactions(ctx context.Context, cfg ReactionsConfig) ([]ReactionsPhase, e
 			p.Sent++
 		}
 		p.Window = time.Since(start)
-		p.Pushes = pushes.Load() - pushes0
 		for _, ch := range answers {
 			select {
 			case f := <-ch:
@@ -231,6 +231,7 @@ func RunReactions(ctx context.Context, cfg ReactionsConfig) ([]ReactionsPhase, e
 		if err := sleepCtx(ctx, settle); err != nil {
 			return p, err
 		}
+		p.Pushes = pushes.Load() - pushes0
 		cpu1, err := ReadCPUTime(srv.PID())
 		if err != nil {
 			return p, err

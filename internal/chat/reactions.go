@@ -20,10 +20,9 @@ import (
 // Reads carry aggregates, not events: a message carries its counts and
 // whether the reader is among them; a reaction event is a stub without
 // its emoji, the page's last one of each target carrying the target's
-// counts now and the others superseded, so that a device catching up over a storm applies one
-// count per message. End-to-end encrypted conversations send reactions
-// inside the encryption as ordinary messages (the server never learns
-// them): a react frame there is e2e_unsupported.
+// counts now and the others superseded, so that a device catching up
+// over a storm applies one count per message. In an end-to-end encrypted conversation the server
+// must not learn who reacted how: a react frame there is e2e_unsupported.
 
 // DefaultReactions is chat.reactions' default set.
 const DefaultReactions = "👍 ❤️ 😂 😮 😢 🙏 🎉 🔥"
