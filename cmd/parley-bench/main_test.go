@@ -83,7 +83,7 @@ func TestServerBinary(t *testing.T) {
 // subcommands stay out of the usage.
 func TestUsage(t *testing.T) {
 	out, err := runBin(t, parleyBench)
-	if err == nil || !strings.Contains(out, "usage: parley-bench <idle|send|fanout|history|attach>") {
+	if err == nil || !strings.Contains(out, "usage: parley-bench <idle|send|fanout|reactions|history|attach>") {
 		t.Fatalf("no arguments: err %v\n%s", err, out)
 	}
 	out, err = runBin(t, parleyBench, "-h")
