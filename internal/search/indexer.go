@@ -86,6 +86,12 @@ type IndexerOptions struct {
 	// what it owns and a round skips what it no longer does (the next
 	// owner's catch-up takes it); Reindex covers everything.
 	Owns func(conv uint64) bool
+	// Linger is the least time from one round's start to the next
+	// (default 100 ms; negative: none): under a steady stream of sends a
+	// round takes every conversation noted meanwhile in one pass, instead
+	// of a pass per message or two. It bounds the index lag's share of the
+	// wait, not the lag: a quiet index starts its round at once.
+	Linger time.Duration
 }
 
 // Indexer keeps an Index up to date with the store: a fanout.Consumer that
@@ -97,12 +103,13 @@ type IndexerOptions struct {
 // only in memory is indexed all the same; an engine that fails keeps its
 // conversations noted and is retried with backoff.
 type Indexer struct {
-	x     Index
-	st    Store
-	log   *slog.Logger
-	obs   IndexerObserver
-	batch int
-	owns  func(uint64) bool
+	x      Index
+	st     Store
+	log    *slog.Logger
+	obs    IndexerObserver
+	batch  int
+	owns   func(uint64) bool
+	linger time.Duration
 
 	mu    sync.Mutex
 	dirty map[uint64]uint64 // conversation → highest seq noted
@@ -129,7 +136,10 @@ func NewIndexer(o IndexerOptions) *Indexer {
 	if o.Owns == nil {
 		o.Owns = func(uint64) bool { return true }
 	}
-	return &Indexer{x: o.Index, st: o.Store, log: o.Logger, obs: o.Observer, batch: o.Batch, owns: o.Owns,
+	if o.Linger == 0 {
+		o.Linger = 100 * time.Millisecond
+	}
+	return &Indexer{x: o.Index, st: o.Store, log: o.Logger, obs: o.Observer, batch: o.Batch, owns: o.Owns, linger: o.Linger,
 		dirty: map[uint64]uint64{}, wake: make(chan struct{}, 1)}
 }
 
@@ -201,6 +211,7 @@ func (ix *Indexer) Run(ctx context.Context) {
 	}
 	ix.caughtUp.Store(true)
 	backoff = 100 * time.Millisecond
+	var last time.Time // the last round's start
 	for ctx.Err() == nil {
 		if ix.rescan.Swap(false) {
 			if err := ix.catchUp(ctx); err != nil {
@@ -214,16 +225,23 @@ func (ix *Indexer) Run(ctx context.Context) {
 				continue
 			}
 		}
-		ix.mu.Lock()
-		todo := ix.dirty
-		ix.dirty = map[uint64]uint64{}
-		ix.mu.Unlock()
-		if len(todo) == 0 {
+		if ix.Pending() == 0 {
 			select {
 			case <-ctx.Done():
 				return
 			case <-ix.wake:
 			}
+			continue
+		}
+		if wait := ix.linger - time.Since(last); wait > 0 {
+			sleep(ctx, wait)
+		}
+		last = time.Now()
+		ix.mu.Lock()
+		todo := ix.dirty
+		ix.dirty = map[uint64]uint64{}
+		ix.mu.Unlock()
+		if len(todo) == 0 {
 			continue
 		}
 		if err := ix.indexRound(ctx, todo); err != nil {
