@@ -21,6 +21,7 @@ import (
 	"github.com/parley-im/parley/internal/config"
 	"github.com/parley-im/parley/internal/store"
 	"github.com/parley-im/parley/internal/store/pebble"
+	"github.com/parley-im/parley/protocol"
 )
 
 // checkpoint is what a migration has finished, written after each step so
@@ -454,6 +455,11 @@ func (m *migration) appendMsg(ctx context.Context, conv uint64, msg store.Messag
 	}
 	a := store.Append{Msg: orig[0]}
 	a.Msg.Superseded = false
+	if k := msg.Kind; k == protocol.KindReact || k == protocol.KindUnreact {
+		// A reaction event's body is its emoji; the target's counts and
+		// the reactor's own set are made again by the reaction's append.
+		a.React = &store.React{Emoji: orig[0].Body, Remove: k == protocol.KindUnreact}
+	}
 	if msg.TargetSeq != 0 {
 		a.Check = func(target store.Message) (store.Message, error) {
 			ts, err := m.src.Messages(ctx, conv, msg.TargetSeq, msg.TargetSeq, 1)

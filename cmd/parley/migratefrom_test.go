@@ -95,7 +95,7 @@ func (c *cancelAfter) Write(p []byte) (int, error) {
 
 // TestMigrateFromEmbedded fills an embedded node through the server with
 // every kind of data — direct, E2E direct and group conversations, edits,
-// a recall, joins and a leave, read positions, an E2E key directory (and
+// a recall, reactions (one taken back), joins and a leave, read positions, an E2E key directory (and
 // so the KT log), an attachment, a push registration, a mute and a
 // do-not-disturb — stops it, copies it with `parley
 // migrate --from` into a fresh Cassandra keyspace and its attachment bytes
@@ -192,6 +192,40 @@ func TestMigrateFromEmbedded(t *testing.T) {
 	for range 5 {
 		send(bob, g.ConvID, "after carol left")
 	}
+	// Reactions: counts on their targets and each reactor's own (me),
+	// one added and taken back, in both conversations.
+	for _, r := range []struct {
+		c      *client.Client
+		conv   uint64
+		seq    uint64
+		emoji  string
+		remove bool
+	}{
+		{bob, g.ConvID, gs, "👍", false}, {cs["dave"], g.ConvID, gs, "👍", false}, {bob, g.ConvID, gs, "❤️", false},
+		{bob, g.ConvID, gs, "❤️", true}, {bob, d.ConvID, first, "🎉", false},
+	} {
+		if r.remove {
+			_, err = r.c.Unreact(ctx, r.conv, r.seq, r.emoji)
+		} else {
+			_, err = r.c.React(ctx, r.conv, r.seq, r.emoji)
+		}
+		must(err)
+	}
+	// The views compare the peers' delivered positions: wait for alice's
+	// device to have acknowledged bob's reaction in the direct
+	// conversation.
+	for i := 0; ; i++ {
+		convs, err := bob.Conversations(ctx)
+		must(err)
+		j := slices.IndexFunc(convs, func(s protocol.ConvSummary) bool { return s.ConvID == d.ConvID })
+		if j >= 0 && convs[j].PeerDeliveredSeq == convs[j].LastSeq {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("alice's delivered position in the direct conversation: %+v", convs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	must(bob.MarkRead(ctx, g.ConvID, gs))
 	must(cs["dave"].MarkRead(ctx, g.ConvID, gs+2))
 
@@ -246,7 +280,11 @@ func TestMigrateFromEmbedded(t *testing.T) {
 	}
 	ci := slices.IndexFunc(before["carol"].Convs, func(s protocol.ConvSummary) bool { return s.ConvID == g.ConvID })
 	bi := slices.IndexFunc(before["bob"].Convs, func(s protocol.ConvSummary) bool { return s.ConvID == g.ConvID })
-	if len(av.Convs) != 3 || !edited || !recalled || ci < 0 || before["carol"].Convs[ci].LeaveSeq == 0 ||
+	reacted := false
+	for _, m := range before["bob"].History[g.ConvID] {
+		reacted = reacted || m.Seq == gs && len(m.Reactions) == 1
+	}
+	if len(av.Convs) != 3 || !edited || !recalled || !reacted || ci < 0 || before["carol"].Convs[ci].LeaveSeq == 0 ||
 		bi < 0 || before["bob"].Convs[bi].Unread == 0 || len(av.Keys) != 1 {
 		t.Fatalf("the views before the migration lack some kind of data: alice %+v, carol %+v, bob %+v", av.Convs, before["carol"].Convs, before["bob"].Convs)
 	}
