@@ -15,6 +15,7 @@ import (
 
 	"github.com/parley-im/parley/internal/search"
 	"github.com/parley-im/parley/internal/search/bleve"
+	"github.com/parley-im/parley/internal/search/searchtest"
 )
 
 // corpus makes the messages of a benchmark and names the phrases it
@@ -24,31 +25,10 @@ type corpus struct {
 	queries []string
 }
 
-var (
-	zhWords = strings.Fields("我们 明天 北京 开会 项目 进度 报告 客户 需求 测试 上线 服务器 数据库 周末 午饭 会议室 预算 设计 文档 问题")
-	enWords = strings.Fields("meeting tomorrow project status report customer release server database weekend lunch budget design document issue deploy review")
-)
-
-// worst: 4–15 words drawn uniformly from 37, so every phrase matches a
-// large share of all messages.
-var worst = corpus{
-	text: func(r *rand.Rand) string {
-		var b strings.Builder
-		n := 4 + r.IntN(12)
-		for i := range n {
-			if r.IntN(2) == 0 {
-				b.WriteString(zhWords[r.IntN(len(zhWords))])
-			} else {
-				if i > 0 {
-					b.WriteByte(' ')
-				}
-				b.WriteString(enWords[r.IntN(len(enWords))])
-			}
-		}
-		return b.String()
-	},
-	queries: []string{"北京开会", "项目进度", "release review", "数据库", "budget"},
-}
+// worst: the embedded and cluster benchmarks' shared corpus (4–15 words
+// drawn uniformly from 37), so every phrase matches a large share of all
+// messages.
+var worst = corpus{text: searchtest.BenchText, queries: searchtest.BenchQueries}
 
 // zipf: a vocabulary of 3,000 Chinese words (two or three of 400 common
 // characters) and 3,000 English ones (two to four syllables), each drawn
