@@ -3,6 +3,7 @@ package pebble_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -113,7 +114,9 @@ func TestUndecodableTaskDies(t *testing.T) {
 func TestExport(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	run := func(p ledger.Policy, record []ledger.Task, h ledger.Handler, wait int) {
+	// run records tasks and runs the ledger until settled says the
+	// outcome of their attempts is stored.
+	run := func(p ledger.Policy, record []ledger.Task, h ledger.Handler, settled func(pebble.Exported) bool) {
 		t.Helper()
 		l, err := pebble.Open(pebble.Config{Dir: dir, Policy: p, Poll: 10 * time.Millisecond})
 		if err != nil {
@@ -126,25 +129,25 @@ func TestExport(t *testing.T) {
 			}
 		}
 		rctx, stop := context.WithCancel(ctx)
-		calls := make(chan struct{}, 16)
 		go func() {
-			for range wait {
-				<-calls
+			defer stop()
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				page, err := l.Export(ctx, nil, 10)
+				if err == nil && slices.ContainsFunc(page, settled) {
+					return
+				}
 			}
-			stop()
+			t.Error("the attempts' outcome was never stored")
 		}()
-		_ = l.Run(rctx, func(ctx context.Context, task ledger.Task) error {
-			defer func() { calls <- struct{}{} }()
-			return h(ctx, task)
-		})
+		_ = l.Run(rctx, h)
 	}
 	failed := errors.New("refused")
 	// Task 1 dies at its only attempt; task 2 fails once and waits an hour.
 	run(ledger.Policy{MaxAttempts: 1}, []ledger.Task{{Kind: ledger.KindRows, Conv: 1, Seq: 4, Users: []string{"ann"}}},
-		func(context.Context, ledger.Task) error { return failed }, 1)
+		func(context.Context, ledger.Task) error { return failed }, func(e pebble.Exported) bool { return e.Dead })
 	run(ledger.Policy{MaxAttempts: 5, MinBackoff: time.Hour, MaxBackoff: time.Hour},
 		[]ledger.Task{{Kind: ledger.KindPush, Conv: 2, Seq: 9, Users: []string{"bo"}, Node: "n1"}},
-		func(context.Context, ledger.Task) error { return failed }, 1)
+		func(context.Context, ledger.Task) error { return failed }, func(e pebble.Exported) bool { return !e.Dead && e.Task.NextAt != 0 })
 	l, err := pebble.Open(pebble.Config{Dir: dir})
 	if err != nil {
 		t.Fatal(err)
