@@ -85,6 +85,7 @@ func TestKill9PushNotifications(t *testing.T) {
   collapse_max: 200ms
   min_backoff: 20ms
   max_backoff: 200ms
+  device_rate: 10000
   apns:
     key_file: %s
     key_id: KEYID12345
