@@ -878,10 +878,7 @@ func (c *rpcConn) read() {
 			continue
 		}
 		if f.Type == protocol.TypeMsg && f.Message != nil {
-			// As the SDKs do: a large group's push is never acknowledged.
-			if f.Ack != protocol.AckNone {
-				_ = c.write(&protocol.Frame{Type: protocol.TypeDelivered, ConvID: f.Message.ConvID, Seq: f.Message.Seq})
-			}
+			_ = c.write(&protocol.Frame{Type: protocol.TypeDelivered, ConvID: f.Message.ConvID, Seq: f.Message.Seq})
 			continue
 		}
 		if f.RID == "" {
