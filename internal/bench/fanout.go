@@ -878,7 +878,10 @@ func (c *rpcConn) read() {
 			continue
 		}
 		if f.Type == protocol.TypeMsg && f.Message != nil {
-			_ = c.write(&protocol.Frame{Type: protocol.TypeDelivered, ConvID: f.Message.ConvID, Seq: f.Message.Seq})
+			// As the SDKs do: a large group's push is never acknowledged.
+			if f.Ack != protocol.AckNone {
+				_ = c.write(&protocol.Frame{Type: protocol.TypeDelivered, ConvID: f.Message.ConvID, Seq: f.Message.Seq})
+			}
 			continue
 		}
 		if f.RID == "" {

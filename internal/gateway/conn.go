@@ -321,7 +321,7 @@ func (g *Gateway) onMessage(c *websocket.Conn, mt websocket.MessageType, data []
 		s.close(protocol.CloseUnsupportedData, "frames are JSON text")
 		return
 	}
-	g.handleFrame(s, data, s.writeFrame)
+	g.handleFrame(s, data, s.writeFrame, true)
 }
 
 // framePool holds the frames that acks and pings are decoded into: they are
@@ -336,8 +336,11 @@ func reusable(typ string) bool {
 }
 
 // handleFrame decodes and runs one client frame of s, answering through
-// reply (the session's transport, or an HTTP response).
-func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Frame)) {
+// reply (the session's transport, or an HTTP response). With pipelined
+// (a WebSocket's frames, the backend a Batcher) a send may return before
+// its answer (pipe.go); every other frame's answer waits for the sends
+// before it.
+func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Frame), pipelined bool) {
 	into := framePool.Get().(*protocol.Frame)
 	f, perr := protocol.DecodeClientInto(data, g.cfg.Limits, into)
 	if f != into {
@@ -356,6 +359,7 @@ func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Fram
 		if g.obs.Error != nil {
 			g.obs.Error(perr.Code)
 		}
+		s.drained()
 		reply(protocol.ErrorFrame(rid, perr))
 		if s.badFrames.Add(1) >= maxBadFrames {
 			s.close(protocol.CloseTooManyErrors, "too many bad frames")
@@ -377,8 +381,19 @@ func (g *Gateway) handleFrame(s *session, data []byte, reply func(*protocol.Fram
 		if g.obs.Error != nil {
 			g.obs.Error(perr.Code)
 		}
+		s.drained()
 		reply(protocol.ErrorFrame(f.RID, perr))
 		return
+	}
+	if b, ok := g.backend.(Batcher); ok && pipelined && f.Type == protocol.TypeSend && f.ConvID != 0 {
+		g.pipeSend(b, s, f, reply)
+		return
+	}
+	if f.Type != protocol.TypeDelivered || f.RID != "" {
+		// An acknowledgement without rid has no answer to keep in
+		// order, and what it records is not what the sends in flight
+		// write: it is not held behind them.
+		s.drained()
 	}
 	ctx := g.requestContext()
 	if f.Type == protocol.TypeSync {

@@ -6,12 +6,16 @@
 // Connections run on an event loop (lesismal/nbio over epoll): an idle
 // connection has no goroutine and no buffers of its own, which keeps its fixed
 // cost low. Per connection, frames are handled one at a time in arrival
-// order on a shared worker pool; writes never block (bytes waiting for a slow
-// reader are buffered up to a bound, past which the connection is dropped).
+// order on a shared worker pool, except that with a Batcher backend a
+// connection's sends to one conversation are pipelined (pipe.go); writes
+// never block (bytes waiting for a slow reader are buffered up to a bound,
+// past which the connection is dropped).
 //
 // Two goroutines, owned by the Gateway and stopped by Shutdown: the
 // sweeper enforces the idle timeout and re-sends unacknowledged pushes; the
-// dispatcher writes the pushes the bus brings, in batches (push.go).
+// dispatcher writes the pushes the bus brings, in batches (push.go). A
+// connection's pipelined sends run on a goroutine of their own while any
+// are in flight, also waited for by Shutdown.
 package gateway
 
 import (
@@ -241,6 +245,7 @@ type Gateway struct {
 	cancel   context.CancelFunc
 	unsub    func()
 	sweeper  sync.WaitGroup
+	pipes    sync.WaitGroup // the connections' pipelined sends (pipe.go)
 	draining atomic.Bool
 	conns    atomic.Int64
 	nextID   atomic.Uint64
@@ -512,7 +517,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 		g.each(func(s *session) { s.close(protocol.CloseGoingAway, "node is stopping") })
 	})
 	done := make(chan struct{})
-	go func() { g.sweeper.Wait(); close(done) }()
+	go func() { g.sweeper.Wait(); g.pipes.Wait(); close(done) }()
 	select {
 	case <-done:
 		return nil

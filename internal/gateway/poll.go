@@ -243,7 +243,7 @@ func (g *Gateway) ServeRPC(w http.ResponseWriter, r *http.Request) {
 		s.lastSeen.Store(g.now().UnixMilli())
 	}
 	var resp *protocol.Frame
-	g.handleFrame(s, body, func(f *protocol.Frame) { resp = f })
+	g.handleFrame(s, body, func(f *protocol.Frame) { resp = f }, false)
 	if resp == nil {
 		resp = &protocol.Frame{Type: protocol.TypeOK}
 	}

@@ -39,6 +39,9 @@ type session struct {
 	// requests is the connection's request budget (fair.go), allocated
 	// on its first counted request.
 	requests atomic.Pointer[bucket]
+	// pipe holds the connection's pipelined sends (pipe.go), allocated
+	// on its first send through a Batcher.
+	pipe atomic.Pointer[sendPipe]
 
 	mu struct {
 		sync.Mutex

@@ -294,6 +294,15 @@ func (c *checked) Append(ctx context.Context, a Append) (AppendResult, error) {
 	if r := a.React; r != nil && (m.TargetSeq == 0 || r.Emoji == "" || len(r.Emoji) > maxEmojiBytes) {
 		return AppendResult{}, fmt.Errorf("%s: %s: a reaction needs a target and an emoji of 1-%d bytes", c.name, op, maxEmojiBytes)
 	}
+	if t := TurnOf(ctx); t != nil {
+		if tt, ok := c.e.(TurnTaker); !ok || !tt.TakesTurns() {
+			// The engine orders nothing itself: one append after another.
+			defer t.Take()
+			if err := t.Wait(ctx); err != nil {
+				return AppendResult{}, fmt.Errorf("%s: %s: %w", c.name, op, err)
+			}
+		}
+	}
 	return c.e.Append(ctx, a)
 }
 

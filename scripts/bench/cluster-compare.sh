@@ -61,7 +61,7 @@ single_nats=$(pidof_port "${PARLEY_TEST_NATS##*:}")
 single_redis=$(pidof_port "${PARLEY_TEST_REDIS##*:}")
 # The HA engines' pids, space-separated: each node's pid file.
 # (a pid file need not end in a newline: NATS's does not).
-pidfiles() { local f; for f in "$@"; do [[ -f $f ]] && echo -n "$(cat "$f") "; done; }
+pidfiles() { local f; for f in "$@"; do [[ -f $f ]] && echo -n "$(cat "$f") "; done; return 0; }
 ha_jvm=$(pidfiles "$engines"/cassandra-ring/n*/cassandra.pid)
 ha_nats=$(pidfiles "$engines"/nats-cluster/n*/nats.pid)
 ha_redis=$(pidfiles "$engines"/redis-ha/r*/redis.pid "$engines"/redis-ha/s*/sentinel.pid)

@@ -73,7 +73,11 @@ type request struct {
 	User   string          `json:"u"`
 	Device string          `json:"d"`
 	Frame  json.RawMessage `json:"f,omitempty"`
-	Peer   string          `json:"p,omitempty"` // maywatch
+	// Frames is a batch: one connection's sends to one conversation, in
+	// the order sent, answered with a JSON array of their answers in that
+	// order (Remote.HandleBatch).
+	Frames []json.RawMessage `json:"fs,omitempty"`
+	Peer   string            `json:"p,omitempty"` // maywatch
 }
 
 // Remote is the chat tier as seen from a gateway: gateway.Backend over NATS.
@@ -105,6 +109,56 @@ func (r *Remote) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, r
 		return
 	}
 	r.forward(ctx, c, f, reply)
+}
+
+// HandleBatch implements gateway.Batcher: sends to one conversation, in
+// the order sent, go to its owner as one request; the owner runs them at
+// once, each queuing for the conversation's write in that order, and
+// answers them together.
+func (r *Remote) HandleBatch(ctx context.Context, c chat.Caller, fs []*protocol.Frame, reply func(int, *protocol.Frame)) {
+	if len(fs) == 1 {
+		r.forward(ctx, c, fs[0], func(f *protocol.Frame) { reply(0, f) })
+		return
+	}
+	fail := func(e *protocol.Error) {
+		for i, f := range fs {
+			reply(i, chat.ErrorFrame(f.RID, e))
+		}
+	}
+	raws := make([]json.RawMessage, len(fs))
+	for i, f := range fs {
+		raw, err := json.Marshal(f)
+		if err != nil {
+			fail(protocol.Errorf(protocol.CodeInternal, "encode request"))
+			return
+		}
+		raws[i] = raw
+	}
+	data, _ := json.Marshal(request{User: c.User, Device: c.Device, Frames: raws})
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	key, _ := ownerKey(c.User, fs[0])
+	msg, err := toOwner(ctx, r.nc, subjectPart(r.ns, lease.Partition(key, r.partitions)), data)
+	if err != nil {
+		fail(remoteErr(err))
+		return
+	}
+	var answers []*protocol.Frame
+	if err := json.Unmarshal(msg.Data, &answers); err != nil || len(answers) != len(fs) {
+		// One error for the whole batch (moved, or refused).
+		var one protocol.Frame
+		if json.Unmarshal(msg.Data, &one) == nil && one.Type == protocol.TypeError {
+			fail(&protocol.Error{Code: one.Code, Msg: one.Error, RetryAfter: one.RetryAfter})
+			return
+		}
+		fail(protocol.Errorf(protocol.CodeInternal, "undecodable answer from the chat tier"))
+		return
+	}
+	for i, a := range answers {
+		if a != nil {
+			reply(i, a)
+		}
+	}
 }
 
 // forward sends f to its chat process and relays the answer.
@@ -341,6 +395,49 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 				Msg: "the chat process is at capacity; retry", RetryAfter: 100 + rand.Int64N(400)}))
 		}
 	}
+	// serveBatch runs a batch's sends at once, each in its turn
+	// (store.Turn: they queue for the conversation's write in the order
+	// sent), and answers them together once all are answered.
+	serveBatch := func(m *natsio.Msg, req request, fs []*protocol.Frame) {
+		c := chat.Caller{User: req.User, Device: req.Device}
+		answers := make([]*protocol.Frame, len(fs))
+		var mu sync.Mutex
+		var pending sync.WaitGroup
+		var prev *store.Turn
+		for i, f := range fs {
+			t := store.NewTurn(prev)
+			pending.Add(1)
+			ok := admit(func(rctx context.Context) {
+				defer pending.Done()
+				defer t.Take()
+				svc.Handle(store.WithTurn(rctx, t), c, f, func(resp *protocol.Frame) {
+					mu.Lock()
+					if answers[i] == nil {
+						answers[i] = resp
+					}
+					mu.Unlock()
+				})
+			})
+			if !ok {
+				pending.Done()
+				answers[i] = chat.ErrorFrame(f.RID, &protocol.Error{Code: protocol.CodeOverloaded,
+					Msg: "the chat process is at capacity; retry", RetryAfter: 100 + rand.Int64N(400)})
+				continue // the next one's turn follows the last admitted
+			}
+			prev = t
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pending.Wait()
+			moved := true // every one refused as moved: the gateway sends the batch again
+			for _, a := range answers {
+				moved = moved && a != nil && a.Type == protocol.TypeError && a.Code == protocol.CodeOverloaded && a.Error == chat.MovingMsg
+			}
+			data, _ := json.Marshal(answers)
+			respond(m, data, moved)
+		}()
+	}
 	// decode reads a request; the gateway validated the frame
 	// (protocol.DecodeClient) before forwarding it.
 	decode := func(m *natsio.Msg) (request, *protocol.Frame, bool) {
@@ -350,6 +447,10 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 			log.Warn("undecodable chat request", "err", err)
 			return req, nil, false
 		}
+		if len(req.Frames) > 0 {
+			// A batch: its first frame routes it (decodeBatch reads all).
+			req.Frame = req.Frames[0]
+		}
 		if err := json.Unmarshal(req.Frame, &f); err != nil {
 			data, _ := json.Marshal(chat.ErrorFrame("", protocol.Errorf(protocol.CodeBadFrame, "undecodable frame")))
 			_ = m.Respond(data)
@@ -357,9 +458,23 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		}
 		return req, &f, true
 	}
+	// dispatch serves a decoded request, a batch or one frame.
+	dispatch := func(m *natsio.Msg, req request, f *protocol.Frame) {
+		if len(req.Frames) == 0 {
+			serve(m, req, f)
+			return
+		}
+		fs, perr := decodeBatch(req.Frames)
+		if perr != nil {
+			data, _ := json.Marshal(chat.ErrorFrame(f.RID, perr))
+			_ = m.Respond(data)
+			return
+		}
+		serveBatch(m, req, fs)
+	}
 	handle := func(m *natsio.Msg) {
 		if req, f, ok := decode(m); ok {
-			serve(m, req, f)
+			dispatch(m, req, f)
 		}
 	}
 	sub1, err := nc.QueueSubscribe(subjectHandle(ns), chatQueue, handle)
@@ -411,7 +526,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 				respond(m, data, true)
 				return
 			}
-			serve(m, req, f)
+			dispatch(m, req, f)
 		}
 		lim := svc.Limits()
 		ps.handleAdmin = func(m *natsio.Msg) {
@@ -447,6 +562,22 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// decodeBatch reads a batch's frames: sends to one conversation (the
+// gateway validated each with protocol.DecodeClient before forwarding it).
+func decodeBatch(raws []json.RawMessage) ([]*protocol.Frame, *protocol.Error) {
+	fs := make([]*protocol.Frame, len(raws))
+	for i, raw := range raws {
+		fs[i] = new(protocol.Frame)
+		if err := json.Unmarshal(raw, fs[i]); err != nil {
+			return nil, protocol.Errorf(protocol.CodeBadFrame, "undecodable frame in a batch")
+		}
+		if fs[i].Type != protocol.TypeSend || fs[i].ConvID == 0 || fs[i].ConvID != fs[0].ConvID {
+			return nil, protocol.Errorf(protocol.CodeBadFrame, "a batch holds sends to one conversation")
+		}
+	}
+	return fs, nil
 }
 
 // partSubs keeps, for each partition the owner holds, a subscription to
@@ -530,6 +661,19 @@ func (r Routed) Handle(ctx context.Context, c chat.Caller, f *protocol.Frame, re
 		return
 	}
 	r.Local.Handle(ctx, c, f, reply)
+}
+
+// HandleBatch implements gateway.Batcher: a batch to a conversation another
+// process owns goes there as one request; the local service runs a batch
+// of its own conversation's sends one after another.
+func (r Routed) HandleBatch(ctx context.Context, c chat.Caller, fs []*protocol.Frame, reply func(int, *protocol.Frame)) {
+	if key, ok := ownerKey(c.User, fs[0]); ok && !r.Owner.Holds(lease.Partition(key, r.Owner.Partitions())) {
+		r.Remote.HandleBatch(ctx, c, fs, reply)
+		return
+	}
+	for i, f := range fs {
+		r.Local.Handle(ctx, c, f, func(resp *protocol.Frame) { reply(i, resp) })
+	}
 }
 
 // respond answers m with data; moved marks the answer "the conversation

@@ -82,6 +82,18 @@ func (s *Store) append(ctx context.Context, a store.Append) (store.AppendResult,
 		return store.AppendResult{}, err
 	}
 	defer s.release(st)
+	var turn *store.Turn
+	if s.lease != nil {
+		// A pipeline's appends queue in the order sent (store.Turn),
+		// each after the previous one queued (ownedAppend takes the
+		// turn), and before a repeat of its client_msg_id is looked for:
+		// a later append of the pipeline must not take an earlier one's
+		// place as the original.
+		turn = store.TurnOf(ctx)
+		if err := turn.Wait(ctx); err != nil {
+			return store.AppendResult{}, err
+		}
+	}
 	if a.Msg.ClientMsgID == "" {
 		return s.appendNew(ctx, st, a, false)
 	}
@@ -90,6 +102,7 @@ func (s *Store) append(ctx context.Context, a store.Append) (store.AppendResult,
 		st.inflight.mu.Lock()
 		if p := st.inflight.m[key]; p != nil {
 			st.inflight.mu.Unlock()
+			turn.Take() // a repeat takes no seq of its own
 			select {
 			case <-p.done:
 			case <-ctx.Done():

@@ -59,7 +59,10 @@
 // conversation (up to 64, within one message_seq partition); it confirms
 // the lease (Lease.Confirm) before acknowledging and only then writes the
 // idempotency records (which then carry the seq), outbox entries, read
-// positions (Append.ReadBy), hints and rows.
+// positions (Append.ReadBy), hints and rows. The appends of a pipeline
+// (store.Turn: one connection's sends) queue in the order of their turns,
+// each taking its turn once queued, so the next can join the batch after
+// the one being written (TakesTurns).
 // A stale owner's late slots are shadowed by the newer owner's fence or
 // lose to its later timestamps, an idempotency record counts only if its
 // slot holds its message, and a process that sees a newer epoch's top slot

@@ -108,6 +108,9 @@ func (s *Store) ownedAppend(ctx context.Context, st *convState, a store.Append, 
 	run := !o.running
 	o.running = true
 	o.mu.Unlock()
+	// Queued: the pipeline's next append may queue behind this one while
+	// it is written (append waited for the turn).
+	store.TurnOf(ctx).Take()
 	if run {
 		s.runOwned(st)
 	}
@@ -119,6 +122,10 @@ func (s *Store) ownedAppend(ctx context.Context, st *convState, a store.Append, 
 		return store.AppendResult{}, fmt.Errorf("%w (the message may be stored)", ctx.Err())
 	}
 }
+
+// TakesTurns reports whether Append takes the turn of its context itself
+// (store.Turn): owned appends do, as they queue.
+func (s *Store) TakesTurns() bool { return s.lease != nil }
 
 // runOwned writes the queue of st in batches until it is empty.
 func (s *Store) runOwned(st *convState) {

@@ -41,6 +41,7 @@ func Run(t *testing.T, h Harness) {
 		{"SeqDenseManyConversations", testSeqDenseManyConversations},
 		{"IdempotentSequential", testIdempotentSequential},
 		{"IdempotentConcurrent", testIdempotentConcurrent},
+		{"AppendTurns", testAppendTurns},
 		{"Reopen", testReopen},
 		{"MessagesBounds", testMessagesBounds},
 		{"LatestBounds", testLatestBounds},
