@@ -401,9 +401,10 @@ func (r *cassandraRing) nodeDir(i int) string {
 	return filepath.Join(r.dir, "cassandra-ring", "n"+strconv.Itoa(i))
 }
 
-// kill kills node i with SIGKILL (nothing if it is not running).
-func (r *cassandraRing) kill(i int) {
-	b, err := os.ReadFile(filepath.Join(r.nodeDir(i), "cassandra.pid"))
+// killPidFile ends the process whose pid the file holds with SIGKILL and
+// waits until it is gone (nothing if the file is missing).
+func killPidFile(path string) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return
 	}
@@ -413,6 +414,11 @@ func (r *cassandraRing) kill(i int) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+}
+
+// kill kills node i with SIGKILL (nothing if it is not running).
+func (r *cassandraRing) kill(i int) {
+	killPidFile(filepath.Join(r.nodeDir(i), "cassandra.pid"))
 }
 
 // cassandraNodeLossBound is how soon after one node of three dies every

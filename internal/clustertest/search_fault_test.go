@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -75,16 +74,7 @@ func (o *privateOpenSearch) script(action string) time.Duration {
 
 // kill ends the node with SIGKILL (nothing if it is not running).
 func (o *privateOpenSearch) kill() {
-	b, err := os.ReadFile(filepath.Join(o.dir, "opensearch", "opensearch.pid"))
-	if err != nil {
-		return
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	if pid > 0 && syscall.Kill(pid, syscall.SIGKILL) == nil {
-		for alive(pid) {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	killPidFile(filepath.Join(o.dir, "opensearch", "opensearch.pid"))
 }
 
 // metric sums a metric's value over the chat processes: name is the
